@@ -1,0 +1,1 @@
+"""Web and engine adapters for shmbus."""

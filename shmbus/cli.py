@@ -1,0 +1,192 @@
+"""``shmbus`` command line: inspect and poke a bus from a shell (stats, tail, publish, list, destroy)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from .bus import Bus
+from .segment import Segment, segment_path
+
+
+def _bus_name(args: argparse.Namespace) -> str:
+    return args.bus or os.environ.get("SHMBUS_NAME", "default")
+
+
+def _open_existing(args: argparse.Namespace) -> Segment:
+    try:
+        return Segment.open(_bus_name(args), create=False, path=args.path)
+    except FileNotFoundError:
+        sys.exit(f"shmbus: no bus named {_bus_name(args)!r} ({args.path or segment_path(_bus_name(args))})")
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    seg = _open_existing(args)
+    try:
+        st = seg.stats()
+        channels = []
+        for info in seg.iter_channels():
+            key = info.key.decode(errors="replace")
+            channel, _, site = key.partition("$|$")
+            channels.append({"channel": channel, "site_id": site or None, "last_id": info.last_id,
+                             "oldest_id": info.oldest_id if info.last_id else 0,
+                             "retained": max(info.last_id - info.oldest_id + 1, 0) if info.last_id else 0,
+                             "expired": info.expired})
+        channels.sort(key=lambda c: (c["channel"], c["site_id"] or ""))
+        out: dict[str, Any] = {
+            "bus": st.name, "path": st.path, "epoch": st.epoch, "segment_bytes": st.size,
+            "ring_bytes": st.ring_size, "ring_used_bytes": st.ring_used, "global_id": st.global_id,
+            "oldest_global_id": st.oldest_global_id, "published": st.published, "overwritten": st.overwritten,
+            "repairs": st.repairs, "history_seconds": round(st.history_seconds, 3),
+            "max_channels": st.max_channels, "channel_count": st.channels, "processes": st.processes,
+            "sleeping_listeners": st.sleepers, "channels": channels,
+        }
+    finally:
+        seg.close()
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"bus {out['bus']}  ({out['path']})")
+    print(f"  epoch            {out['epoch']}")
+    print(f"  segment          {_size(out['segment_bytes'])}, ring {_size(out['ring_bytes'])} "
+          f"({100 * out['ring_used_bytes'] / out['ring_bytes']:.1f}% used)")
+    print(f"  global ids       {out['oldest_global_id']}..{out['global_id']}  "
+          f"(published {out['published']}, overwritten {out['overwritten']}, repairs {out['repairs']})")
+    print(f"  history          {out['history_seconds']:.1f} s held in the ring")
+    print(f"  processes        {len(out['processes'])} attached: {' '.join(map(str, out['processes']))}")
+    print(f"  channels         {out['channel_count']} of {out['max_channels']}")
+    if channels:
+        width = max(len(c["channel"]) for c in channels)
+        print(f"    {'channel'.ljust(width)}  {'site':10} {'last_id':>9} {'oldest':>9} {'retained':>9}")
+        for c in channels:
+            print(f"    {c['channel'].ljust(width)}  {(c['site_id'] or '-'):10} {c['last_id']:>9} "
+                  f"{c['oldest_id']:>9} {c['retained']:>9}{'  (expired)' if c['expired'] else ''}")
+    return 0
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n:.1f} TiB"
+
+
+def _fmt(msg: Any, as_json: bool) -> str:
+    if as_json:
+        return json.dumps({"global_id": msg.global_id, "message_id": msg.message_id, "channel": msg.channel,
+                           "site_id": msg.site_id, "timestamp": msg.timestamp, "data": msg.data}, default=repr)
+    ts = _dt.datetime.fromtimestamp(msg.timestamp).strftime("%H:%M:%S.%f")[:-3]
+    site = f" [{msg.site_id}]" if msg.site_id else ""
+    return f"{ts} {msg.channel}{site} #{msg.message_id} (g{msg.global_id}) {json.dumps(msg.data, default=repr)}"
+
+
+def cmd_tail(args: argparse.Namespace) -> int:
+    _open_existing(args).close()
+    bus = Bus(_bus_name(args), path=args.path, codec=args.codec, keepalive_interval=0)
+    done = {"n": 0}
+
+    def show(msg: Any) -> None:
+        print(_fmt(msg, args.json), flush=True)
+        done["n"] += 1
+
+    start = None if args.last == 0 else -(args.last + 1)
+    bus.subscribe(args.channel, show, start, pattern=args.pattern or False, site_id=args.site)
+    try:
+        deadline = time.monotonic() + args.timeout if args.timeout else None
+        while deadline is None or time.monotonic() < deadline:
+            if args.count and done["n"] >= args.count:
+                break
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        bus.close()
+    return 0
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    data: Any = args.data
+    if args.json_data:
+        try:
+            data = json.loads(args.data)
+        except ValueError as exc:
+            sys.exit(f"shmbus: DATA is not valid JSON: {exc}")
+    bus = Bus(_bus_name(args), path=args.path, codec=args.codec, keepalive_interval=0)
+    try:
+        mid = bus.publish(args.channel, data, site_id=args.site,
+                          user_ids=args.user_id or None, group_ids=args.group_id or None,
+                          client_ids=args.client_id or None)
+    finally:
+        bus.close()
+    print(json.dumps({"channel": args.channel, "message_id": mid}) if args.json else f"published #{mid}")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    names = sorted(f[len("shmbus."):] for f in os.listdir("/dev/shm") if f.startswith("shmbus."))
+    print(json.dumps(names) if args.json else "\n".join(names))
+    return 0
+
+
+def cmd_destroy(args: argparse.Namespace) -> int:
+    name = _bus_name(args)
+    gone = os.path.exists(args.path) and (os.unlink(args.path) or True) if args.path else \
+        Segment.destroy_by_name(name)
+    print(json.dumps({"bus": name, "destroyed": gone}) if args.json else
+          (f"destroyed {name}" if gone else f"no bus named {name!r}"))
+    return 0 if gone else 1
+
+
+def _ids(value: str) -> int | str:
+    return int(value) if value.lstrip("-").isdigit() else value
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="shmbus", description="Inspect and use a shmbus bus from the shell.")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--bus", help="bus name (default: $SHMBUS_NAME or 'default')")
+    common.add_argument("--path", help="file of a file-backed bus")
+    common.add_argument("--json", action="store_true", help="machine-readable output")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("stats", parents=[common], help="segment, ids, channels, history, processes")
+    s.set_defaults(fn=cmd_stats)
+    t = sub.add_parser("tail", parents=[common], help="print messages as they are published")
+    t.add_argument("channel", nargs="?", default=None, help="channel (or pattern with --pattern); all if omitted")
+    t.add_argument("--pattern", choices=["glob", "prefix"])
+    t.add_argument("--last", type=int, default=0, help="first show the last N messages")
+    t.add_argument("--count", type=int, default=0, help="exit after N messages")
+    t.add_argument("--timeout", type=float, default=0, help="exit after SECONDS")
+    t.add_argument("--site", default=None)
+    t.add_argument("--codec", default="json")
+    t.set_defaults(fn=cmd_tail)
+    pb = sub.add_parser("publish", parents=[common], help="publish one message")
+    pb.add_argument("channel")
+    pb.add_argument("data")
+    pb.add_argument("--json-data", action="store_true", help="parse DATA as JSON")
+    pb.add_argument("--site", default=None)
+    pb.add_argument("--user-id", action="append", type=_ids)
+    pb.add_argument("--group-id", action="append", type=_ids)
+    pb.add_argument("--client-id", action="append")
+    pb.add_argument("--codec", default="json")
+    pb.set_defaults(fn=cmd_publish)
+    ls = sub.add_parser("list", parents=[common], help="list buses on this host")
+    ls.set_defaults(fn=cmd_list)
+    d = sub.add_parser("destroy", parents=[common], help="remove a bus segment (all its history)")
+    d.set_defaults(fn=cmd_destroy)
+    args = p.parse_args(argv)
+    from .errors import ShmbusError
+
+    try:
+        return int(args.fn(args))
+    except ShmbusError as exc:
+        sys.exit(f"shmbus: {exc}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""Codecs turn published data into bytes stored in the segment and back.
+
+The default is JSON (orjson when installed, else the standard library), which the HTTP protocol can splice into
+responses without decoding. ``MsgpackCodec`` is smaller for binary-heavy data. A codec is any object with
+``name``, ``encode(obj) -> bytes`` and ``decode(bytes) -> obj``; every process attached to one bus must use the
+same codec, so the codec name is recorded in the segment header and checked on attach.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol, runtime_checkable
+
+import msgpack
+
+try:  # orjson is optional (extra "fast"); it is about 20x faster than json for small messages.
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - exercised when orjson is absent
+    _orjson = None  # type: ignore[assignment]
+
+__all__ = ["Codec", "JsonCodec", "MsgpackCodec", "get_codec"]
+
+
+@runtime_checkable
+class Codec(Protocol):
+    name: str
+    #: True when ``encode`` output is JSON text, so HTTP responses can embed it verbatim.
+    is_json: bool
+
+    def encode(self, obj: Any) -> bytes: ...
+
+    def decode(self, data: bytes) -> Any: ...
+
+
+class JsonCodec:
+    """JSON, via orjson when available. Non-string dict keys and other unencodable values raise ``TypeError``."""
+
+    name = "json"
+    is_json = True
+
+    def __init__(self) -> None:
+        if _orjson is not None:
+            self.encode = self._encode_orjson  # type: ignore[method-assign]
+            self.decode = _orjson.loads  # type: ignore[method-assign]
+
+    @staticmethod
+    def _encode_orjson(obj: Any) -> bytes:
+        try:
+            return _orjson.dumps(obj)
+        except _orjson.JSONEncodeError as exc:
+            raise TypeError(str(exc)) from None
+
+    def encode(self, obj: Any) -> bytes:
+        try:
+            return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+        except ValueError as exc:
+            raise TypeError(str(exc)) from None
+
+    def decode(self, data: bytes) -> Any:
+        return json.loads(data)
+
+
+class MsgpackCodec:
+    """msgpack: compact, binary-safe (``bytes`` round-trip)."""
+
+    name = "msgpack"
+    is_json = False
+
+    def __init__(self) -> None:
+        self._packer = msgpack.Packer(use_bin_type=True)
+
+    def encode(self, obj: Any) -> bytes:
+        return msgpack.packb(obj, use_bin_type=True)
+
+    def decode(self, data: bytes) -> Any:
+        return msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+
+_CODECS = {"json": JsonCodec, "msgpack": MsgpackCodec}
+
+
+def get_codec(codec: str | Codec | None) -> Codec:
+    """Resolve a codec name (``"json"``, ``"msgpack"``) or instance; ``None`` means JSON."""
+    if codec is None:
+        return JsonCodec()
+    if isinstance(codec, str):
+        try:
+            return _CODECS[codec]()  # type: ignore[return-value]
+        except KeyError:
+            raise ValueError(f"unknown codec {codec!r}; known: {sorted(_CODECS)}") from None
+    if not isinstance(codec, Codec):
+        raise TypeError(f"codec must have name, is_json, encode and decode; got {codec!r}")
+    return codec

@@ -1,0 +1,66 @@
+"""Typed exceptions: every bad input gets one of these, never a crash or a silent loss."""
+
+from __future__ import annotations
+
+__all__ = [
+    "BusClosed",
+    "BusDestroyed",
+    "ChannelTableFull",
+    "EngineError",
+    "InvalidChannel",
+    "InvalidMessage",
+    "InvalidMessageTarget",
+    "LayoutMismatch",
+    "NotASegment",
+    "PayloadTooLarge",
+    "ShmbusError",
+    "UnsupportedPlatform",
+]
+
+
+class ShmbusError(Exception):
+    """Base class of every error shmbus raises on purpose."""
+
+
+class InvalidChannel(ShmbusError, ValueError):
+    """A channel name that is not a non-empty string, is too long, or contains NUL."""
+
+
+class InvalidMessage(ShmbusError, ValueError):
+    """A publish that message_bus would refuse (e.g. ``user_ids`` on a ``/global/`` channel)."""
+
+
+class InvalidMessageTarget(InvalidMessage):
+    """An empty ``client_ids``/``user_ids``/``group_ids`` list: it would target nobody."""
+
+
+class PayloadTooLarge(ShmbusError, ValueError):
+    """The encoded message does not fit the ring's per-record limit (a quarter of the ring)."""
+
+
+class BusDestroyed(ShmbusError):
+    """The bus was destroyed; call ``on()`` to use it again."""
+
+
+class BusClosed(BusDestroyed):
+    """The bus was closed by this process."""
+
+
+class LayoutMismatch(ShmbusError):
+    """The named segment was written by an incompatible shmbus layout version."""
+
+
+class NotASegment(ShmbusError):
+    """The named shared-memory object exists but is not a shmbus segment."""
+
+
+class ChannelTableFull(ShmbusError):
+    """Every channel slot holds a channel with live messages; raise ``max_channels``."""
+
+
+class EngineError(ShmbusError):
+    """An engine (e.g. the Redis bridge) could not carry out a publish; the message was not stored."""
+
+
+class UnsupportedPlatform(ShmbusError):
+    """The shared-memory bus needs Linux with glibc (robust mutexes and futexes)."""

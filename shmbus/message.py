@@ -1,0 +1,121 @@
+"""The message type handed to subscribers and returned by backlog reads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+from .codecs import Codec
+
+__all__ = ["Message", "decode_meta", "encode_meta"]
+
+_EMPTY: tuple[list[Any] | None, list[Any] | None, list[Any] | None] = (None, None, None)
+
+
+def encode_meta(client_ids: list[Any] | None, user_ids: list[Any] | None, group_ids: list[Any] | None) -> bytes:
+    """Targeting lists as stored next to the payload (empty bytes when the message targets everyone)."""
+    if client_ids is None and user_ids is None and group_ids is None:
+        return b""
+    return msgpack.packb((client_ids, user_ids, group_ids), use_bin_type=True)
+
+
+def decode_meta(meta: bytes) -> tuple[list[Any] | None, list[Any] | None, list[Any] | None]:
+    if not meta:
+        return _EMPTY
+    c, u, g = msgpack.unpackb(meta, raw=False)
+    return c, u, g
+
+
+class Message:
+    """One message: ids, channel (without the site suffix), site, targeting, and the decoded ``data``.
+
+    ``data`` is decoded lazily from ``raw`` (the codec's bytes), so code that only forwards messages (the HTTP
+    adapter with the JSON codec) never pays for decoding.
+    """
+
+    __slots__ = ("_codec", "_data", "_meta", "_targets", "channel", "epoch", "global_id", "message_id", "raw",
+                 "site_id", "timestamp")
+
+    def __init__(
+        self,
+        global_id: int,
+        message_id: int,
+        channel: str,
+        raw: bytes,
+        codec: Codec,
+        *,
+        site_id: str | None = None,
+        meta: bytes = b"",
+        timestamp: float = 0.0,
+        epoch: int = 0,
+    ) -> None:
+        self.global_id = global_id
+        self.message_id = message_id
+        self.channel = channel
+        self.raw = raw
+        self.site_id = site_id
+        self.timestamp = timestamp
+        self.epoch = epoch
+        self._codec = codec
+        self._meta = meta
+        self._targets: tuple[Any, Any, Any] | None = None
+        self._data: Any = _UNSET
+
+    @property
+    def data(self) -> Any:
+        if self._data is _UNSET:
+            self._data = self._codec.decode(self.raw)
+        return self._data
+
+    def _decoded_targets(self) -> tuple[Any, Any, Any]:
+        if self._targets is None:
+            self._targets = decode_meta(self._meta)
+        return self._targets
+
+    @property
+    def client_ids(self) -> list[Any] | None:
+        return self._decoded_targets()[0]  # type: ignore[no-any-return]
+
+    @property
+    def user_ids(self) -> list[Any] | None:
+        return self._decoded_targets()[1]  # type: ignore[no-any-return]
+
+    @property
+    def group_ids(self) -> list[Any] | None:
+        return self._decoded_targets()[2]  # type: ignore[no-any-return]
+
+    @property
+    def targeted(self) -> bool:
+        """True when the message carries client, user or group targeting."""
+        return bool(self._meta)
+
+    @property
+    def meta(self) -> bytes:
+        return self._meta
+
+    def to_dict(self) -> dict[str, Any]:
+        """The four keys message_bus sends to HTTP clients."""
+        return {"global_id": self.global_id, "message_id": self.message_id, "channel": self.channel,
+                "data": self.data}
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Message):
+            return NotImplemented
+        return (self.global_id, self.message_id, self.channel, self.site_id, self.raw) == (
+            other.global_id, other.message_id, other.channel, other.site_id, other.raw)
+
+    def __hash__(self) -> int:
+        return hash((self.global_id, self.message_id, self.channel))
+
+    def __repr__(self) -> str:
+        site = f", site_id={self.site_id!r}" if self.site_id else ""
+        return (f"Message(global_id={self.global_id}, message_id={self.message_id}, channel={self.channel!r}, "
+                f"data={self.data!r}{site})")
+
+
+class _Unset:
+    __slots__ = ()
+
+
+_UNSET: Any = _Unset()
