@@ -1,0 +1,86 @@
+"""Shared test harness for shmbus: real services, real processes, loud skips.
+
+Tests import it as ``harness`` (``tests/conftest.py`` puts ``tests/`` on ``sys.path``).
+
+A missing service or tool normally *skips* the test that needs it, so a developer without
+Chromium can still run the rest.  Under ``SHMBUS_REQUIRE_ALL=1`` (set by ``scripts/test`` when
+``CI`` is set) every such skip becomes a failure, so CI cannot go green by skipping.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+from pathlib import Path
+from types import ModuleType
+from typing import NoReturn
+
+import pytest
+
+__all__ = [
+    "REPO_ROOT",
+    "TESTS_DIR",
+    "require",
+    "require_all",
+    "require_binary",
+    "require_module",
+    "skip_or_fail",
+]
+
+TESTS_DIR = Path(__file__).resolve().parent.parent
+REPO_ROOT = TESTS_DIR.parent
+
+_FALSE = {"", "0", "false", "no", "off"}
+
+
+def require_all() -> bool:
+    """True when missing services must fail tests instead of skipping them (read at call time)."""
+    return os.environ.get("SHMBUS_REQUIRE_ALL", "").strip().lower() not in _FALSE
+
+
+def skip_or_fail(reason: str) -> NoReturn:
+    """Skip the current test because ``reason`` is missing, or fail it under SHMBUS_REQUIRE_ALL.
+
+    ``reason`` should say what is missing and how to get it, e.g.
+    ``"chromium not found at /usr/bin/chromium (apt-get install chromium, or run scripts/test)"``.
+    """
+    __tracebackhide__ = True  # report the caller's line, not this helper's
+    if require_all():
+        pytest.fail(f"required but missing: {reason} [SHMBUS_REQUIRE_ALL=1 turns this skip into a failure]")
+    pytest.skip(reason)
+
+
+def require(condition_or_reason: bool | str | None, reason: str | None = None) -> None:
+    """Check a precondition; skip (or fail under SHMBUS_REQUIRE_ALL) when it does not hold.
+
+    - ``require(ok, "why it matters / how to get it")``: a bool and a reason;
+    - ``require(missing)``: ``None`` means nothing is missing, a string is the reason
+      something is missing (handy with checker functions that return ``str | None``).
+    """
+    __tracebackhide__ = True  # report the caller's line, not this helper's
+    if condition_or_reason is None or condition_or_reason is True:
+        return
+    if isinstance(condition_or_reason, str):
+        skip_or_fail(condition_or_reason if reason is None else f"{reason}: {condition_or_reason}")
+    if not condition_or_reason:
+        skip_or_fail(reason or "a test precondition does not hold (no reason given)")
+
+
+def require_binary(name: str, how: str) -> str:
+    """Return the path of executable ``name`` on PATH, else skip_or_fail saying ``how`` to get it."""
+    __tracebackhide__ = True  # report the caller's line, not this helper's
+    path = shutil.which(name)
+    if path is None:
+        skip_or_fail(f"executable {name!r} not found on PATH ({how})")
+    return path
+
+
+def require_module(name: str, how: str | None = None) -> ModuleType:
+    """Import and return module ``name``, else skip_or_fail saying how to install it."""
+    __tracebackhide__ = True  # report the caller's line, not this helper's
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        hint = how or "pip install -e '.[all,test]', or run scripts/test"
+        skip_or_fail(f"Python module {name!r} cannot be imported: {exc} ({hint})")
