@@ -1,0 +1,129 @@
+#!/usr/bin/env node
+// Open one page in Debian's headless Chromium and relay what it reports, for Python tests.
+//
+//   node tests/e2e/driver.mjs URL [--timeout=MS]
+//
+// The page reports by console.log("SHMBUS:" + payload). Each payload is printed to stdout as
+// one JSON line (a payload that is valid JSON is re-printed compactly, anything else becomes a
+// JSON string), in the order logged. The page ends the run with console.log("SHMBUS:DONE").
+// URL is used exactly as given: the page's options travel in its query string.
+//
+// Exit codes: 0 after SHMBUS:DONE; 3 on timeout (messages so far are still printed);
+// 1 if the browser cannot start or the page cannot load. Everything else (other console
+// lines, page errors, failed requests) goes to stderr, prefixed, for debugging.
+// Timeout: --timeout=MS, else env SHMBUS_E2E_TIMEOUT_MS, else 30000.
+// Browser: env SHMBUS_CHROMIUM, else /usr/bin/chromium (never a downloaded browser).
+
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { chromium } from 'playwright-core';
+
+const PREFIX = 'SHMBUS:';
+const DONE = 'DONE';
+
+function usage(message) {
+  process.stderr.write(`driver: ${message}\nusage: node driver.mjs URL [--timeout=MS]\n`);
+  process.exit(2);
+}
+
+function parseArgs(argv) {
+  let url = null;
+  let timeout = Number(process.env.SHMBUS_E2E_TIMEOUT_MS || 30000);
+  for (let i = 0; i < argv.length; i += 1) {
+    const arg = argv[i];
+    if (arg.startsWith('--timeout=')) timeout = Number(arg.slice('--timeout='.length));
+    else if (arg === '--timeout') timeout = Number(argv[(i += 1)]);
+    else if (url === null) url = arg;
+    else usage(`unexpected argument ${JSON.stringify(arg)}`);
+  }
+  if (!url) usage('missing URL');
+  if (!Number.isFinite(timeout) || timeout <= 0) usage('timeout must be a positive number of ms');
+  return { url, timeout };
+}
+
+function relay(payload) {
+  let line;
+  try {
+    line = JSON.stringify(JSON.parse(payload));
+  } catch {
+    line = JSON.stringify(payload);
+  }
+  process.stdout.write(`${line}\n`);
+}
+
+async function main() {
+  const { url, timeout } = parseArgs(process.argv.slice(2));
+  const executablePath = process.env.SHMBUS_CHROMIUM || '/usr/bin/chromium';
+  const userDataDir = mkdtempSync(join(tmpdir(), 'shmbus-chromium-'));
+  let context = null;
+  let exitCode = 1;
+  let over = false;
+  let finish;
+  const finished = new Promise((resolve) => {
+    finish = (code) => {
+      over = true;
+      resolve(code);
+    };
+  });
+  const timer = setTimeout(() => {
+    process.stderr.write(`driver: timeout after ${timeout} ms without ${PREFIX}${DONE}\n`);
+    finish(3);
+  }, timeout);
+  // A killed driver must not leave Chromium or its profile behind.
+  for (const sig of ['SIGTERM', 'SIGINT', 'SIGHUP']) {
+    process.on(sig, () => finish(128 + (sig === 'SIGINT' ? 2 : sig === 'SIGHUP' ? 1 : 15)));
+  }
+  try {
+    context = await chromium.launchPersistentContext(userDataDir, {
+      executablePath,
+      headless: true,
+      handleSIGINT: false,
+      handleSIGTERM: false,
+      handleSIGHUP: false,
+      args: [
+        '--headless',
+        '--no-sandbox',
+        '--disable-gpu',
+        '--disable-quic',
+        '--no-first-run',
+        '--disable-background-networking',
+        '--disable-component-update',
+        '--disable-sync',
+      ],
+    });
+    const page = context.pages()[0] || (await context.newPage());
+    page.on('console', (msg) => {
+      const text = msg.text();
+      if (over) return;
+      if (text.startsWith(PREFIX)) {
+        const payload = text.slice(PREFIX.length);
+        if (payload === DONE) finish(0);
+        else relay(payload);
+      } else {
+        process.stderr.write(`console.${msg.type()}: ${text}\n`);
+      }
+    });
+    page.on('pageerror', (err) => process.stderr.write(`pageerror: ${err.message}\n`));
+    page.on('requestfailed', (req) =>
+      process.stderr.write(`requestfailed: ${req.url()} ${req.failure()?.errorText ?? ''}\n`),
+    );
+    page.goto(url, { waitUntil: 'commit', timeout }).catch((err) => {
+      if (over) return; // closing the browser aborts a pending navigation
+      process.stderr.write(`driver: cannot load ${url}: ${err.message}\n`);
+      finish(1);
+    });
+    exitCode = await finished;
+  } catch (err) {
+    process.stderr.write(`driver: ${err.stack || err}\n`);
+    exitCode = 1;
+  } finally {
+    clearTimeout(timer);
+    if (context) await context.close().catch(() => {});
+    rmSync(userDataDir, { recursive: true, force: true });
+  }
+  // Let stdout drain before exiting (it may be a pipe to the Python test).
+  process.stdout.write('', () => process.exit(exitCode));
+}
+
+main();
