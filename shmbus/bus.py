@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 import weakref
@@ -599,8 +600,8 @@ class Bus:
             self._last_gid = seg.global_id()
             self._epoch = seg.read_epoch()
             self._last_received = time.monotonic()
-            t = threading.Thread(target=self._listen, name=f"shmbus-listener-{self.name}", daemon=True)
-            self._listener = t
+            t = _listener_thread(self._listen, f"shmbus-listener-{self.name}")
+            self._listener = t  # type: ignore[assignment]
             t.start()
             if self.keepalive_interval and self.keepalive_interval > MIN_KEEPALIVE:
                 w = threading.Thread(target=self._keepalive, name=f"shmbus-keepalive-{self.name}", daemon=True)
@@ -820,6 +821,47 @@ class Bus:
 
     def __repr__(self) -> str:
         return f"Bus({self.name!r})"
+
+
+class _NativeThread:
+    """A real OS thread even when gevent has monkey-patched ``threading`` (then ``threading.Thread`` runs in a
+    greenlet, and the listener's blocking futex wait would freeze the whole gevent hub)."""
+
+    def __init__(self, target: Callable[[], Any], name: str) -> None:
+        from gevent import monkey
+
+        self.name = name
+        self.daemon = True
+        self._start_new = monkey.get_original("_thread", "start_new_thread")
+        self._done = monkey.get_original("_thread", "allocate_lock")()
+        self._done.acquire()
+        self._alive = False
+        self._target = target
+
+    def _run(self) -> None:
+        try:
+            self._target()
+        finally:
+            self._alive = False
+            self._done.release()
+
+    def start(self) -> None:
+        self._alive = True
+        self._start_new(self._run, ())
+
+    def is_alive(self) -> bool:
+        return self._alive
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._done.acquire(True, -1 if timeout is None else timeout):
+            self._done.release()
+
+
+def _listener_thread(target: Callable[[], Any], name: str) -> threading.Thread | _NativeThread:
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is not None and monkey.is_module_patched("threading"):
+        return _NativeThread(target, name)
+    return threading.Thread(target=target, name=name, daemon=True)
 
 
 def _after_fork_in_child() -> None:
