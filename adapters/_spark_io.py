@@ -1,0 +1,237 @@
+"""Bus access for the Spark data source, without any pyspark import.
+
+Kept separate from :mod:`shmbus.adapters.spark` for two reasons: the benchmark measures this exact reader
+without Spark as its baseline, and executors/planners only ever need *plain data* to build one of these
+(a bus name or a Redis URL), so nothing here is pickled while open.
+
+Two backends read the same logical thing, "messages of channel C with ``after < id <= upto``":
+
+* :class:`ShmReader` attaches to the shared-memory segment by name (same host: ``local[*]`` or executors that
+  run on the bus host);
+* :class:`RedisReader` reads the message_bus gem's Redis layout (``__mb_backlog_n_<chan>`` sorted set scored by
+  channel id, members ``gid|cid|chan|envelope-json``, counter ``__mb_backlog_id_n_<chan>``), which the Redis
+  bridge maintains, so executors on other hosts can read a bus that lives on one host.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from shmbus.bus import Bus
+from shmbus.message import encode_meta
+from shmbus.segment import Segment
+
+try:  # orjson is ~10x faster for the Redis envelopes; optional
+    import orjson as _orjson
+except ImportError:  # pragma: no cover
+    _orjson = None  # type: ignore[assignment]
+
+__all__ = ["Chunk", "Location", "RedisReader", "ShmReader", "open_reader"]
+
+SITE_SEP = "$|$"
+
+
+def _loads(b: bytes | str) -> Any:
+    return _orjson.loads(b) if _orjson is not None else json.loads(b)
+
+
+def _dumps(obj: Any) -> bytes:
+    if _orjson is not None:
+        return _orjson.dumps(obj)
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+@dataclass
+class Chunk:
+    """Columns of one channel range, oldest first, plus what the store said about the range.
+
+    ``payloads`` are codec bytes (JSON text when ``is_json``); ``metas`` are shmbus targeting blobs (``b""`` for
+    untargeted messages); ``timestamps`` are epoch seconds (None where the store keeps none, i.e. Redis).
+    ``first_available`` is the oldest id the store still had at or after ``after + 1``: above ``after + 1`` means
+    messages in the range are gone.
+    """
+
+    message_ids: list[int] = field(default_factory=list)
+    global_ids: list[int] = field(default_factory=list)
+    timestamps: list[float | None] = field(default_factory=list)
+    payloads: list[bytes] = field(default_factory=list)
+    metas: list[bytes] = field(default_factory=list)
+    first_available: int = 0
+    last_id: int = 0
+    is_json: bool = True
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where the bus is, as plain picklable data (what crosses process and host boundaries)."""
+
+    bus: str | None = None
+    redis_url: str | None = None
+    redis_prefix: str = ""
+    site_id: str | None = None
+
+    def describe(self) -> str:
+        return f"redis {self.redis_url}" if self.redis_url else f"bus {self.bus!r}"
+
+
+class Reader(Protocol):
+    location: Location
+
+    def epoch(self) -> int: ...
+
+    def last_ids(self, channels: list[str]) -> dict[str, int]: ...
+
+    def first_available(self, channel: str) -> int: ...
+
+    def read(self, channel: str, after: int, upto: int) -> Chunk: ...
+
+    def decode(self, payload: bytes) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+def _backend_channel(channel: str, site_id: str | None) -> str:
+    """The stored channel name: ``chan$|$site`` when a site applies (never for /global/ channels)."""
+    if site_id and not channel.startswith("/global/"):
+        return channel + SITE_SEP + site_id
+    return channel
+
+
+class ShmReader:
+    """Reads a shared-memory bus attached by name; never creates one (``create=False``)."""
+
+    def __init__(self, location: Location) -> None:
+        assert location.bus
+        self.location = location
+        # The Bus refuses to attach with a codec other than the segment's, so peek at it first.
+        seg = Segment.open(location.bus, create=False)
+        codec = seg.codec_name or None
+        seg.close()
+        self.bus = Bus(location.bus, create=False, codec=codec, keepalive_interval=0)
+        self.seg = self.bus.segment
+        self.is_json = bool(self.bus.codec.is_json)
+
+    def _key(self, channel: str) -> bytes:
+        return _backend_channel(channel, self.location.site_id).encode()
+
+    def epoch(self) -> int:
+        return self.seg.read_epoch()
+
+    def last_ids(self, channels: list[str]) -> dict[str, int]:
+        return {ch: self.seg.last_id(self._key(ch)) for ch in channels}
+
+    def first_available(self, channel: str) -> int:
+        key = self._key(channel)
+        last, _newest, trim_below, _since = self.seg.channel_state(key)
+        if last == 0:
+            return 1
+        _, _, first = self.seg.channel_backlog(key, trim_below, upto=trim_below)
+        return first
+
+    def read(self, channel: str, after: int, upto: int) -> Chunk:
+        recs, last, first = self.seg.channel_backlog(self._key(channel), after, upto=upto)
+        return Chunk(
+            message_ids=[r.message_id for r in recs],
+            global_ids=[r.global_id for r in recs],
+            timestamps=[r.timestamp for r in recs],
+            payloads=[r.payload for r in recs],
+            metas=[r.meta for r in recs],
+            first_available=first,
+            last_id=last,
+            is_json=self.is_json,
+        )
+
+    def decode(self, payload: bytes) -> Any:
+        return self.bus.codec.decode(payload)
+
+    def close(self) -> None:
+        self.bus.close()
+
+
+class RedisReader:
+    """Reads the gem's Redis layout (what the Redis bridge writes) with ZRANGEBYSCORE ... LIMIT pages.
+
+    Redis has no bus epoch: a flush is only visible as ids going backwards, so :meth:`epoch` returns 0 and the
+    source relies on the ids-went-backwards check. The gem stores no timestamp; an envelope ``timestamp`` field
+    is used when present.
+    """
+
+    PAGE = 20_000
+
+    def __init__(self, location: Location) -> None:
+        import redis
+
+        assert location.redis_url
+        self.location = location
+        self.client = redis.Redis.from_url(location.redis_url)
+        self.is_json = True
+
+    def _chan(self, channel: str) -> str:
+        return _backend_channel(channel, self.location.site_id)
+
+    def backlog_key(self, channel: str) -> str:
+        return f"{self.location.redis_prefix}__mb_backlog_n_{self._chan(channel)}"
+
+    def id_key(self, channel: str) -> str:
+        return f"{self.location.redis_prefix}__mb_backlog_id_n_{self._chan(channel)}"
+
+    def epoch(self) -> int:
+        return 0
+
+    def last_ids(self, channels: list[str]) -> dict[str, int]:
+        if not channels:
+            return {}
+        values = self.client.mget([self.id_key(ch) for ch in channels])
+        return {ch: int(v or 0) for ch, v in zip(channels, values)}
+
+    def first_available(self, channel: str) -> int:
+        got = self.client.zrange(self.backlog_key(channel), 0, 0, withscores=True)
+        if got:
+            return int(got[0][1])
+        return self.last_ids([channel])[channel] + 1
+
+    def read(self, channel: str, after: int, upto: int) -> Chunk:
+        key = self.backlog_key(channel)
+        out = Chunk(is_json=True)
+        cur = after
+        first: int | None = None
+        while cur < upto:
+            page = self.client.zrangebyscore(key, cur + 1, upto, start=0, num=self.PAGE)
+            if not page:
+                break
+            for member in page:
+                gid_b, cid_b, _chan, env = member.split(b"|", 3)
+                cid = int(cid_b)
+                if first is None:
+                    first = cid
+                envelope = _loads(env)
+                out.message_ids.append(cid)
+                out.global_ids.append(int(gid_b))
+                ts = envelope.get("timestamp")
+                out.timestamps.append(float(ts) if ts is not None else None)
+                out.payloads.append(_dumps(envelope.get("data")))
+                c, u, g = envelope.get("client_ids"), envelope.get("user_ids"), envelope.get("group_ids")
+                out.metas.append(encode_meta(c, u, g) if (c or u or g) else b"")
+                cur = cid
+            if len(page) < self.PAGE:
+                break
+        out.last_id = self.last_ids([channel])[channel]
+        out.first_available = first if first is not None else out.last_id + 1
+        return out
+
+    def decode(self, payload: bytes) -> Any:
+        return _loads(payload)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def open_reader(location: Location) -> ShmReader | RedisReader:
+    """Open the backend ``location`` names (Redis when a URL is given, else the segment by name)."""
+    if location.redis_url:
+        return RedisReader(location)
+    if not location.bus:
+        raise ValueError("the shmbus source needs option 'bus' (a bus name) or 'redis_url'")
+    return ShmReader(location)
