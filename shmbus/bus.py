@@ -304,13 +304,15 @@ class Bus:
         return engine.publish(self, Envelope(channel, site_id, payload, meta, size, age))
 
     def _append(self, env: Envelope, *, global_id: int | None = None, message_id: int | None = None,
-                timestamp: float | None = None) -> int:
-        """Store an envelope in the segment (engines call this; ``global_id``/``message_id`` impose ids)."""
+                timestamp: float | None = None, expect_global_id: int | None = None) -> int:
+        """Store an envelope in the segment (engines call this; ``global_id``/``message_id`` impose ids,
+        ``expect_global_id`` appends only if the segment's global id is exactly that; 0 when skipped)."""
         ch = self._channel_key(env.channel)
         site = self._site_key(env.site_id) if env.site_id else b""
         return self.segment.append(ch, site, env.payload, env.meta, max_backlog_size=env.max_backlog_size,
                                    max_backlog_age=env.max_backlog_age, clear_every=self.clear_every,
-                                   global_id=global_id, message_id=message_id, timestamp=timestamp)[1]
+                                   global_id=global_id, message_id=message_id, timestamp=timestamp,
+                                   expect_global_id=expect_global_id)[1]
 
     def _dispatch_local(self, channel: str, site_id: str | None, payload: bytes, meta: bytes) -> None:
         msg = Message(0, 0, channel, payload, self.codec, site_id=site_id, meta=meta, timestamp=time.time(),
@@ -355,10 +357,21 @@ class Bus:
             raise ValueError("last_id must be >= 0 (use subscribe(..., last_id=-n) to look back)")
         seg = self.segment
         epoch = seg.read_epoch()
-        recs, last, first = seg.channel_backlog(self._key(channel, self._resolve_site(channel, site_id)), after,
-                                                upto=upto, limit=limit)
-        return Backlog([self._message(r, epoch) for r in recs], after_id=after, last_id=last,
-                       first_available=first)
+        site = self._resolve_site(channel, site_id)
+        recs, last, first = seg.channel_backlog(self._key(channel, site), after, upto=upto, limit=limit)
+        bl = Backlog([self._message(r, epoch) for r in recs], after_id=after, last_id=last, first_available=first)
+        if bl.gap:  # an engine that keeps older messages elsewhere (the Redis bridge) may fill the gap
+            fill = getattr(self._default_engine, "backlog", None)
+            if fill is not None:
+                try:
+                    better = fill(self, channel, site, after, upto, limit, bl)
+                except Exception:
+                    log.exception("shmbus: engine %r could not fill a backlog gap on %r", self._default_engine,
+                                  channel)
+                    better = None
+                if better is not None:
+                    return better
+        return bl
 
     def last_message(self, channel: str, site_id: str | None = None) -> Message | None:
         last = self.last_id(channel, site_id)

@@ -384,11 +384,16 @@ class Segment:
         global_id: int | None = None,
         message_id: int | None = None,
         timestamp: float | None = None,
+        expect_global_id: int | None = None,
     ) -> tuple[int, int]:
         """Append one record; return ``(global_id, message_id)``.
 
         ``global_id``/``message_id`` impose externally assigned ids (the Redis bridge): a record whose global id
-        is not above the segment's is skipped and ``(0, 0)`` returned, so replays are idempotent.
+        is not above the segment's is skipped and ``(0, 0)`` returned, so replays are idempotent. An imposed
+        ``message_id`` that does not follow the channel's last id starts a new chain (older ids are reported as a
+        gap, not silently missing). ``expect_global_id`` skips the append (``(0, 0)``) unless the segment's global
+        id is exactly that value, checked under the lock (a publisher may then append its own message without
+        creating a hole the relay would never fill).
         """
         key = channel + b"$|$" + site if site else channel
         if len(key) > MAX_KEY_BYTES:
@@ -407,6 +412,8 @@ class Segment:
             self._repair()
         try:
             head, gid, tail, table_gen = _STATE.unpack_from(mm, _OFF_HEAD)
+            if expect_global_id is not None and gid != expect_global_id:
+                return 0, 0
             if table_gen != self._table_gen:
                 self._slot_cache.clear()
                 self._table_gen = table_gen
@@ -424,7 +431,7 @@ class Segment:
             else:
                 new_gid = global_id
             new_mid = last_id + 1 if message_id is None else message_id
-            if last_id == 0 or new_mid <= last_id:
+            if last_id == 0 or new_mid != last_id + 1:
                 since_gid = new_gid
                 newest = 0
                 trim_below = max(new_mid - 1, 0) if message_id is not None else 0
