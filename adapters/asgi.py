@@ -1,0 +1,377 @@
+"""ASGI shell of the message_bus protocol: ``MessageBusMiddleware(app=None, *, bus=None, **options)``.
+
+Wrap any ASGI app (``app=None`` answers 404 outside the bus routes and completes the lifespan protocol)::
+
+    from shmbus import Bus
+    from shmbus.adapters.asgi import MessageBusMiddleware
+
+    bus = Bus("myapp")
+    app = MessageBusMiddleware(starlette_or_falcon_asgi_app, bus=bus,
+                               user_id_lookup=lambda scope: scope.get("user_id"))
+
+Options are those of :class:`shmbus.adapters.protocol.Options` (times in seconds). Lookups receive the ASGI
+scope and may be plain functions or coroutine functions. ``scope['message_bus.channels']`` (and
+``'message_bus.seq'``) set by an outer middleware replace the request body. Routes are matched on the path
+relative to ``root_path``.
+
+Waiting costs no thread: a parked request is its own coroutine plus one future, one ``call_later`` timer and
+one task awaiting ``receive()`` (so a client that disconnects is unregistered at once). The bus listener thread
+hands each batch to the event loop with exactly one ``loop.call_soon_threadsafe``; delivery then runs on the
+loop, encodes each channel's messages once for all recipients and wakes only the clients concerned. Backlog
+reads are synchronous shared-memory reads (microseconds) done on the loop. A streaming client that stops
+reading (the server's ``send`` blocks on flow control) is dropped once ``max_stream_buffer`` bytes are queued
+for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import threading
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from shmbus.bus import Bus
+from shmbus.message import Message
+
+from .protocol import (
+    BASE_HEADERS,
+    Client,
+    MessageBusProtocol,
+    Options,
+    PollRequest,
+    ProtocolError,
+    Response,
+    channels_override,
+    form_params,
+    match_route,
+    null_lock,
+    parse_body,
+    parse_query_dlp,
+)
+
+__all__ = ["MessageBusMiddleware"]
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+_NOT_FOUND = Response(404, [("content-type", "text/plain")], b"not found")
+
+
+def _enc_headers(headers: list[tuple[str, str]], length: int | None = None) -> list[tuple[bytes, bytes]]:
+    out = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]
+    if length is not None:
+        out.append((b"content-length", str(length).encode()))
+    return out
+
+
+class _Wait:
+    """Per parked request: the future the coroutine awaits and the task to cancel if the client is dropped."""
+
+    __slots__ = ("expired", "fut", "sending", "task")
+
+    def __init__(self, fut: asyncio.Future[None], task: asyncio.Task[Any] | None) -> None:
+        self.fut = fut
+        self.task = task
+        self.sending = False
+        self.expired = False
+
+
+def _wake(c: Client) -> None:
+    w: _Wait = c.signal
+    if c.dropped and w.sending and w.task is not None:
+        w.task.cancel()  # stuck in send() to a client that does not read
+        return
+    if not w.fut.done():
+        w.fut.set_result(None)
+
+
+def _expire(c: Client) -> None:
+    w: _Wait = c.signal
+    w.expired = True
+    if not w.fut.done():
+        w.fut.set_result(None)
+
+
+class _LoopEngine:
+    def __init__(self, bus: Bus, options: Options, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.proto = MessageBusProtocol(bus, options, null_lock())
+
+
+class MessageBusMiddleware:
+    """ASGI middleware serving ``<base_route>message-bus/...`` from a :class:`shmbus.Bus`.
+
+    ``bus`` defaults to :func:`shmbus.default_bus`. State is per process and per event loop; the bus is tapped
+    on the first poll.
+    """
+
+    def __init__(self, app: Callable[..., Any] | None = None, *, bus: Bus | None = None, **options: Any) -> None:
+        if bus is None:
+            import shmbus
+
+            bus = shmbus.default_bus()
+        self.app = app
+        self.bus = bus
+        self.options = Options.from_kwargs(options)
+        self._engines: dict[asyncio.AbstractEventLoop, _LoopEngine] = {}
+        self._pid = 0
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ plumbing
+    def _engine(self) -> _LoopEngine:
+        loop = asyncio.get_running_loop()
+        if self._pid == os.getpid():
+            eng = self._engines.get(loop)
+            if eng is not None:
+                return eng
+        with self._lock:
+            if self._pid != os.getpid():
+                self._engines = {}
+                self._pid = os.getpid()
+                self.bus.untap(self._on_batch)
+                self.bus.tap(self._on_batch)
+            eng = self._engines.get(loop)
+            if eng is None:
+                for old in [lp for lp in self._engines if lp.is_closed()]:
+                    del self._engines[old]
+                eng = self._engines[loop] = _LoopEngine(self.bus, self.options, loop)
+        return eng
+
+    def _on_batch(self, msgs: list[Message]) -> None:
+        """Listener thread: one ``call_soon_threadsafe`` per batch and loop."""
+        if self._pid != os.getpid():
+            return
+        for eng in tuple(self._engines.values()):
+            if not eng.proto.registry.index:
+                continue  # nobody waits on this loop: skip the hop
+            try:
+                eng.loop.call_soon_threadsafe(eng.proto.dispatch, msgs)
+            except RuntimeError:  # loop closed
+                pass
+
+    def protocol(self) -> MessageBusProtocol:
+        """The protocol engine of the running loop (for tests and introspection)."""
+        return self._engine().proto
+
+    def close(self) -> None:
+        self.bus.untap(self._on_batch)
+
+    # ------------------------------------------------------------------ ASGI
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            if self.app is not None:
+                await self.app(scope, receive, send)
+            elif scope["type"] == "lifespan":
+                await _lifespan(receive, send)
+            return
+        path = scope["path"]
+        root = scope.get("root_path") or ""
+        if root and path.startswith(root):
+            path = path[len(root):]
+        if not path.startswith(self.options.prefix):
+            if self.app is None:
+                await _send(send, _NOT_FOUND)
+            else:
+                await self.app(scope, receive, send)
+            return
+        started = [False]
+
+        async def tracking_send(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                started[0] = True
+            await send(message)
+
+        try:
+            await self._handle(scope, receive, tracking_send, path)
+        except Exception as exc:
+            if started[0]:
+                raise
+            await self._error(scope, send, exc)
+
+    async def _error(self, scope: Scope, send: Send, exc: Exception) -> None:
+        handler = self.options.on_middleware_error
+        if handler is not None:
+            result = await _maybe_await(handler(scope, exc))
+            if result:
+                from .wsgi import _triple
+
+                await _send(send, _triple(result))
+                return
+        if isinstance(exc, ProtocolError):
+            resp = exc.response()
+            try:
+                resp.headers += await self._extra(scope)
+            except Exception:
+                pass
+            await _send(send, resp)
+            return
+        raise exc
+
+    async def _extra(self, scope: Scope) -> list[tuple[str, str]]:
+        lookup = self.options.extra_response_headers_lookup
+        if lookup is None:
+            return []
+        return MessageBusProtocol.extra_headers(await _maybe_await(lookup(scope)))
+
+    async def _read_body(self, scope: Scope, receive: Receive, headers: dict[bytes, bytes]) -> bytes:
+        limit = self.options.max_body_size
+        cl = headers.get(b"content-length")
+        if cl is not None:
+            try:
+                n = int(cl)
+            except ValueError:
+                raise ProtocolError(400, "invalid Content-Length")
+            if n > limit:
+                raise ProtocolError(413, f"request body too large (limit {limit} bytes)")
+        parts = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _Disconnected()
+            chunk = message.get("body", b"")
+            if chunk:
+                size += len(chunk)
+                if size > limit:
+                    raise ProtocolError(413, f"request body too large (limit {limit} bytes)")
+                parts.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(parts)
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
+        opts = self.options
+        route = match_route(scope.get("method", "GET"), path, opts)
+        if route.kind == "options":  # before any lookup: cheap CORS preflight
+            extra = await self._extra(scope)
+            await _send(send, Response(200, BASE_HEADERS + extra, b"OK"))
+            return
+        if route.error is not None:
+            raise route.error
+        headers = dict(scope.get("headers") or ())
+        try:
+            body = await self._read_body(scope, receive, headers)
+        except _Disconnected:
+            return
+        query = scope.get("query_string", b"").decode("latin-1")
+        eng = self._engine()
+        proto = eng.proto
+        ctype = headers.get(b"content-type")
+        content_type = ctype.decode("latin-1") if ctype is not None else None
+        if route.kind == "broadcast":
+            await _send(send, proto.broadcast(form_params(query, body, content_type)))
+            return
+        override = scope.get("message_bus.channels")
+        if override is not None:
+            channels, seq = channels_override(override, scope.get("message_bus.seq"), opts)
+        else:
+            channels, seq = parse_body(content_type, body, opts)
+        req = PollRequest(route.client_id, channels, seq, dlp=parse_query_dlp(query),
+                          dont_chunk=b"dont-chunk" in headers,
+                          http11=scope.get("http_version", "1.1") not in ("1.0", "0.9"))
+        lk = proto.lookups(
+            await _maybe_await(opts.user_id_lookup(scope)) if opts.user_id_lookup else None,
+            await _maybe_await(opts.group_ids_lookup(scope)) if opts.group_ids_lookup else None,
+            await _maybe_await(opts.site_id_lookup(scope)) if opts.site_id_lookup else None,
+        )
+        extra = await self._extra(scope)
+        loop = eng.loop
+        wait = _Wait(loop.create_future(), asyncio.current_task())
+        poll = proto.start_poll(req, lk, extra, waker=_wake, signal=wait)
+        if poll.mode == "immediate":
+            assert poll.response is not None
+            await _send(send, poll.response)
+            return
+        c = poll.client
+        assert c is not None
+        timer = loop.call_later(opts.long_polling_interval, _expire, c)
+        receiver = asyncio.ensure_future(_until_disconnect(receive))
+        receiver.add_done_callback(lambda _t: _disconnected(c))
+        try:
+            if poll.mode == "long":
+                while not c.done and not c.dropped and not wait.expired:
+                    await wait.fut
+                    wait.fut = loop.create_future()
+                if c.dropped:
+                    proto.abandon(c)
+                    return
+                body = proto.long_poll_response(c)
+                await send({"type": "http.response.start", "status": 200,
+                            "headers": _enc_headers(poll.headers, len(body))})
+                await send({"type": "http.response.body", "body": body})
+                return
+            await send({"type": "http.response.start", "status": 200, "headers": _enc_headers(poll.headers)})
+            wait.sending = True
+            await send({"type": "http.response.body", "body": poll.first_chunk, "more_body": True})
+            wait.sending = False
+            while not c.done and not c.dropped and not wait.expired:
+                await wait.fut
+                wait.fut = loop.create_future()
+                chunks = proto.stream_chunks(c)
+                if chunks and not c.dropped:
+                    wait.sending = True
+                    await send({"type": "http.response.body", "more_body": True,
+                                "body": chunks[0] if len(chunks) == 1 else b"".join(chunks)})
+                    wait.sending = False
+            if c.dropped:
+                proto.abandon(c)
+                return
+            end = proto.stream_end(c)
+            await send({"type": "http.response.body", "body": b"".join(end), "more_body": False})
+        except asyncio.CancelledError:
+            proto.abandon(c)
+            if c.dropped:
+                return  # we cancelled ourselves: the client stopped reading
+            raise
+        finally:
+            timer.cancel()
+            if not receiver.done():
+                receiver.cancel()
+            proto.abandon(c)
+
+
+class _Disconnected(Exception):
+    pass
+
+
+async def _until_disconnect(receive: Receive) -> None:
+    try:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+    except Exception:  # the server's receive failed: treat as gone
+        return
+
+
+def _disconnected(c: Client) -> None:
+    if not c.done:
+        c.dropped = True
+        w: _Wait = c.signal
+        if not w.fut.done():
+            w.fut.set_result(None)
+
+
+async def _maybe_await(value: Any) -> Any:
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+async def _send(send: Send, resp: Response) -> None:
+    await send({"type": "http.response.start", "status": resp.status,
+                "headers": _enc_headers(resp.headers, len(resp.body))})
+    await send({"type": "http.response.body", "body": resp.body})
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

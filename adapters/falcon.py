@@ -1,0 +1,46 @@
+"""Falcon glue: serve the message bus in front of a Falcon app (WSGI ``falcon.App`` or ASGI ``falcon.asgi.App``).
+
+A few lines for a user::
+
+    import falcon
+    from shmbus import Bus
+    from shmbus.adapters.falcon import mount
+
+    bus = Bus("myapp")
+    api = falcon.App()                 # or falcon.asgi.App()
+    api.add_route("/hello", Hello())
+    app = mount(api, bus=bus, user_id_lookup=lambda env: env.get("REMOTE_USER"))
+
+``mount`` wraps the Falcon app in :class:`shmbus.adapters.wsgi.MessageBusMiddleware` or
+:class:`shmbus.adapters.asgi.MessageBusMiddleware` (chosen from the app's type): bus routes never go through
+Falcon's routing, middleware or session handling, so polls are fast and never re-send cookies. Lookups receive
+the WSGI environ / ASGI scope; build a ``falcon.Request(env)`` inside a lookup if you need Falcon's parsing.
+Serve the returned object (``gunicorn -c python:shmbus.adapters.gunicorn mymod:app`` or ``uvicorn mymod:app``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shmbus.bus import Bus
+
+__all__ = ["is_asgi_app", "mount"]
+
+
+def is_asgi_app(app: Any) -> bool:
+    try:
+        import falcon.asgi
+    except ImportError:  # pragma: no cover - falcon without asgi support
+        return False
+    return isinstance(app, falcon.asgi.App)
+
+
+def mount(app: Any, *, bus: Bus | None = None, **options: Any) -> Any:
+    """Return ``app`` wrapped in the WSGI or ASGI message bus middleware (options as in the middleware)."""
+    if is_asgi_app(app):
+        from .asgi import MessageBusMiddleware as AsgiMiddleware
+
+        return AsgiMiddleware(app, bus=bus, **options)
+    from .wsgi import MessageBusMiddleware as WsgiMiddleware
+
+    return WsgiMiddleware(app, bus=bus, **options)

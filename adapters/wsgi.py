@@ -1,0 +1,390 @@
+"""WSGI shell of the message_bus protocol: ``MessageBusMiddleware(app=None, *, bus=None, **options)``.
+
+Mount it around any WSGI app (``app=None`` answers 404 outside the bus routes)::
+
+    from shmbus import Bus
+    from shmbus.adapters.wsgi import MessageBusMiddleware
+
+    bus = Bus("myapp")
+    application = MessageBusMiddleware(django_or_flask_wsgi_app, bus=bus,
+                                       user_id_lookup=lambda environ: environ.get("REMOTE_USER"))
+
+Options are those of :class:`shmbus.adapters.protocol.Options` (the gem's names in snake_case, times in
+seconds): ``base_route``, ``long_polling_enabled``, ``long_polling_interval`` (25), ``chunked_encoding_enabled``,
+``max_active_clients`` (1000, per process), ``allow_broadcast``, the lookups (called with the WSGI environ),
+``on_middleware_error``, ``max_body_size``, ``max_channels_per_poll``, ``max_stream_buffer`` and
+``long_polling_on_sync_workers``. ``environ['message_bus.channels']`` (and ``'message_bus.seq'``) set by an
+upstream middleware replace the request body, as in the gem.
+
+How waiting works, per server model (a WSGI request that waits holds its worker thread or greenlet):
+
+* **Threaded servers** (gunicorn ``gthread``, uwsgi ``--threads``, waitress, ...: ``wsgi.multithread`` is
+  true): a waiting request blocks its thread on a per-request lock with a timeout (no timer threads); the bus
+  listener thread delivers each batch and releases the locks of the concerned requests only. Each parked
+  request occupies one server thread, so when the thread count is known (the gunicorn hooks in
+  :mod:`shmbus.adapters.gunicorn` report it, or call :func:`configure_server`) at most
+  ``threads - max(1, threads // 8)`` requests park at once and further long polls are answered at once (the
+  ``max_active_clients`` fallback): the worker always keeps threads for ordinary requests.
+* **gevent** (gunicorn ``gevent`` worker, uwsgi ``--gevent``, or any monkey-patched process): requests wait
+  in greenlets; the bus listener stays a real OS thread and hands every batch to the hub through one
+  ``loop.async_()`` watcher, and a greenlet delivers it. Parking is limited only by ``max_active_clients``.
+* **One request at a time** (gunicorn ``sync``, uwsgi without threads: ``wsgi.multithread`` false, no gevent):
+  a parked long poll would block the whole worker for ``long_polling_interval``. By default such workers answer
+  every poll at once, as if ``dlp=t`` were sent (JS clients then poll about every 15 s; latency up to that).
+  ``long_polling_on_sync_workers=True`` allows parking anyway — only sensible with many workers and a short
+  ``long_polling_interval``.
+
+Streaming (chunked) responses are generators: the server writes each chunk as it is yielded (one write per
+wake-up, however many messages). A client that disconnects is noticed when the next chunk is written or, while
+waiting, within about a second when the server exposes the socket (``gunicorn.socket``); a streaming client
+that stops reading is dropped once ``max_stream_buffer`` bytes are queued for it (its thread may stay blocked
+in the server's socket write until the kernel gives up). WSGI cannot see an HTTP/1.0 client's socket close
+before the response, so non-streaming long polls end at the timeout or the first message.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from shmbus.bus import Bus
+from shmbus.message import Message
+
+from .protocol import (
+    MessageBusProtocol,
+    Options,
+    PollRequest,
+    ProtocolError,
+    Response,
+    channels_override,
+    form_params,
+    match_route,
+    parse_body,
+    parse_query_dlp,
+    status_line,
+)
+
+__all__ = ["MessageBusMiddleware", "configure_server", "server_threads"]
+
+StartResponse = Callable[..., Any]
+Environ = dict[str, Any]
+
+_server: dict[str, Any] = {"threads": None, "worker_class": None}
+#: How often a waiting request checks whether its client went away (when the server exposes the socket).
+PEER_CHECK_INTERVAL = 1.0
+
+
+def configure_server(*, threads: int | None = None, worker_class: str | None = None) -> None:
+    """Tell the middleware how many request threads this worker process has (the gunicorn hooks do this)."""
+    _server["threads"] = threads
+    _server["worker_class"] = worker_class
+
+
+def server_threads() -> int | None:
+    t = _server["threads"]
+    if t is None:
+        env = os.environ.get("SHMBUS_WSGI_THREADS")
+        if env and env.isdigit():
+            return int(env)
+    return t  # type: ignore[no-any-return]
+
+
+def _gevent_active() -> bool:
+    monkey = sys.modules.get("gevent.monkey")
+    return bool(monkey is not None and monkey.is_module_patched("threading"))
+
+
+def _release(c: Any) -> None:
+    lock = c.signal
+    try:
+        lock.release()
+    except RuntimeError:  # already released: a wake is pending
+        pass
+
+
+def _peer_closed(sock: Any) -> bool:
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        if not readable:
+            return False
+        return bool(sock.recv(1, socket.MSG_PEEK) == b"")
+    except (OSError, ValueError):
+        return True
+
+
+class _Engine:
+    """Per-process state: the protocol (registry) and how batches reach it."""
+
+    def __init__(self, bus: Bus, options: Options) -> None:
+        self.pid = os.getpid()
+        self.gevent = _gevent_active()
+        self.proto = MessageBusProtocol(bus, options, threading.Lock())
+        self.queue: deque[list[Message]] = deque()
+        self.watcher: Any = None
+        if self.gevent:
+            import gevent
+
+            self.watcher = gevent.get_hub().loop.async_()
+            self.watcher.start(self._on_async)
+            self._spawn = gevent.spawn
+
+    def on_batch(self, msgs: list[Message]) -> None:
+        """Listener thread: deliver now (threads), or hand to the gevent hub (one async send per batch)."""
+        if self.gevent:
+            self.queue.append(msgs)
+            self.watcher.send()
+        else:
+            self.proto.dispatch(msgs)
+
+    def _on_async(self) -> None:  # in the hub: never block here
+        self._spawn(self._drain)
+
+    def _drain(self) -> None:
+        q = self.queue
+        while q:
+            self.proto.dispatch(q.popleft())
+
+
+class MessageBusMiddleware:
+    """WSGI middleware serving ``<base_route>message-bus/...`` from a :class:`shmbus.Bus`.
+
+    ``bus`` defaults to :func:`shmbus.default_bus`. One instance per process (forked workers each get fresh
+    state automatically); it taps the bus on the first poll.
+    """
+
+    def __init__(self, app: Callable[..., Any] | None = None, *, bus: Bus | None = None, **options: Any) -> None:
+        if bus is None:
+            import shmbus
+
+            bus = shmbus.default_bus()
+        self.app = app
+        self.bus = bus
+        self.options = Options.from_kwargs(options)
+        self._engine: _Engine | None = None
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ plumbing
+    def _get_engine(self) -> _Engine:
+        eng = self._engine
+        if eng is not None and eng.pid == os.getpid():
+            return eng
+        with self._lock:
+            eng = self._engine
+            if eng is None or eng.pid != os.getpid():
+                eng = _Engine(self.bus, self.options)
+                self.bus.untap(self._on_batch)
+                self.bus.tap(self._on_batch)
+                self._engine = eng
+        return eng
+
+    def _on_batch(self, msgs: list[Message]) -> None:
+        eng = self._engine
+        if eng is not None and eng.pid == os.getpid():
+            eng.on_batch(msgs)
+
+    @property
+    def protocol(self) -> MessageBusProtocol:
+        return self._get_engine().proto
+
+    def close(self) -> None:
+        """Stop receiving batches (the bus itself stays open)."""
+        self.bus.untap(self._on_batch)
+
+    # ------------------------------------------------------------------ WSGI
+    def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO") or ""
+        if not path.startswith(self.options.prefix):
+            if self.app is None:
+                return _send(start_response, Response(404, [("content-type", "text/plain")], b"not found"))
+            return self.app(environ, start_response)  # type: ignore[no-any-return]
+        try:
+            return self._handle(environ, start_response, path)
+        except Exception as exc:
+            return self._error(environ, start_response, exc)
+
+    def _error(self, environ: Environ, start_response: StartResponse, exc: Exception) -> Iterable[bytes]:
+        handler = self.options.on_middleware_error
+        if handler is not None:
+            result = handler(environ, exc)
+            if result:
+                return _send(start_response, _triple(result))
+        if isinstance(exc, ProtocolError):
+            resp = exc.response()
+            try:
+                resp.headers += self._extra(environ)
+            except Exception:
+                pass
+            return _send(start_response, resp)
+        raise exc
+
+    def _extra(self, environ: Environ) -> list[tuple[str, str]]:
+        lookup = self.options.extra_response_headers_lookup
+        if lookup is None:
+            return []
+        return MessageBusProtocol.extra_headers(lookup(environ))
+
+    def _read_body(self, environ: Environ) -> bytes:
+        limit = self.options.max_body_size
+        stream = environ.get("wsgi.input")
+        cl = environ.get("CONTENT_LENGTH")
+        if cl:
+            try:
+                n = int(cl)
+            except ValueError:
+                raise ProtocolError(400, "invalid Content-Length")
+            if n < 0:
+                raise ProtocolError(400, "invalid Content-Length")
+            if n > limit:
+                raise ProtocolError(413, f"request body too large (limit {limit} bytes)")
+            if n == 0 or stream is None:
+                return b""
+            parts = []
+            while n > 0:
+                chunk = stream.read(n)
+                if not chunk:
+                    break
+                parts.append(chunk)
+                n -= len(chunk)
+            return b"".join(parts)
+        if stream is not None and (environ.get("wsgi.input_terminated")
+                                   or "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()):
+            data: bytes = stream.read(limit + 1)
+            if len(data) > limit:
+                raise ProtocolError(413, f"request body too large (limit {limit} bytes)")
+            return data
+        return b""
+
+    def _can_park(self, eng: _Engine, environ: Environ) -> bool:
+        if eng.gevent:
+            return True
+        if not environ.get("wsgi.multithread"):
+            return self.options.long_polling_on_sync_workers
+        threads = server_threads()
+        if threads is not None:
+            return eng.proto.registry.parked < threads - max(1, threads // 8)
+        return True
+
+    def _handle(self, environ: Environ, start_response: StartResponse, path: str) -> Iterable[bytes]:
+        opts = self.options
+        method = environ.get("REQUEST_METHOD", "GET")
+        route = match_route(method, path, opts)
+        if route.kind == "options":  # before any lookup: cheap CORS preflight
+            return _send(start_response, Response(200, _base(self._extra(environ)), b"OK"))
+        if route.error is not None:
+            raise route.error
+        body = self._read_body(environ)
+        query = environ.get("QUERY_STRING", "")
+        eng = self._get_engine()
+        proto = eng.proto
+        if route.kind == "broadcast":
+            return _send(start_response, proto.broadcast(form_params(query, body, environ.get("CONTENT_TYPE"))))
+        override = environ.get("message_bus.channels")
+        if override is not None:
+            channels, seq = channels_override(override, environ.get("message_bus.seq"), opts)
+        else:
+            channels, seq = parse_body(environ.get("CONTENT_TYPE"), body, opts)
+        version = environ.get("SERVER_PROTOCOL", "HTTP/1.0")
+        req = PollRequest(route.client_id, channels, seq, dlp=parse_query_dlp(query),
+                          dont_chunk="HTTP_DONT_CHUNK" in environ,
+                          http11=version not in ("HTTP/1.0", "HTTP/0.9"))
+        lk = proto.lookups(
+            opts.user_id_lookup(environ) if opts.user_id_lookup else None,
+            opts.group_ids_lookup(environ) if opts.group_ids_lookup else None,
+            opts.site_id_lookup(environ) if opts.site_id_lookup else None,
+        )
+        extra = self._extra(environ)
+        can_park = self._can_park(eng, environ)
+        signal = None
+        if can_park:
+            signal = threading.Lock()
+            signal.acquire()
+        poll = proto.start_poll(req, lk, extra, can_park=can_park, waker=_release, signal=signal)
+        if poll.mode == "immediate":
+            assert poll.response is not None
+            return _send(start_response, poll.response)
+        c = poll.client
+        assert c is not None
+        sock = environ.get("gunicorn.socket")
+        deadline = time.monotonic() + opts.long_polling_interval
+        if poll.mode == "long":
+            try:
+                _wait(c, deadline, sock)
+                body = proto.long_poll_response(c)
+            except BaseException:
+                proto.abandon(c)
+                raise
+            start_response("200 OK", [*poll.headers, ("content-length", str(len(body)))])
+            return [body]
+        start_response("200 OK", poll.headers)
+        return _stream(proto, c, poll.first_chunk, deadline, sock)
+
+
+def _wait(c: Any, deadline: float, sock: Any, once: bool = False) -> None:
+    """Block until ``c`` is woken (once), done, its client went away, or ``deadline``."""
+    lock = c.signal
+    while not c.done:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return
+        if sock is not None and remaining > PEER_CHECK_INTERVAL:
+            if lock.acquire(True, PEER_CHECK_INTERVAL):
+                if once:
+                    return
+                continue
+            if _peer_closed(sock):
+                c.dropped = True
+                return
+            continue
+        if lock.acquire(True, remaining) and once:
+            return
+
+
+def _stream(proto: MessageBusProtocol, c: Any, first: bytes, deadline: float, sock: Any) -> Iterator[bytes]:
+    try:
+        yield first
+        while not c.done and not c.dropped:
+            if time.monotonic() >= deadline:
+                break
+            _wait(c, deadline, sock, once=True)
+            chunks = proto.stream_chunks(c)
+            if chunks:
+                yield chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        if not c.dropped:
+            end = proto.stream_end(c)
+            if end:
+                yield b"".join(end)
+    finally:
+        proto.abandon(c)
+
+
+def _base(extra: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    from .protocol import BASE_HEADERS
+
+    return BASE_HEADERS + extra if extra else list(BASE_HEADERS)
+
+
+def _send(start_response: StartResponse, resp: Response) -> list[bytes]:
+    start_response(status_line(resp.status), [*resp.headers, ("content-length", str(len(resp.body)))])
+    return [resp.body]
+
+
+def _triple(result: Any) -> Response:
+    """``on_middleware_error``'s ``(status, headers, body)`` as a Response."""
+    status, headers, body = result
+    code = int(str(status).split(" ", 1)[0])
+    pairs = list(headers.items()) if hasattr(headers, "items") else list(headers or ())
+    if isinstance(body, str):
+        data = body.encode()
+    elif isinstance(body, (bytes, bytearray)):
+        data = bytes(body)
+    else:
+        data = b"".join(b if isinstance(b, bytes) else str(b).encode() for b in body)
+    pairs = [(str(k), str(v)) for k, v in pairs if str(k).lower() != "content-length"]
+    return Response(code, pairs, data)
