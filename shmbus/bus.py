@@ -259,7 +259,7 @@ class Bus:
         site_id: str | None = None,
         max_backlog_size: int | None = None,
         max_backlog_age: float | None = None,
-        engine: Engine | None | bool = None,
+        engine: Engine | bool | None = None,
     ) -> int | None:
         """Publish ``data`` on ``channel``; return the channel's new message id.
 
@@ -639,7 +639,7 @@ class Bus:
                     self._on_reset()
                 recs, self._cursor, lost = seg.read_since(self._cursor)
                 if recs:
-                    if lost or recs[0].global_id > self._last_gid + 1 and self._last_gid:
+                    if lost or (recs[0].global_id > self._last_gid + 1 and self._last_gid):
                         n = recs[0].global_id - self._last_gid - 1
                         if n > 0:
                             self._lost += n
@@ -814,14 +814,15 @@ class Bus:
     def destroy(self) -> None:
         """Close and remove the segment itself (all history, for every process). Idempotent; for tests and
         for tearing a bus down for good."""
-        seg = self._seg
-        path_seg = seg.path if seg else None
         self.close()
         self._destroyed = True
-        if path_seg is not None and self.path is None:
+        if self.path is None:
             Segment.destroy_by_name(self.name)
-        elif self.path is None:
-            Segment.destroy_by_name(self.name)
+        else:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
 
     def stats(self) -> _segment.SegmentStats:
         return self.segment.stats()

@@ -7,8 +7,9 @@ processes write one key at the same moment (the gem applies by arrival order and
 
 Unlike the gem, a process that starts late sees the current values: it replays the channel's backlog. To keep
 that replay short and within the backlog limit, every ``snapshot_every``-th operation is followed by a snapshot of
-the whole cache, published by the process that wrote that operation; a late starter begins at the newest
-snapshot and applies the operations after it.
+the whole cache, published by the process that wrote that operation once its listener has applied it (so the
+snapshot holds exactly the operations up to that id); a late starter begins at the newest snapshot and applies the
+operations after it. A process whose history starts mid-way without a snapshot logs a warning.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ __all__ = ["DistributedCache"]
 
 log = logging.getLogger("shmbus")
 CHANNEL_PREFIX = "/__shmbus_cache/"
-HIDDEN = [-1]
-_FOREVER = 10 * 365 * 86400.0  # the cache's history must not expire like an idle channel's  # user id no HTTP client has: the gem's way of keeping internal traffic off the wire
+HIDDEN = [-1]  # user id no HTTP client has: the gem's way of keeping internal traffic off the wire
+_FOREVER = 10 * 365 * 86400.0  # the cache's history must not expire like an idle channel's
+_DELETED: Any = object()
 
 
 class DistributedCache(MutableMapping[str, Any]):
@@ -39,6 +41,8 @@ class DistributedCache(MutableMapping[str, Any]):
     Keys are strings; values must be encodable by the bus codec (JSON by default: str, numbers, bools, None,
     lists and dicts with string keys). ``app_version`` scopes the cache: operations from processes running
     another version are ignored. With ``namespace=True`` each site (``bus.site_id_lookup()``) has its own data.
+    ``snapshot_every`` and ``history`` (operations retained, default 20 snapshots' worth) bound what a late
+    starter replays.
     """
 
     def __init__(
@@ -49,6 +53,7 @@ class DistributedCache(MutableMapping[str, Any]):
         *,
         namespace: bool = True,
         snapshot_every: int = 200,
+        history: int | None = None,
     ) -> None:
         if bus is None:
             from . import default_bus
@@ -62,12 +67,17 @@ class DistributedCache(MutableMapping[str, Any]):
         self.bus = bus
         self.namespace = namespace
         self.snapshot_every = max(int(snapshot_every), 10)
+        #: operations kept in the bus for late starters (must span a few snapshots)
+        self.history = max(int(history), 2 * self.snapshot_every) if history else 20 * self.snapshot_every
         self.identity = f"{secrets.token_hex(8)}:{os.getpid()}"
         self.channel = CHANNEL_PREFIX + name
         self._data: dict[str, dict[str, Any]] = {}
         self._lock = threading.RLock()
-        self._pending: list[Message] = []  # operations since the newest snapshot (for snapshot catch-up)
+        self._recent: list[Message] = []  # operations applied lately (re-applied on top of a snapshot)
+        self._mine: dict[tuple[str, str], tuple[int, Any]] = {}
+        self._mine_clear: dict[str, int] = {}
         self._applied_id = 0
+        self._first_id = 0
         self._complete = True
         self._sub = bus.subscribe(self.channel, self._on_message, last_id=0, site_id="")
         if not self._complete:
@@ -75,28 +85,47 @@ class DistributedCache(MutableMapping[str, Any]):
                         "its older operations); values written before then are missing", name)
 
     # ------------------------------------------------------------------ local view
+    # ``_data`` holds only what the listener applied, in bus order. This process's own writes that the
+    # listener has not applied yet live in ``_mine`` (per key) and ``_mine_clear`` (per site) so reads see them
+    # at once (read-your-writes) without making ``_data`` differ from every other process's copy.
     def _site(self) -> str:
         if not self.namespace:
             return "default"
         lookup = self.bus.site_id_lookup
         return (lookup() if lookup else None) or "default"
 
+    def _view(self, site: str) -> dict[str, Any]:
+        with self._lock:
+            clear_mid = self._mine_clear.get(site, 0)
+            view = {} if clear_mid else dict(self._data.get(site, {}))
+            for (s, key), (mid, value) in self._mine.items():
+                if s == site and mid > clear_mid:
+                    if value is _DELETED:
+                        view.pop(key, None)
+                    else:
+                        view[key] = value
+            return view
+
     def hash(self, site_id: str | None = None) -> dict[str, Any]:
         """A copy of the data of ``site_id`` (default: the current site), as the gem's ``hash``."""
-        with self._lock:
-            return dict(self._data.get(site_id or self._site(), {}))
+        return self._view(site_id or self._site())
 
     def __getitem__(self, key: str) -> Any:
-        return self._data.get(self._site(), {})[self._check_key(key)]
+        key = self._check_key(key)
+        site = self._site()
+        with self._lock:
+            if not self._mine and not self._mine_clear:
+                return self._data.get(site, {})[key]
+        return self._view(site)[key]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(list(self._data.get(self._site(), {})))
+        return iter(self._view(self._site()))
 
     def __len__(self) -> int:
-        return len(self._data.get(self._site(), {}))
+        return len(self._view(self._site()))
 
     def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and key in self._data.get(self._site(), {})
+        return isinstance(key, str) and key in self._view(self._site())
 
     @staticmethod
     def _check_key(key: Any) -> str:
@@ -108,16 +137,13 @@ class DistributedCache(MutableMapping[str, Any]):
     def __setitem__(self, key: str, value: Any) -> None:
         key = self._check_key(key)
         site = self._site()
-        self._publish({"op": "set", "key": key, "value": value, "site": site})  # raises before any local change
-        with self._lock:
-            self._data.setdefault(site, {})[key] = value
+        mid = self._publish({"op": "set", "key": key, "value": value, "site": site})  # raises: nothing changes
+        self._remember(site, key, mid, value)
 
     def __delitem__(self, key: str) -> None:
         key = self._check_key(key)
-        site = self._site()
-        with self._lock:
-            if key not in self._data.get(site, {}):
-                raise KeyError(key)
+        if key not in self:
+            raise KeyError(key)
         self.delete(key)
 
     def delete(self, key: str, publish: bool = True) -> None:
@@ -125,68 +151,82 @@ class DistributedCache(MutableMapping[str, Any]):
         key = self._check_key(key)
         site = self._site()
         if publish:
-            self._publish({"op": "delete", "key": key, "site": site})
-        with self._lock:
-            self._data.get(site, {}).pop(key, None)
+            self._remember(site, key, self._publish({"op": "delete", "key": key, "site": site}), _DELETED)
+        else:
+            with self._lock:
+                self._data.get(site, {}).pop(key, None)
+                self._mine.pop((site, key), None)
 
     def clear(self) -> None:
         site = self._site()
-        self._publish({"op": "clear", "site": site})
+        mid = self._publish({"op": "clear", "site": site})
         with self._lock:
-            self._data.pop(site, None)
+            if mid > self._applied_id:
+                self._mine_clear[site] = mid
 
-    def _publish(self, op: dict[str, Any]) -> None:
+    def _remember(self, site: str, key: str, mid: int, value: Any) -> None:
+        with self._lock:
+            if mid > self._applied_id:  # not applied by the listener yet
+                self._mine[(site, key)] = (mid, value)
+
+    def _publish(self, op: dict[str, Any]) -> int:
         op["origin"] = self.identity
         if self.app_version is not None:
             op["v"] = self.app_version
         mid = self.bus.publish(self.channel, op, user_ids=HIDDEN, site_id="",
-                               max_backlog_size=self.snapshot_every * 20, max_backlog_age=_FOREVER)
-        if mid and mid % self.snapshot_every == 0:
-            self._publish_snapshot(mid)
+                               max_backlog_size=self.history, max_backlog_age=_FOREVER)
+        return mid or 0
 
-    def _publish_snapshot(self, mid: int) -> None:
-        """Publish the whole cache as of operation ``mid`` (this process has applied every op up to it)."""
-        with self._lock:
-            data = {site: dict(d) for site, d in self._data.items()}
-        snap: dict[str, Any] = {"op": "snapshot", "as_of": mid, "data": data, "origin": self.identity}
+    def _publish_snapshot(self, as_of: int) -> None:
+        """Publish ``_data`` as of operation ``as_of`` (called on the listener right after applying it)."""
+        snap: dict[str, Any] = {"op": "snapshot", "as_of": as_of, "origin": self.identity,
+                                "data": {site: dict(d) for site, d in self._data.items()}}
         if self.app_version is not None:
             snap["v"] = self.app_version
         try:
             self.bus.publish(self.channel, snap, user_ids=HIDDEN, site_id="",
-                             max_backlog_size=self.snapshot_every * 20, max_backlog_age=_FOREVER)
+                             max_backlog_size=self.history, max_backlog_age=_FOREVER)
         except Exception:
             log.exception("shmbus: DistributedCache %r could not publish a snapshot", self.name)
 
-    # ------------------------------------------------------------------ applying operations
+    # ------------------------------------------------------------------ applying operations (listener thread)
     def _on_message(self, msg: Message) -> None:
         op = msg.data
         if not isinstance(op, dict):
             return
         if self.app_version is not None and op.get("v") != self.app_version:
             return
+        snapshot_due = False
         with self._lock:
-            if self._applied_id == 0 and msg.message_id > 1 and op.get("op") != "snapshot":
-                # First thing we see is not the start of the history and not a snapshot: we may miss values.
-                self._complete = False
             kind = op.get("op")
+            if self._first_id == 0:
+                self._first_id = msg.message_id
+                # History starting mid-way (older operations trimmed) is only complete from a snapshot on.
+                self._complete = msg.message_id == 1
             if kind == "snapshot":
                 as_of = int(op.get("as_of", 0))
                 data = op.get("data")
-                if isinstance(data, dict):
+                # Only a process missing the start of the history needs a snapshot, and only one that covers
+                # everything it missed (its as_of reaches back to the first operation this process saw).
+                if not self._complete and isinstance(data, dict) and as_of >= self._first_id - 1:
                     self._data = {str(s): dict(d) for s, d in data.items() if isinstance(d, dict)}
+                    for m in self._recent:
+                        if m.message_id > as_of:
+                            self._apply(m.data)
+                    self._recent = []
                     self._complete = True
-                    # Operations we already saw that the snapshot does not include: apply them again on top.
-                    replay = [m for m in self._pending if m.message_id > as_of]
-                    self._pending = []
-                    for m in replay:
-                        self._apply(m.data)
-                        self._pending.append(m)
             else:
                 self._apply(op)
-                self._pending.append(msg)
-                if len(self._pending) > self.snapshot_every * 2:
-                    del self._pending[: self.snapshot_every]
+                if not self._complete:
+                    self._recent.append(msg)
+                snapshot_due = op.get("origin") == self.identity and msg.message_id % self.snapshot_every == 0
             self._applied_id = msg.message_id
+            if self._mine:
+                self._mine = {k: v for k, v in self._mine.items() if v[0] > msg.message_id}
+            if self._mine_clear:
+                self._mine_clear = {k: v for k, v in self._mine_clear.items() if v > msg.message_id}
+            if snapshot_due and self._complete:
+                self._publish_snapshot(msg.message_id)
 
     def _apply(self, op: dict[str, Any]) -> None:
         site = op.get("site") or "default"
@@ -194,7 +234,7 @@ class DistributedCache(MutableMapping[str, Any]):
         if kind == "set":
             self._data.setdefault(site, {})[op["key"]] = op.get("value")
         elif kind == "delete":
-            self._data.get(site, {}).pop(op.get("key"), None)
+            self._data.get(site, {}).pop(str(op.get("key")), None)
         elif kind == "clear":
             self._data.pop(site, None)
 

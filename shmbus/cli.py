@@ -29,7 +29,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     seg = _open_existing(args)
     try:
         st = seg.stats()
-        channels = []
+        channels: list[dict[str, Any]] = []
         for info in seg.iter_channels():
             key = info.key.decode(errors="replace")
             channel, _, site = key.partition("$|$")
@@ -136,8 +136,12 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_destroy(args: argparse.Namespace) -> int:
     name = _bus_name(args)
-    gone = os.path.exists(args.path) and (os.unlink(args.path) or True) if args.path else \
-        Segment.destroy_by_name(name)
+    if args.path:
+        gone = os.path.exists(args.path)
+        if gone:
+            os.unlink(args.path)
+    else:
+        gone = Segment.destroy_by_name(name)
     print(json.dumps({"bus": name, "destroyed": gone}) if args.json else
           (f"destroyed {name}" if gone else f"no bus named {name!r}"))
     return 0 if gone else 1

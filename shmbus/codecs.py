@@ -41,7 +41,7 @@ class JsonCodec:
     def __init__(self) -> None:
         if _orjson is not None:
             self.encode = self._encode_orjson  # type: ignore[method-assign]
-            self.decode = _orjson.loads  # type: ignore[method-assign]
+            self.decode = _orjson.loads  # type: ignore[method-assign,assignment]
 
     @staticmethod
     def _encode_orjson(obj: Any) -> bytes:

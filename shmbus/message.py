@@ -75,15 +75,15 @@ class Message:
 
     @property
     def client_ids(self) -> list[Any] | None:
-        return self._decoded_targets()[0]  # type: ignore[no-any-return]
+        return self._decoded_targets()[0]
 
     @property
     def user_ids(self) -> list[Any] | None:
-        return self._decoded_targets()[1]  # type: ignore[no-any-return]
+        return self._decoded_targets()[1]
 
     @property
     def group_ids(self) -> list[Any] | None:
-        return self._decoded_targets()[2]  # type: ignore[no-any-return]
+        return self._decoded_targets()[2]
 
     @property
     def targeted(self) -> bool:

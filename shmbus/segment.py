@@ -170,8 +170,8 @@ class Segment:
         self._fd = fd
         self._shm = owner_shm
         self.mm = mm
-        (magic, version, hsize, self.epoch, self.created_at, self.ring_off, self.ring_size, self.table_off,
-         self.max_channels, slot_size, _procs_off, max_procs, ready, _codec_raw) = _H_STATIC.unpack_from(mm, 0)
+        (_magic, _version, _hsize, self.epoch, self.created_at, self.ring_off, self.ring_size, self.table_off,
+         self.max_channels, _slot_size, _procs_off, _max_procs, _ready, _codec_raw) = _H_STATIC.unpack_from(mm, 0)
         self.codec_name = _codec_raw.rstrip(b"\x00").decode()
         self.max_record = self.ring_size // 4
         self._anchor = ctypes.c_char.from_buffer(mm)
