@@ -406,3 +406,75 @@ def test_keepalive_publishes_and_health_reports(make_bus: Any, monkeypatch: pyte
     assert h["listening"] and h["attached"] and h["seconds_since_last_message"] < 5
     bus.stop_listener()
     assert not bus.listening
+
+
+def test_file_backed_log_survives_every_process_detaching(tmp_path: Any, bus_name: str) -> None:
+    path = str(tmp_path / "bus.log")
+    bus = Bus(bus_name, path=path, ring_size=1 << 20, keepalive_interval=0)
+    bus.publish("/p", "kept")
+    epoch = bus.epoch
+    bus.close()
+    again = Bus(bus_name, path=path, keepalive_interval=0)
+    try:
+        assert again.epoch == epoch and [m.data for m in again.backlog("/p")] == ["kept"]
+        assert again.publish("/p", "more") == 2
+    finally:
+        again.destroy()
+    import os
+
+    assert not os.path.exists(path)
+
+
+def test_file_backed_log_from_before_a_reboot_gets_fresh_kernel_state(tmp_path: Any, bus_name: str) -> None:
+    from shmbus import segment
+
+    path = str(tmp_path / "bus.log")
+    bus = Bus(bus_name, path=path, ring_size=1 << 20, keepalive_interval=0)
+    bus.publish("/p", 1)
+    bus.segment.mm[segment._OFF_BOOT:segment._OFF_BOOT + 16] = b"\x01" * 16  # as if written before a reboot
+    bus.segment.mm[segment._OFF_MUTEX:segment._OFF_MUTEX + 8] = b"\xff" * 8  # a lock word naming a dead thread
+    bus.close()
+    again = Bus(bus_name, path=path, keepalive_interval=0)
+    try:
+        assert again.publish("/p", 2) == 2  # would block forever on the stale mutex without re-initialisation
+        assert [m.data for m in again.backlog("/p")] == [1, 2]
+    finally:
+        again.destroy()
+
+
+def test_foreign_and_incompatible_segments_are_refused(bus_name: str) -> None:
+    import os
+    import struct
+
+    from shmbus import segment
+
+    path = segment.segment_path(bus_name)
+    with open(path, "wb") as f:
+        f.write(b"not a bus" * 1000)
+    try:
+        with pytest.raises(shmbus.NotASegment):
+            Bus(bus_name, keepalive_interval=0).publish("/x", 1)
+        assert open(path, "rb").read(9) == b"not a bus"  # untouched
+    finally:
+        os.unlink(path)
+    bus = Bus(bus_name, ring_size=1 << 20, keepalive_interval=0)
+    bus.publish("/x", 1)
+    struct.pack_into("<I", bus.segment.mm, 8, segment.LAYOUT_VERSION + 1)
+    try:
+        with pytest.raises(shmbus.LayoutMismatch, match="layout version"):
+            Bus(bus_name, keepalive_interval=0).last_id("/x")
+    finally:
+        bus.destroy()
+
+
+def test_channel_table_evicts_only_channels_without_retained_messages(make_bus: Any) -> None:
+    bus = make_bus(max_channels=16, ring_size=64 << 10)
+    for i in range(14):
+        bus.publish(f"/c{i}", i)
+    with pytest.raises(shmbus.ChannelTableFull):
+        for i in range(14, 40):
+            bus.publish(f"/c{i}", i)  # every channel still has its message in the ring
+    assert [m.data for m in bus.backlog("/c0")] == [0]  # nothing lost by the refusal
+    for _ in range(1000):
+        bus.publish("/c1", "x" * 200)  # overwrite the ring: old channels' messages are gone
+    assert bus.publish("/fresh", 1) == 1  # now a slot can be reused
