@@ -1,0 +1,147 @@
+"""The gem's Redis wire format: key names, the ``gid|cid|chan|envelope`` line, the envelope, the Lua script.
+
+Kept apart from the bridge so the encoding can be read (and tested) on its own. Everything here follows
+message_bus's Redis backend (reference §2.1, §2.3) so a Ruby app and a Python app on one Redis share a bus.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Any, NamedTuple
+
+from shmbus.codecs import Codec
+from shmbus.engines import Envelope
+from shmbus.message import decode_meta, encode_meta
+
+__all__ = [
+    "GLOBAL_BACKLOG_KEY", "GLOBAL_ID_KEY", "PUBLISH_SCRIPT", "PUBLISH_SHA", "Decoded", "backend_channel",
+    "backlog_id_key", "backlog_key", "decode_envelope", "encode_envelope", "line_tail", "parse_line",
+    "parse_pointer", "script_args", "split_backend_channel",
+]
+
+GLOBAL_ID_KEY = "__mb_global_id_n"
+GLOBAL_BACKLOG_KEY = "__mb_global_backlog_n"
+SITE_SEP = "$|$"
+PIPE_ESCAPE = "$$123$$"
+
+# Same keys, arguments and effects as the gem's LUA_PUBLISH (own text): ids, backlogs, TTLs, PUBLISH, trim.
+# The only difference: it returns {global_id, channel_id} (the gem's returns the channel id), which the bridge
+# needs to store the message locally with Redis's ids.
+PUBLISH_SCRIPT = """
+local gid = redis.call('INCR', KEYS[1])
+local cid = redis.call('INCR', KEYS[2])
+local line = string.format('%d|%d|%s', gid, cid, ARGV[1])
+local age = tonumber(ARGV[2])
+local size = tonumber(ARGV[3])
+local gsize = tonumber(ARGV[4])
+redis.call('ZADD', KEYS[3], cid, line)
+redis.call('EXPIRE', KEYS[3], age)
+redis.call('ZADD', KEYS[4], gid, string.format('%d|%s', cid, ARGV[5]))
+redis.call('EXPIRE', KEYS[4], age)
+redis.call('PUBLISH', KEYS[5], line)
+redis.call('EXPIRE', KEYS[2], age)
+if cid > size then
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], 1, cid - size)
+end
+if gid > gsize then
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], 1, gid - gsize)
+end
+return {gid, cid}
+"""
+PUBLISH_SHA = hashlib.sha1(PUBLISH_SCRIPT.encode()).hexdigest()
+
+_NULL_TARGETS = b',"user_ids":null,"group_ids":null,"client_ids":null}'
+_DATA_HEAD = b'{"data":'
+
+
+def backend_channel(channel: str, site_id: str | None) -> str:
+    """The gem's backend channel name: ``<channel>$|$<site>`` when a site applies."""
+    return f"{channel}{SITE_SEP}{site_id}" if site_id else channel
+
+
+def split_backend_channel(chan: str) -> tuple[str, str | None]:
+    channel, sep, site = chan.partition(SITE_SEP)
+    return channel, (site or None) if sep else None
+
+
+def backlog_key(chan: str) -> str:
+    return f"__mb_backlog_n_{chan}"
+
+
+def backlog_id_key(chan: str) -> str:
+    return f"__mb_backlog_id_n_{chan}"
+
+
+def _json(v: Any) -> bytes:
+    return json.dumps(v, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def encode_envelope(codec: Codec, payload: bytes, meta: bytes) -> bytes:
+    """``{"data","user_ids","group_ids","client_ids"}`` in the bus's codec; JSON splices ``payload`` as is."""
+    if codec.is_json:
+        if not meta:
+            return _DATA_HEAD + payload + _NULL_TARGETS
+        c, u, g = decode_meta(meta)
+        return b"".join((_DATA_HEAD, payload, b',"user_ids":', _json(u), b',"group_ids":', _json(g),
+                         b',"client_ids":', _json(c), b"}"))
+    c, u, g = decode_meta(meta)
+    return codec.encode({"data": codec.decode(payload), "user_ids": u, "group_ids": g, "client_ids": c})
+
+
+def decode_envelope(codec: Codec, env: bytes) -> tuple[bytes, bytes]:
+    """Envelope bytes -> ``(payload, meta)`` as the segment stores them (inverse of :func:`encode_envelope`).
+
+    A JSON envelope with no targeting is sliced, not parsed: the common case costs no decode.
+    """
+    if codec.is_json:
+        if env.startswith(_DATA_HEAD) and env.endswith(_NULL_TARGETS):
+            return env[len(_DATA_HEAD):-len(_NULL_TARGETS)], b""
+        obj = json.loads(env)
+    else:
+        obj = codec.decode(env)
+    if not isinstance(obj, dict) or "data" not in obj:
+        raise ValueError("not a message_bus envelope (no 'data' key)")
+    meta = encode_meta(obj.get("client_ids"), obj.get("user_ids"), obj.get("group_ids"))
+    return codec.encode(obj["data"]), meta
+
+
+def line_tail(chan: str, envelope: bytes) -> bytes:
+    """``chan|envelope`` (the script prepends ``gid|cid|``); a ``|`` in the channel travels as ``$$123$$``."""
+    return chan.replace("|", PIPE_ESCAPE).encode() + b"|" + envelope
+
+
+class Decoded(NamedTuple):
+    global_id: int
+    message_id: int
+    channel: str
+    site_id: str | None
+    envelope: bytes
+
+
+def parse_line(line: bytes) -> Decoded:
+    """``gid|cid|chan|envelope`` -> its parts (the envelope is everything after the third ``|``)."""
+    i1 = line.index(b"|")
+    i2 = line.index(b"|", i1 + 1)
+    i3 = line.index(b"|", i2 + 1)
+    chan = line[i2 + 1:i3].decode()
+    if PIPE_ESCAPE in chan:
+        chan = chan.replace(PIPE_ESCAPE, "|")
+    channel, site = split_backend_channel(chan)
+    return Decoded(int(line[:i1]), int(line[i1 + 1:i2]), channel, site, line[i3 + 1:])
+
+
+def parse_pointer(member: bytes) -> tuple[int, str]:
+    """A global backlog member ``cid|chan`` (channel not escaped) -> ``(cid, backend channel)``."""
+    i = member.index(b"|")
+    return int(member[:i]), member[i + 1:].decode()
+
+
+def script_args(env: Envelope, codec: Codec, gsize: int, pubsub_channel: str) -> list[Any]:
+    """EVALSHA arguments after the sha: numkeys, the five keys, the five arguments."""
+    chan = backend_channel(env.channel, env.site_id)
+    age = max(1, math.ceil(env.max_backlog_age))
+    return [5, GLOBAL_ID_KEY, backlog_id_key(chan), backlog_key(chan), GLOBAL_BACKLOG_KEY, pubsub_channel,
+            line_tail(chan, encode_envelope(codec, env.payload, env.meta)), age, max(1, env.max_backlog_size),
+            max(1, gsize), chan]

@@ -1,0 +1,762 @@
+"""Redis bridge: many hosts share one bus through Redis; every read is still served from shared memory.
+
+``bus = Bus("app", engine=RedisBridge("redis://redis:6379/0"))``
+
+* **Publish** runs one Lua script (EVALSHA) that assigns the global and channel ids, stores the message in the
+  gem's Redis backlogs and PUBLISHes it: the key layout and line format are message_bus's Redis backend, so a
+  Ruby app running message_bus on the same Redis sees the same messages with the same ids, and vice versa.
+  The publisher then stores its own message locally when that keeps the segment contiguous (read-your-writes
+  without waiting), else it waits briefly for the relay.
+* **One relay per host** is elected with an OFD byte-range lock on the bus's segment file, taken on a file
+  descriptor each process opens itself (after fork), so the kernel releases it when the holder dies; the other
+  processes retry every ``election_interval`` seconds. The relay SUBSCRIBEs to ``_message_bus_<db>`` and
+  writes every message into the segment with Redis's ids; on takeover or reconnect it catches up from Redis's
+  global backlog after the segment's last global id, so nothing is lost or doubled.
+* **Reads** (``backlog``, ``last_id``, long polls) come from the segment. Only a gap in the segment (older
+  than it holds) is filled from Redis (``RedisBridge.backlog``, called by ``Bus.backlog``).
+* **Faults**: an unreachable Redis makes ``publish`` raise :class:`RedisUnavailable` (or queue, with
+  ``queue_in_memory=True``); a read-only replica raises :class:`RedisReadOnly` (or queues); a flushed or
+  restarted Redis (ids went backwards, or the message at the segment's last id is another one) resets the
+  segment's epoch so clients resynchronise, as the gem's clients do. ``health()`` reports all of it.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import struct
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from shmbus.bus import Backlog
+from shmbus.engines import Engine, Envelope
+from shmbus.errors import EngineError
+from shmbus.message import Message
+
+from . import _redis_lines as rl
+
+if TYPE_CHECKING:
+    from shmbus.bus import Bus
+    from shmbus.segment import Segment
+
+__all__ = ["RedisBridge", "RedisBridgeError", "RedisReadOnly", "RedisUnavailable", "relay_active"]
+
+log = logging.getLogger("shmbus.redis")
+
+#: Byte offset of the relay lock in the segment file ("relay" in ASCII); advisory, never touches data.
+RELAY_LOCK_OFFSET = 0x72656C6179
+_FLOCK = struct.Struct("hhqqi4x")  # struct flock on Linux x86-64/aarch64: 32 bytes
+_PAGE = 1000  # catch-up page size (global backlog entries per round trip)
+
+
+class RedisBridgeError(EngineError):
+    """The Redis bridge could not carry out a publish; the message was not stored (unless said otherwise)."""
+
+
+class RedisUnavailable(RedisBridgeError):
+    """Redis could not be reached (or the connection broke mid-publish: the outcome is then unknown)."""
+
+
+class RedisReadOnly(RedisBridgeError):
+    """Redis answered READONLY: the bridge points at a replica (e.g. right after a failover)."""
+
+
+def _lock_op(fd: int, cmd: int, kind: int) -> bytes:
+    return fcntl.fcntl(fd, cmd, _FLOCK.pack(kind, os.SEEK_SET, RELAY_LOCK_OFFSET, 1, 0))
+
+
+def _relay_held_by_other(fd: int) -> bool:
+    """True when another open file description holds the relay lock (F_OFD_GETLK; our own never conflicts)."""
+    got = _FLOCK.unpack(_lock_op(fd, fcntl.F_OFD_GETLK, fcntl.F_WRLCK))
+    return got[0] != fcntl.F_UNLCK
+
+
+def relay_active(path_or_bus: str) -> bool:
+    """Does a process hold the relay lock of this bus (a bus name or a segment path)? For ``shmbus stats``."""
+    path = path_or_bus if path_or_bus.startswith("/") else f"/dev/shm/shmbus.{path_or_bus}"
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        return _relay_held_by_other(fd)
+    finally:
+        os.close(fd)
+
+
+def _redact(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password:
+        host = parts.hostname or ""
+        netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+        return urlunsplit(parts._replace(netloc=netloc))
+    return url
+
+
+class Batch:
+    """What ``RedisBridge.batch()`` yields: publishes inside the block are sent in pipelined round trips on
+    exit; ``ids`` then holds each one's channel id (None for a queued one), in publish order."""
+
+    def __init__(self, bus: Bus | None) -> None:
+        self.bus = bus
+        self.envelopes: list[Envelope] = []
+        self.ids: list[int | None] = []
+
+
+class RedisBridge(Engine):
+    """Engine that makes Redis the source of ids and history, shared by every host (see the module doc).
+
+    ``url``: the Redis URL (``redis://[:password@]host:port/db``). ``pubsub_channel``: defaults to the gem's
+    ``_message_bus_<db>`` with the URL's db (a Ruby app configured with ``url:`` only uses db 0's name: pass
+    ``"_message_bus_0"`` to share with it). ``queue_in_memory``: queue publishes while Redis is unreachable or
+    read-only (at most ``max_in_memory_publish_backlog``, oldest dropped) and flush them in order when it is
+    back, instead of raising. ``relay=False``: this process never relays (e.g. a cron script).
+    ``election_interval``: how often a standby process tries the relay lock. ``reconnect_max``: cap of the
+    relay's reconnect backoff.
+    ``local_wait``: how long a publish waits for the relay to store it locally when it cannot do so itself.
+    ``autostart``: start the election thread when attached (False: call :meth:`start`).
+    """
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        pubsub_channel: str | None = None,
+        queue_in_memory: bool = False,
+        max_in_memory_publish_backlog: int = 1000,
+        relay: bool = True,
+        election_interval: float = 0.25,
+        reconnect_max: float = 1.0,
+        socket_timeout: float = 5.0,
+        connect_timeout: float = 2.0,
+        local_wait: float = 1.0,
+        autostart: bool = True,
+    ) -> None:
+        self.url = url
+        self.queue_in_memory = queue_in_memory
+        self.max_in_memory_publish_backlog = max_in_memory_publish_backlog
+        self.relay = relay
+        self.election_interval = election_interval
+        self.reconnect_max = reconnect_max
+        self.socket_timeout = socket_timeout
+        self.connect_timeout = connect_timeout
+        self.local_wait = local_wait
+        self.autostart = autostart
+        db = redis.connection.parse_url(url).get("db", 0) if url.startswith(("redis", "unix")) else 0
+        self.pubsub_channel = pubsub_channel or f"_message_bus_{db or 0}"
+        self._bus: Bus | None = None
+        self._started = False
+        self._closed = False
+        self._init_process_state()
+        # health (counters survive fork: they describe the bridge, not the process)
+        self.state = "unknown"  # publish side: ok / unreachable / readonly
+        self.relay_state = "standby"  # standby / connecting / relaying / reconnecting / off
+        self.last_error: str | None = None
+        self.last_error_at: float | None = None
+        self.redis_role: str | None = None
+        self.published = 0
+        self.relayed = 0
+        self.relay_lost = 0
+        self.unrelayable = 0
+        self.resets = 0
+        self.takeovers = 0
+        self.dropped = 0
+
+    def _init_process_state(self) -> None:
+        """Everything that must not cross a fork: sockets, threads, locks, the lock fd, the queue."""
+        self._pid = os.getpid()
+        self._client: redis.Redis | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._flusher: threading.Thread | None = None
+        self._state_lock = threading.Lock()
+        self._queue_lock = threading.Lock()
+        self._queue: collections.deque[Envelope] = collections.deque()
+        self._tls = threading.local()
+        self._lock_fd = -1
+        self._is_relay = False
+        self._pubsub_conn: Any = None
+        self._highest = 0
+        self._dup = (0, 0)
+
+    # ------------------------------------------------------------------ engine hooks
+    def attached(self, bus: Bus) -> None:
+        if self._bus is not None and self._bus is not bus:
+            raise ValueError(f"this RedisBridge already serves {self._bus!r}; create one bridge per bus")
+        self._bus = bus
+        self._closed = False
+        if self.autostart:
+            self.start()
+
+    def detached(self, bus: Bus) -> None:
+        if bus.default is not self:
+            self.close()
+
+    def after_fork(self, bus: Bus) -> None:
+        """In the child: the parent's threads are gone; its lock fd and sockets must not be used/unlocked."""
+        if self._pid == os.getpid():
+            return
+        if self._lock_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)  # closing our copy keeps the parent's lock (the OFD lives on there)
+        started = self._started
+        self._init_process_state()
+        self._started = False
+        self.relay_state = "standby"
+        if started and not self._closed:
+            self.start()
+
+    def close(self) -> None:
+        """Stop relaying and electing, release the relay lock, drop connections. Idempotent."""
+        self._closed = True
+        self._stop.set()
+        conn = self._pubsub_conn
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.disconnect()  # wakes the relay out of its read at once
+        for t in (self._thread, self._flusher):
+            if t is not None and t is not threading.current_thread() and self._pid == os.getpid():
+                t.join(10)
+        self._thread = self._flusher = None
+        self._release_lock()
+        if self._lock_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)
+            self._lock_fd = -1
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                self._client.close()
+            self._client = None
+        self._started = False
+        self.relay_state = "off"
+
+    def start(self) -> None:
+        """Start this process's election thread (the relay runs in it while this process holds the lock)."""
+        if self._started or not self.relay:
+            return
+        self._started = True
+        self._stop = threading.Event()
+        name = self._bus.name if self._bus is not None else "?"
+        t = threading.Thread(target=self._elect_loop, name=f"shmbus-redis-relay-{name}", daemon=True)
+        self._thread = t
+        t.start()
+
+    def __repr__(self) -> str:
+        return f"RedisBridge({_redact(self.url)!r})"
+
+    # ------------------------------------------------------------------ connections
+    @property
+    def client(self) -> redis.Redis:
+        """This process's command connection pool (publish, catch-up, gap reads). No automatic retries: a
+        retried EVALSHA whose reply was lost would publish twice."""
+        c = self._client
+        if c is None or self._pid != os.getpid():
+            c = redis.Redis.from_url(self.url, socket_timeout=self.socket_timeout,
+                                     socket_connect_timeout=self.connect_timeout, retry=Retry(NoBackoff(), 0),
+                                     health_check_interval=0, protocol=2)  # RESP2: pub/sub replies are plain
+            self._client = c
+        return c
+
+    def _set_state(self, state: str, error: BaseException | None = None) -> None:
+        if error is not None:
+            self.last_error = f"{type(error).__name__}: {error}"
+            self.last_error_at = time.time()
+        if state != self.state:
+            old, self.state = self.state, state
+            level = logging.INFO if state == "ok" else logging.WARNING
+            log.log(level, "shmbus redis bridge %s: publish state %s -> %s%s", _redact(self.url), old, state,
+                    f" ({self.last_error})" if state != "ok" and self.last_error else "")
+
+    def _set_relay_state(self, state: str, error: BaseException | None = None) -> None:
+        if error is not None:
+            self.last_error = f"{type(error).__name__}: {error}"
+            self.last_error_at = time.time()
+        if state != self.relay_state:
+            old, self.relay_state = self.relay_state, state
+            level = logging.WARNING if state == "reconnecting" else logging.INFO
+            log.log(level, "shmbus redis bridge %s (pid %d): relay %s -> %s%s", _redact(self.url),
+                    os.getpid(), old, state, f" ({self.last_error})" if error is not None else "")
+
+    # ------------------------------------------------------------------ publish
+    def _bus_of(self, bus: Bus | None) -> Bus:
+        b = bus or self._bus
+        if b is None:
+            raise RuntimeError("RedisBridge is not attached to a bus")
+        return b
+
+    def publish(self, bus: Bus, envelope: Envelope) -> int | None:
+        """Store ``envelope`` in Redis (ids from Redis) and locally; the channel id, or None if queued."""
+        if self._bus is None:
+            self.attached(bus)
+        batch: Batch | None = getattr(self._tls, "batch", None)
+        if batch is not None:
+            batch.bus = bus
+            batch.envelopes.append(envelope)
+            return None
+        if self._queue and self._enqueue_if_queueing(envelope):
+            return None
+        try:
+            gid, cid = self._eval(bus, envelope)
+        except RedisBridgeError:
+            if self.queue_in_memory:
+                self._enqueue(envelope)
+                return None
+            raise
+        self._land(bus, [(envelope, gid, cid)])
+        return cid
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[Batch]:
+        """Pipeline every ``bus.publish`` made by this thread inside the block (one round trip per 1000)."""
+        if getattr(self._tls, "batch", None) is not None:
+            raise RuntimeError("RedisBridge.batch() blocks do not nest")
+        b = Batch(self._bus)
+        self._tls.batch = b
+        try:
+            yield b
+        finally:
+            self._tls.batch = None
+        if b.envelopes:
+            b.ids = self._publish_envelopes(self._bus_of(b.bus), b.envelopes)
+
+    def publish_many(self, bus: Bus, items: Iterable[tuple[Any, ...]]) -> list[int | None]:
+        """Publish ``(channel, data)`` or ``(channel, data, {publish kwargs})`` items, pipelined, in order."""
+        with self.batch() as b:
+            for item in items:
+                bus.publish(item[0], item[1], **(item[2] if len(item) > 2 else {}), engine=self)
+        return b.ids
+
+    def _publish_envelopes(self, bus: Bus, envs: list[Envelope]) -> list[int | None]:
+        out: list[int | None] = []
+        for i in range(0, len(envs), 1000):
+            chunk = envs[i:i + 1000]
+            if self._queue and self._enqueue_if_queueing(*chunk):
+                out.extend([None] * len(chunk))
+                continue
+            try:
+                ids = self._eval_many(bus, chunk)
+            except RedisBridgeError:
+                if not self.queue_in_memory:
+                    raise
+                self._enqueue(*chunk)
+                out.extend([None] * len(chunk))
+                continue
+            self._land(bus, [(e, g, c) for e, (g, c) in zip(chunk, ids, strict=True)])
+            out.extend(c for _, c in ids)
+        return out
+
+    def _args(self, bus: Bus, env: Envelope) -> list[Any]:
+        return rl.script_args(env, bus.codec, bus.max_global_backlog_size, self.pubsub_channel)
+
+    def _eval(self, bus: Bus, env: Envelope) -> tuple[int, int]:
+        args = self._args(bus, env)
+        try:
+            try:
+                res = self.client.execute_command("EVALSHA", rl.PUBLISH_SHA, *args)
+            except redis.exceptions.NoScriptError:
+                self.client.script_load(rl.PUBLISH_SCRIPT)
+                res = self.client.execute_command("EVALSHA", rl.PUBLISH_SHA, *args)
+        except Exception as exc:
+            raise self._publish_error(exc) from exc
+        self.published += 1
+        self._set_state("ok")
+        return int(res[0]), int(res[1])
+
+    def _eval_many(self, bus: Bus, envs: list[Envelope]) -> list[tuple[int, int]]:
+        """One pipelined round trip of EVALSHAs; NOSCRIPT (empty script cache) loads the script, re-sends."""
+        todo = list(range(len(envs)))
+        results: list[Any] = [None] * len(envs)
+        args = [self._args(bus, e) for e in envs]
+        for _attempt in range(2):
+            try:
+                pipe = self.client.pipeline(transaction=False)
+                for i in todo:
+                    pipe.execute_command("EVALSHA", rl.PUBLISH_SHA, *args[i])
+                got = pipe.execute(raise_on_error=False)
+            except Exception as exc:
+                raise self._publish_error(exc) from exc
+            again = []
+            for i, r in zip(todo, got, strict=True):
+                if isinstance(r, redis.exceptions.NoScriptError):
+                    again.append(i)
+                elif isinstance(r, Exception):
+                    raise self._publish_error(r)  # READONLY and friends: the whole batch fails alike
+                else:
+                    results[i] = r
+            if not again:
+                break
+            with contextlib.suppress(redis.exceptions.RedisError):
+                self.client.script_load(rl.PUBLISH_SCRIPT)
+            todo = again
+        else:
+            raise RedisBridgeError("Redis keeps answering NOSCRIPT for the publish script")
+        self.published += len(envs)
+        self._set_state("ok")
+        return [(int(r[0]), int(r[1])) for r in results]
+
+    def _publish_error(self, exc: BaseException) -> RedisBridgeError:
+        if isinstance(exc, RedisBridgeError):
+            return exc
+        msg = str(exc)
+        if isinstance(exc, redis.exceptions.ResponseError) and "READONLY" in msg:
+            self._set_state("readonly", exc)
+            return RedisReadOnly(f"Redis at {_redact(self.url)} is a read-only replica; message not "
+                                 f"published ({msg})")
+        if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)):
+            self._set_state("unreachable", exc)
+            return RedisUnavailable(f"Redis at {_redact(self.url)} is unreachable; message not published "
+                                    f"(or, if the connection broke mid-reply, outcome unknown): {msg}")
+        self._set_state("error", exc)
+        return RedisBridgeError(f"Redis at {_redact(self.url)} refused the publish: {msg}")
+
+    # ------------------------------------------------------------------ local store after publish
+    def _land(self, bus: Bus, items: list[tuple[Envelope, int, int]]) -> None:
+        """Make our messages visible locally before publish returns (read-your-writes).
+
+        A message directly follows the segment's last global id? Append it ourselves (atomic check in the
+        segment). Otherwise another message sits in between: wait for the relay, which writes them in order.
+        """
+        seg = bus.segment
+        for env, gid, cid in items:
+            if seg.global_id() >= gid:
+                continue
+            try:
+                if bus._append(env, global_id=gid, message_id=cid, expect_global_id=gid - 1):
+                    continue
+            except Exception:
+                log.exception("shmbus redis bridge: storing published message %d locally failed", gid)
+            self._wait_local(seg, items[-1][1])
+            return
+
+    def _wait_local(self, seg: Segment, gid: int) -> None:
+        if self.local_wait <= 0 or not self._relay_running():
+            return
+        deadline = time.monotonic() + self.local_wait
+        epoch = seg.read_epoch()
+        while True:
+            word = seg.futex_word()
+            if seg.global_id() >= gid or seg.read_epoch() != epoch:
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            seg.wait(word, min(left, 0.05))
+
+    def _relay_running(self) -> bool:
+        if self._is_relay:
+            return True
+        fd = self._ensure_lock_fd()
+        try:
+            return fd >= 0 and _relay_held_by_other(fd)
+        except OSError:
+            return False
+
+    # ------------------------------------------------------------------ in-memory queue
+    def _enqueue_if_queueing(self, *envs: Envelope) -> bool:
+        with self._queue_lock:
+            if not self._queue:
+                return False
+            self._push(envs)
+        return True
+
+    def _enqueue(self, *envs: Envelope) -> None:
+        with self._queue_lock:
+            self._push(envs)
+        if self._flusher is None or not self._flusher.is_alive():
+            t = threading.Thread(target=self._flush_loop, name="shmbus-redis-flush", daemon=True)
+            self._flusher = t
+            t.start()
+
+    def _push(self, envs: Iterable[Envelope]) -> None:
+        for env in envs:
+            self._queue.append(env)
+            if len(self._queue) > self.max_in_memory_publish_backlog:
+                self._queue.popleft()
+                self.dropped += 1
+                log.warning("shmbus redis bridge: in-memory publish queue full (%d); dropped the oldest "
+                            "message", self.max_in_memory_publish_backlog)
+
+    def _flush_loop(self) -> None:
+        """Republish queued messages in order once Redis takes writes again (probing once a second)."""
+        bus = self._bus_of(None)
+        while not self._stop.is_set():
+            with self._queue_lock:
+                if not self._queue:
+                    return
+                env = self._queue[0]
+            try:
+                gid, cid = self._eval(bus, env)
+            except RedisBridgeError:
+                self._stop.wait(1.0)
+                continue
+            with self._queue_lock:
+                if self._queue and self._queue[0] is env:
+                    self._queue.popleft()
+            with contextlib.suppress(Exception):
+                self._land(bus, [(env, gid, cid)])
+
+    # ------------------------------------------------------------------ election
+    def _ensure_lock_fd(self) -> int:
+        if self._lock_fd < 0:
+            bus = self._bus_of(None)
+            self._lock_fd = os.open(bus.segment.path, os.O_RDWR | os.O_CLOEXEC)
+        return self._lock_fd
+
+    def _try_lock(self) -> bool:
+        try:
+            _lock_op(self._ensure_lock_fd(), fcntl.F_OFD_SETLK, fcntl.F_WRLCK)
+            return True
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                return False
+            raise
+
+    def _release_lock(self) -> None:
+        if self._is_relay and self._lock_fd >= 0 and self._pid == os.getpid():
+            with contextlib.suppress(OSError):
+                _lock_op(self._lock_fd, fcntl.F_OFD_SETLK, fcntl.F_UNLCK)
+        self._is_relay = False
+
+    def _elect_loop(self) -> None:
+        stop = self._stop
+        while not stop.is_set():
+            try:
+                if self._try_lock():
+                    self._is_relay = True
+                    self.takeovers += 1
+                    try:
+                        self._relay_loop()
+                    finally:
+                        self._release_lock()
+                        if not stop.is_set():
+                            self._set_relay_state("standby")
+            except Exception as exc:
+                if stop.is_set():
+                    return
+                log.exception("shmbus redis bridge: election/relay error (retrying)")
+                self._set_relay_state("standby", exc)
+            stop.wait(self.election_interval)
+
+    # ------------------------------------------------------------------ relay
+    def _relay_loop(self) -> None:
+        """Subscribe, catch up, pump; on any Redis error reconnect with capped backoff. Runs until stopped."""
+        stop = self._stop
+        backoff = 0.05
+        self._set_relay_state("connecting")
+        while not stop.is_set():
+            conn = None
+            try:
+                conn = self._subscribe()
+                self._catch_up()
+                self._set_relay_state("relaying")
+                backoff = 0.05
+                self._pump(conn)
+            except Exception as exc:
+                if stop.is_set():
+                    return
+                if not isinstance(exc, (redis.exceptions.RedisError, OSError, ValueError)):
+                    log.exception("shmbus redis bridge: relay error")
+                self._set_relay_state("reconnecting", exc)
+                stop.wait(backoff)
+                backoff = min(backoff * 2, self.reconnect_max)
+            finally:
+                self._pubsub_conn = None
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        conn.disconnect()
+
+    def _subscribe(self) -> Any:
+        pool = self.client.connection_pool
+        conn = pool.connection_class(**pool.connection_kwargs)
+        self._pubsub_conn = conn
+        conn.connect()
+        try:
+            role = self.client.execute_command("ROLE")
+            self.redis_role = role[0].decode() if isinstance(role[0], bytes) else str(role[0])
+        except redis.exceptions.ResponseError:
+            self.redis_role = None
+        if self.redis_role in ("slave", "replica"):
+            log.warning("shmbus redis bridge: %s is a read-only replica; publishes fail until failover ends",
+                        _redact(self.url))
+        conn.send_command("SUBSCRIBE", self.pubsub_channel)
+        reply = conn.read_response()
+        if not reply or reply[0] != b"subscribe":
+            raise redis.exceptions.ConnectionError(f"unexpected SUBSCRIBE reply {reply!r}")
+        return conn
+
+    def _pump(self, conn: Any) -> None:
+        stop = self._stop
+        idle_since = time.monotonic()
+        ping_sent = 0.0
+        while not stop.is_set():
+            if not conn.can_read(timeout=0.25):
+                now = time.monotonic()
+                if ping_sent and now - ping_sent > self.socket_timeout:
+                    raise redis.exceptions.TimeoutError("no PING reply on the subscription connection")
+                if not ping_sent and now - idle_since > 5.0:
+                    conn.send_command("PING")  # detects a silently dead connection (no RST)
+                    ping_sent = now
+                continue
+            while True:
+                reply = conn.read_response()
+                kind = reply[0]
+                if kind == b"message":
+                    self._on_line(reply[2])
+                elif kind == b"pong":
+                    ping_sent = 0.0
+                if not conn.can_read(timeout=0):
+                    break
+            idle_since = time.monotonic()
+
+    def _on_line(self, line: bytes) -> None:
+        gid = int(line[:line.index(b"|")])
+        if gid == self._highest + 1:
+            self._store(line, gid)
+        elif self._dup[0] < gid <= self._dup[1]:
+            return  # published between SUBSCRIBE and the catch-up read: already stored by the catch-up
+        else:
+            self._catch_up()  # a gap, or ids went backwards (flush/restart): the backlog decides (as the gem)
+
+    def _store(self, line: bytes, gid: int) -> None:
+        bus = self._bus_of(None)
+        self._highest = gid
+        try:
+            d = rl.parse_line(line)
+            payload, meta = rl.decode_envelope(bus.codec, d.envelope)
+            env = Envelope(d.channel, d.site_id, payload, meta, bus.max_backlog_size, bus.max_backlog_age)
+            bus._append(env, global_id=d.global_id, message_id=d.message_id, timestamp=time.time())
+        except (ValueError, UnicodeDecodeError, TypeError) as exc:
+            self.unrelayable += 1
+            log.warning("shmbus redis bridge: cannot store message %d locally (%s); skipped", gid, exc)
+            return
+        self.relayed += 1
+
+    def _catch_up(self) -> None:
+        """Bring the segment up to Redis: reset it if Redis's history is another one, then walk the global
+        backlog after the segment's last global id (the gem's catch-up, but seeded from shared memory, so a
+        new relay continues exactly where the dead one stopped)."""
+        bus = self._bus_of(None)
+        seg = bus.segment
+        r = self.client
+        before = highest = seg.global_id()
+        redis_gid = int(r.get(rl.GLOBAL_ID_KEY) or 0)
+        if highest and (redis_gid < highest or not self._same_history(seg, highest)):
+            self.resets += 1
+            log.warning("shmbus redis bridge: Redis's ids went backwards or its history changed (flush or "
+                        "restart; Redis global id %d, bus %d): resetting bus %r so clients resynchronise",
+                        redis_gid, highest, bus.name)
+            bus.reset()
+            before = highest = 0
+        first = True
+        while True:
+            ptrs: list[Any] = r.zrangebyscore(
+                rl.GLOBAL_BACKLOG_KEY, highest + 1, "+inf", start=0, num=_PAGE, withscores=True)
+            if not ptrs:
+                break
+            pipe = r.pipeline(transaction=False)
+            parsed = []
+            for member, score in ptrs:
+                cid, chan = rl.parse_pointer(member)
+                parsed.append((int(score), cid))
+                pipe.zrangebyscore(rl.backlog_key(chan), cid, cid)
+            for (gid, _cid), lines in zip(parsed, pipe.execute(), strict=True):
+                if first and gid > highest + 1 and highest:
+                    self.relay_lost += gid - highest - 1
+                    log.warning("shmbus redis bridge: %d messages after global id %d are no longer in "
+                                "Redis's global backlog; bus %r misses them", gid - highest - 1, highest,
+                                bus.name)
+                first = False
+                if lines:  # else trimmed from its channel since: the gem drops it too
+                    self._store(lines[0], gid)
+                highest = gid
+        self._highest = max(highest, before)
+        self._dup = (before, self._highest)
+
+    def _same_history(self, seg: Segment, gid: int) -> bool:
+        """Is the segment's message ``gid`` the one Redis has under that id? Unknown counts as yes."""
+        bus = self._bus_of(None)
+        r = self.client
+        ptrs: list[bytes] = r.zrangebyscore(rl.GLOBAL_BACKLOG_KEY, gid, gid)  # type: ignore[assignment]
+        recs = seg.global_backlog(gid - 1)
+        if not ptrs or not recs or recs[0].global_id != gid:
+            return True
+        cid, chan = rl.parse_pointer(ptrs[0])
+        lines: list[bytes] = r.zrangebyscore(rl.backlog_key(chan), cid, cid)  # type: ignore[assignment]
+        if not lines:
+            return True
+        rec = recs[0]
+        local_chan = rl.backend_channel(rec.channel.decode(), rec.site.decode() or None)
+        if rec.message_id != cid or local_chan != chan:
+            return False
+        try:
+            payload, _ = rl.decode_envelope(bus.codec, rl.parse_line(lines[0]).envelope)
+            return bool(bus.codec.decode(payload) == bus.codec.decode(rec.payload))
+        except (ValueError, TypeError):
+            return True
+
+    # ------------------------------------------------------------------ reads older than the segment
+    def backlog(self, bus: Bus, channel: str, site_id: str | None, after_id: int, upto: int | None,
+                limit: int | None, partial: Backlog) -> Backlog | None:
+        """Fill a gap in the segment's backlog from Redis's channel backlog (called by ``Bus.backlog``).
+
+        Only ids Redis can still hold are asked for (it trims to ``max_backlog_size`` like the segment), so a
+        client that is simply too far behind costs no Redis command. None: nothing better than ``partial``.
+        """
+        last = partial.last_id
+        lo = max(after_id, last - bus.max_backlog_size)
+        hi = partial.first_available - 1
+        if upto is not None:
+            hi = min(hi, upto)
+        if hi <= lo:
+            return None
+        key = rl.backlog_key(rl.backend_channel(channel, site_id))
+        try:
+            lines: list[bytes] = self.client.zrangebyscore(key, lo + 1, hi)  # type: ignore[assignment]
+        except redis.exceptions.RedisError as exc:
+            log.warning("shmbus redis bridge: could not read the older backlog of %r from Redis: %s", channel,
+                        exc)
+            return None
+        epoch = bus.segment.read_epoch()
+        older = []
+        for line in lines:
+            d = rl.parse_line(line)
+            payload, meta = rl.decode_envelope(bus.codec, d.envelope)
+            older.append(Message(d.global_id, d.message_id, d.channel, payload, bus.codec, site_id=d.site_id,
+                                 meta=meta, epoch=epoch))
+        if not older:
+            return None
+        merged = older + list(partial)
+        if limit is not None:
+            del merged[limit:]
+        return Backlog(merged, after_id=after_id, last_id=last, first_available=older[0].message_id)
+
+    # ------------------------------------------------------------------ health
+    def health(self) -> dict[str, Any]:
+        """This process's side of the bridge (``bus.health()`` includes it under ``engine_health``)."""
+        return {
+            "redis_url": _redact(self.url),
+            "pubsub_channel": self.pubsub_channel,
+            "state": self.state,
+            "relay": self._is_relay,
+            "relay_state": self.relay_state,
+            "redis_role": self.redis_role,
+            "last_error": self.last_error,
+            "last_error_at": self.last_error_at,
+            "published": self.published,
+            "queued": len(self._queue),
+            "dropped_from_queue": self.dropped,
+            "relayed": self.relayed,
+            "relay_highest_global_id": self._highest,
+            "relay_lost": self.relay_lost,
+            "unrelayable": self.unrelayable,
+            "resets": self.resets,
+            "takeovers": self.takeovers,
+        }
