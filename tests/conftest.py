@@ -160,9 +160,7 @@ def redis_url() -> Iterator[str]:
         return
     binary = _redis_binary()
     if binary is None:
-        skip_or_fail(
-            f"no Redis: nothing answers PING on 127.0.0.1:6379 and no redis-server binary ({_REDIS_HOW})"
-        )
+        skip_or_fail(f"no Redis: no PING answer on 127.0.0.1:6379, no redis-server binary ({_REDIS_HOW})")
     server = RedisServer(binary)
     try:
         server.start()
@@ -197,9 +195,8 @@ def database_url() -> Iterator[str]:
             skip_or_fail(f"DATABASE_URL is set but {problem}")
         yield env_url
         return
-    problem = (
-        "SHMBUS_PRIVATE_SERVICES is set" if _private_services() else postgres_problem(DEFAULT_DATABASE_URL)
-    )
+    private = _private_services()
+    problem = "SHMBUS_PRIVATE_SERVICES is set" if private else postgres_problem(DEFAULT_DATABASE_URL)
     if problem is None:
         yield DEFAULT_DATABASE_URL
         return

@@ -88,6 +88,7 @@ def test_procs_fixture_kills_the_whole_process_group(procs: ProcessTracker) -> N
         """
     )
     child = procs.spawn_python(code)
+    assert child.stdout is not None
     grandchild = int(child.stdout.readline())
     assert group_alive(child.pid)
     procs.cleanup()
@@ -385,9 +386,7 @@ def test_fresh_machine_path_starts_private_redis_and_postgres(tmp_path: Path) ->
 
 def test_redis_server_close_removes_its_temp_dir() -> None:
     binary = shutil.which("redis-server")
-    require(
-        binary is not None, "redis-server not on PATH (apt-get install redis-server, or run scripts/test)"
-    )
+    require(binary is not None, "redis-server not on PATH (apt-get install redis-server / scripts/test)")
     assert binary is not None
     server = RedisServer(binary).start()
     assert server.dir.is_dir() and redis_ping("127.0.0.1", server.port) == "+PONG"

@@ -46,9 +46,7 @@ def require_browser() -> str:
     if node is None:
         skip_or_fail("node not found on PATH (apt-get install nodejs npm, or run scripts/test)")
     if not (E2E_DIR / "node_modules" / "playwright-core" / "package.json").exists():
-        skip_or_fail(
-            f"playwright-core is not installed in {E2E_DIR} (cd {E2E_DIR} && npm ci, or run scripts/test)"
-        )
+        skip_or_fail(f"playwright-core not installed in {E2E_DIR} (run scripts/test, or npm ci there)")
     return node
 
 
@@ -76,7 +74,5 @@ def run_page(url: str, timeout: float = 30.0, env: dict[str, str | None] | None 
             try:
                 messages.append(json.loads(line))
             except json.JSONDecodeError as exc:
-                raise AssertionError(
-                    f"driver printed a non-JSON line {line!r}: {exc}\nstderr:\n{err}"
-                ) from None
+                raise AssertionError(f"driver printed non-JSON {line!r}: {exc}\nstderr:\n{err}") from None
     return PageRun(messages=messages, returncode=proc.returncode, stderr=err)

@@ -22,6 +22,7 @@ import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from subprocess import STDOUT
 from typing import Any
 
 __all__ = [
@@ -38,6 +39,10 @@ __all__ = [
     "wait_http",
     "wait_port",
 ]
+
+# env overlays (None removes a variable) and path arguments, as the helpers accept them.
+Env = Mapping[str, str | None]
+PathArg = str | os.PathLike[str]
 
 # Every Popen the harness started; kill_stragglers() empties it at session end.
 _REGISTRY: list[subprocess.Popen[Any]] = []
@@ -109,9 +114,7 @@ def wait_http(url: str, timeout: float = 10.0, proc: subprocess.Popen[Any] | Non
         time.sleep(0.05)
 
 
-def _child_env(
-    env: Mapping[str, str | None] | None, app_dir: str | os.PathLike[str] | None = None
-) -> dict[str, str]:
+def _child_env(env: Env | None, app_dir: PathArg | None = None) -> dict[str, str]:
     """os.environ overlaid with ``env`` (a None value removes a variable), plus ``app_dir`` on
     PYTHONPATH so ``module:app`` specs written to a tmp dir are importable."""
     merged = dict(os.environ)
@@ -128,10 +131,10 @@ def _child_env(
 
 
 def spawn(
-    argv: Sequence[str | os.PathLike[str]],
+    argv: Sequence[PathArg],
     *,
-    env: Mapping[str, str | None] | None = None,
-    app_dir: str | os.PathLike[str] | None = None,
+    env: Env | None = None,
+    app_dir: PathArg | None = None,
     **popen_kwargs: Any,
 ) -> subprocess.Popen[Any]:
     """Start ``argv`` in a new session (own process group) and register it for cleanup.
@@ -142,9 +145,8 @@ def spawn(
     """
     popen_kwargs.setdefault("start_new_session", True)
     popen_kwargs.setdefault("stdin", subprocess.DEVNULL)
-    proc: subprocess.Popen[Any] = subprocess.Popen(
-        [str(a) for a in argv], env=_child_env(env, app_dir), **popen_kwargs
-    )
+    cmd = [str(a) for a in argv]
+    proc: subprocess.Popen[Any] = subprocess.Popen(cmd, env=_child_env(env, app_dir), **popen_kwargs)
     _REGISTRY.append(proc)
     return proc
 
@@ -152,7 +154,7 @@ def spawn(
 def spawn_python(
     code: str,
     *args: str,
-    env: Mapping[str, str | None] | None = None,
+    env: Env | None = None,
     **popen_kwargs: Any,
 ) -> subprocess.Popen[Any]:
     """Run ``sys.executable -c code *args`` as a real child process (own process group).
@@ -267,10 +269,9 @@ _BIND_ERRORS = ("Address already in use", "Connection in use", "error while atte
 
 def _start_server(
     argv_for_port: Any,
-    *,
     what: str,
-    env: Mapping[str, str | None] | None,
-    app_dir: str | os.PathLike[str] | None,
+    env: Env | None,
+    app_dir: PathArg | None,
     timeout: float,
     health_path: str,
     attempts: int = 3,
@@ -282,9 +283,7 @@ def _start_server(
         fd, log_name = tempfile.mkstemp(prefix=f"shmbus-{what}-", suffix=".log")
         log_path = Path(log_name)
         with os.fdopen(fd, "wb") as log_fh:
-            proc = spawn(
-                argv_for_port(port), env=env, app_dir=app_dir, stdout=log_fh, stderr=subprocess.STDOUT
-            )
+            proc = spawn(argv_for_port(port), env=env, app_dir=app_dir, stdout=log_fh, stderr=STDOUT)
         server = Server(url=f"http://127.0.0.1:{port}", port=port, proc=proc, log_path=log_path)
         try:
             wait_http(server.url + health_path, timeout=timeout, proc=proc)
@@ -302,7 +301,7 @@ def _gunicorn_argv(
     app_spec: str,
     workers: int,
     worker_class: str,
-    config: str | os.PathLike[str] | None,
+    config: PathArg | None,
     graceful_timeout: float,
     extra_args: Sequence[str],
 ) -> Any:
@@ -322,10 +321,10 @@ def gunicorn_server(
     app_spec: str,
     workers: int = 2,
     worker_class: str = "sync",
-    config: str | os.PathLike[str] | None = None,
-    env: Mapping[str, str | None] | None = None,
+    config: PathArg | None = None,
+    env: Env | None = None,
     *,
-    app_dir: str | os.PathLike[str] | None = None,
+    app_dir: PathArg | None = None,
     extra_args: Sequence[str] = (),
     timeout: float = 30.0,
     graceful_timeout: float = 5.0,
@@ -337,9 +336,7 @@ def gunicorn_server(
     (for apps written to tmp_path).  Stop: SIGTERM to the master, SIGKILL after 10 s.
     """
     argv = _gunicorn_argv(app_spec, workers, worker_class, config, graceful_timeout, extra_args)
-    server = _start_server(
-        argv, what="gunicorn", env=env, app_dir=app_dir, timeout=timeout, health_path=health_path
-    )
+    server = _start_server(argv, "gunicorn", env, app_dir, timeout, health_path)
     try:
         yield server
     finally:
@@ -359,9 +356,9 @@ def _uvicorn_argv(app_spec: str, workers: int, graceful_timeout: float, extra_ar
 def uvicorn_server(
     app_spec: str,
     workers: int = 1,
-    env: Mapping[str, str | None] | None = None,
+    env: Env | None = None,
     *,
-    app_dir: str | os.PathLike[str] | None = None,
+    app_dir: PathArg | None = None,
     extra_args: Sequence[str] = (),
     timeout: float = 30.0,
     graceful_timeout: float = 5.0,
@@ -372,9 +369,7 @@ def uvicorn_server(
     Same contract as ``gunicorn_server``: waits for any HTTP answer, SIGTERM then SIGKILL.
     """
     argv = _uvicorn_argv(app_spec, workers, graceful_timeout, extra_args)
-    server = _start_server(
-        argv, what="uvicorn", env=env, app_dir=app_dir, timeout=timeout, health_path=health_path
-    )
+    server = _start_server(argv, "uvicorn", env, app_dir, timeout, health_path)
     try:
         yield server
     finally:
@@ -396,17 +391,15 @@ class ProcessTracker:
 
     def spawn(
         self,
-        argv: Sequence[str | os.PathLike[str]],
+        argv: Sequence[PathArg],
         *,
-        env: Mapping[str, str | None] | None = None,
+        env: Env | None = None,
         **kw: Any,
     ) -> subprocess.Popen[Any]:
         """``procs.spawn(argv, env=None, **popen_kwargs)``: see module-level ``spawn``."""
         return self.track(spawn(argv, env=env, **kw))
 
-    def spawn_python(
-        self, code: str, *args: str, env: Mapping[str, str | None] | None = None, **kw: Any
-    ) -> subprocess.Popen[Any]:
+    def spawn_python(self, code: str, *args: str, env: Env | None = None, **kw: Any) -> subprocess.Popen[Any]:
         """``procs.spawn_python(code, *args, env=None)``: see module-level ``spawn_python``."""
         return self.track(spawn_python(code, *args, env=env, **kw))
 
