@@ -632,12 +632,13 @@ class RedisBridge(Engine):
             d = rl.parse_line(line)
             payload, meta = rl.decode_envelope(bus.codec, d.envelope)
             env = Envelope(d.channel, d.site_id, payload, meta, bus.max_backlog_size, bus.max_backlog_age)
-            bus._append(env, global_id=d.global_id, message_id=d.message_id, timestamp=time.time())
+            stored = bus._append(env, global_id=d.global_id, message_id=d.message_id, timestamp=time.time())
         except (ValueError, UnicodeDecodeError, TypeError) as exc:
             self.unrelayable += 1
             log.warning("shmbus redis bridge: cannot store message %d locally (%s); skipped", gid, exc)
             return
-        self.relayed += 1
+        if stored:  # 0: already there (its publisher on this host stored it itself)
+            self.relayed += 1
 
     def _catch_up(self) -> None:
         """Bring the segment up to Redis: reset it if Redis's history is another one, then walk the global
