@@ -1,0 +1,43 @@
+"""Apps served by real gunicorn/uvicorn processes in the smoke tests.
+
+Environment: SHMBUS_TEST_BUS (bus name, required), SHMBUS_TEST_OPTS (JSON middleware options).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from shmbus import Bus
+from shmbus.adapters.asgi import MessageBusMiddleware as AsgiMiddleware
+from shmbus.adapters.wsgi import MessageBusMiddleware as WsgiMiddleware
+
+bus = Bus(os.environ["SHMBUS_TEST_BUS"], keepalive_interval=0)
+OPTS: dict[str, Any] = json.loads(os.environ.get("SHMBUS_TEST_OPTS") or "{}")
+
+
+def _headers_lookup(env: Any) -> dict[str, str]:
+    return {"access-control-allow-origin": "*"}
+
+
+def hello(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+    start_response("200 OK", [("content-type", "text/plain"), ("content-length", "5")])
+    return [b"hello"]
+
+
+async def hello_asgi(scope: Any, receive: Any, send: Any) -> None:
+    if scope["type"] == "lifespan":
+        while True:
+            m = await receive()
+            if m["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            else:
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+    await send({"type": "http.response.body", "body": b"hello"})
+
+
+wsgi_app = WsgiMiddleware(hello, bus=bus, extra_response_headers_lookup=_headers_lookup, **OPTS)
+asgi_app = AsgiMiddleware(hello_asgi, bus=bus, extra_response_headers_lookup=_headers_lookup, **OPTS)
