@@ -106,7 +106,12 @@ class ShmReader:
         assert location.bus
         self.location = location
         # The Bus refuses to attach with a codec other than the segment's, so peek at it first.
-        seg = Segment.open(location.bus, create=False)
+        try:
+            seg = Segment.open(location.bus, create=False)
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(
+                f"{exc}: Spark attaches to an existing bus and never creates one; start the application that "
+                "owns the bus first (on a cluster, read through the Redis bridge with option redis_url)") from None
         codec = seg.codec_name or None
         seg.close()
         self.bus = Bus(location.bus, create=False, codec=codec, keepalive_interval=0)
