@@ -406,7 +406,8 @@ class RedisBridge(Engine):
         if isinstance(exc, RedisBridgeError):
             return exc
         msg = str(exc)
-        if isinstance(exc, redis.exceptions.ResponseError) and "READONLY" in msg:
+        if isinstance(exc, redis.exceptions.ReadOnlyError) or (
+                isinstance(exc, redis.exceptions.ResponseError) and "READONLY" in msg):
             self._set_state("readonly", exc)
             return RedisReadOnly(f"Redis at {_redact(self.url)} is a read-only replica; message not "
                                  f"published ({msg})")
