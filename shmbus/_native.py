@@ -21,6 +21,8 @@ __all__ = [
     "MUTEX_SIZE",
     "RobustMutex",
     "futex_wait",
+    "mutex_lock",
+    "mutex_unlock",
     "futex_wake",
     "supported",
 ]
@@ -55,6 +57,26 @@ _syscall = _libc.syscall
 _syscall.restype = ctypes.c_long
 
 
+def mutex_lock(ptr: ctypes.c_void_p) -> bool:
+    """The publish fast path's lock: one ctypes call; True if the previous owner died (repair, then go on)."""
+    rc = _lock(ptr)
+    if rc == 0:
+        return False
+    return _owner_died(ptr, rc)
+
+
+mutex_unlock = _unlock
+
+
+def _owner_died(ptr: ctypes.c_void_p, rc: int) -> bool:
+    if rc == errno.EOWNERDEAD:
+        _check(_consistent(ptr), "pthread_mutex_consistent")
+        return True
+    if rc == errno.ENOTRECOVERABLE:
+        raise OSError(rc, "shmbus: the segment mutex is not recoverable; recreate the bus (shmbus destroy)")
+    raise OSError(rc, os.strerror(rc))
+
+
 class RobustMutex:
     """A robust process-shared mutex living at a fixed address in a shared mapping.
 
@@ -83,15 +105,7 @@ class RobustMutex:
 
     def acquire(self) -> bool:
         """Lock; return True if the previous owner died holding it (the caller must repair, then carry on)."""
-        rc = _lock(self._ptr)
-        if rc == 0:
-            return False
-        if rc == errno.EOWNERDEAD:
-            _check(_consistent(self._ptr), "pthread_mutex_consistent")
-            return True
-        if rc == errno.ENOTRECOVERABLE:
-            raise OSError(rc, "shmbus: the segment mutex is not recoverable; recreate the bus (shmbus reset)")
-        raise OSError(rc, os.strerror(rc))
+        return mutex_lock(self._ptr)
 
     def release(self) -> None:
         _unlock(self._ptr)

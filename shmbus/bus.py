@@ -294,8 +294,7 @@ class Bus:
             engine = self._default_engine
         if engine is self._shm_engine:  # the fast path: straight into the segment
             seg = self._seg or self.segment
-            return seg.append(ch, site, payload, meta, max_backlog_size=size, max_backlog_age=age,
-                              clear_every=self.clear_every)[1]
+            return seg.append(ch, site, payload, meta, size, age, self.clear_every)[1]
         if engine is False:
             self._dispatch_local(channel, site_id, payload, meta)
             return 0

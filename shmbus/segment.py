@@ -61,7 +61,7 @@ _OFF_HEAD = 192
 _OFF_GID = 200
 _OFF_TAIL = 208
 _OFF_TABLE_GEN = 216
-_OFF_PUBLISHED = 224
+_OFF_PUBLISHED = 224  # reserved (the count equals global_id, so it is no longer written on publish)
 _OFF_OVERWRITTEN = 232
 _OFF_REPAIRS = 240
 _OFF_FUTEX = 256
@@ -83,6 +83,8 @@ REC_HDR = _REC.size  # 52
 KIND_MSG = 1
 KIND_PAD = 2
 _PAD = struct.Struct("<II")
+_WAKE = struct.Struct("<II")  # futex word, sleeper count (adjacent, read together)
+_ZEROS = [bytes(n) for n in range(ALIGN)]
 
 # channel slots
 _SLOT = struct.Struct("<IIQQQQQdd")  # state, name_len, hash, last_id, newest(pos+1), trim_below, since_gid, ts, ttl
@@ -178,6 +180,7 @@ class Segment:
         base = ctypes.addressof(self._anchor)
         self._futex_addr = base + _OFF_FUTEX
         self.mutex = _native.RobustMutex(base + _OFF_MUTEX)
+        self._mutex_ptr = ctypes.c_void_p(base + _OFF_MUTEX)
         self._slot_cache: dict[bytes, int] = {}
         self._table_gen = -1
         self._proc_index = -1
@@ -377,10 +380,10 @@ class Segment:
         site: bytes,
         payload: bytes,
         meta: bytes = b"",
-        *,
         max_backlog_size: int = 1000,
         max_backlog_age: float = 604800.0,
         clear_every: int = 1,
+        *,
         global_id: int | None = None,
         message_id: int | None = None,
         timestamp: float | None = None,
@@ -408,7 +411,7 @@ class Segment:
         mm = self.mm
         ring = self.ring_size
         sleepers = 0
-        if self.mutex.acquire():
+        if _native.mutex_lock(self._mutex_ptr):  # EOWNERDEAD: the previous writer died holding the lock
             self._repair()
         try:
             head, gid, tail, table_gen = _STATE.unpack_from(mm, _OFF_HEAD)
@@ -450,17 +453,16 @@ class Segment:
             mm[start:start + rec_len] = b"".join((
                 _REC.pack(rec_len, KIND_MSG, new_gid, new_mid, newest, ts, len(channel), len(site), len(meta),
                           len(payload)),
-                channel, site, meta, payload, bytes(rec_len - total), _U32.pack(rec_len)))
+                channel, site, meta, payload, _ZEROS[rec_len - total], _U32.pack(rec_len)))
             if clear_every <= 1 or new_mid % clear_every == 0:
                 trim_below = max(trim_below, new_mid - max_backlog_size)
             _SLOT_BODY6.pack_into(mm, soff + 16, new_mid, pos + 1, trim_below, since_gid, ts, max_backlog_age)
             _U64.pack_into(mm, _OFF_GID, new_gid)
-            _U64.pack_into(mm, _OFF_HEAD, pos + rec_len)
-            _U32.pack_into(mm, _OFF_FUTEX, (_U32.unpack_from(mm, _OFF_FUTEX)[0] + 1) & 0xFFFFFFFF)
-            _U64.pack_into(mm, _OFF_PUBLISHED, _U64.unpack_from(mm, _OFF_PUBLISHED)[0] + 1)
-            sleepers = _U32.unpack_from(mm, _OFF_SLEEPERS)[0]
+            _U64.pack_into(mm, _OFF_HEAD, pos + rec_len)  # the commit
+            word, sleepers = _WAKE.unpack_from(mm, _OFF_FUTEX)
+            _U32.pack_into(mm, _OFF_FUTEX, (word + 1) & 0xFFFFFFFF)
         finally:
-            self.mutex.release()
+            _native.mutex_unlock(self._mutex_ptr)
         if sleepers:
             _native.futex_wake(self._futex_addr)
         return new_gid, new_mid
@@ -840,7 +842,8 @@ class Segment:
         finally:
             self.mutex.release()
         head, gid, tail, _ = _STATE.unpack_from(mm, _OFF_HEAD)
-        published, overwritten, repairs = struct.unpack_from("<QQQ", mm, _OFF_PUBLISHED)
+        _, overwritten, repairs = struct.unpack_from("<QQQ", mm, _OFF_PUBLISHED)
+        published = gid  # global ids are contiguous from 1 since creation or the last reset
         oldest_rec = self.global_backlog(0, limit=1) if head > tail else []
         oldest_gid = oldest_rec[0].global_id if oldest_rec else gid + 1
         history = time.time() - oldest_rec[0].timestamp if oldest_rec else 0.0
