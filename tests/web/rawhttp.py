@@ -60,7 +60,13 @@ class RawResponse:
         return self.buf
 
     def read_all(self, timeout: float = 30.0) -> bytes:
-        """The whole (de-chunked) body."""
+        """The whole (de-chunked) body; closes the connection."""
+        try:
+            return self._read_all(timeout)
+        finally:
+            self.sock.close()
+
+    def _read_all(self, timeout: float) -> bytes:
         deadline = time.monotonic() + timeout
         if self.length is not None:
             while len(self.buf) < self.length:

@@ -1,0 +1,124 @@
+"""The gem's Ruby ``MessageBus::HTTPClient`` request pattern (reference §6.2) through real servers.
+
+Reproduced: ``POST /message-bus/<hex>/poll`` with a JSON body ``{channel: last_id}`` and no ``__seq``,
+``Content-Type: application/json``, ``X-Silence-logger: true``, ``Dont-Chunk: true`` when long polling or chunking
+is disabled, never ``?dlp=t``; the streamed body is buffered and split on ``\\r\\n|\\r\\n`` (no un-escaping);
+``/__status`` updates the stored ids; the loop polls again after each response.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import secrets
+import time
+from typing import Any
+
+import pytest
+from conftest import WEB_DIR
+
+from shmbus import Bus
+
+pytestmark = pytest.mark.slow
+SEP = b"\r\n|\r\n"
+
+
+class RubyLikeClient:
+    def __init__(self, port: int, *, enable_long_polling: bool = True, enable_chunked_encoding: bool = True,
+                 headers: dict[str, str] | None = None) -> None:
+        self.port = port
+        self.long_polling = enable_long_polling
+        self.chunked = enable_chunked_encoding
+        self.headers = headers or {}
+        self.client_id = secrets.token_hex(16)
+        self.channels: dict[str, int] = {}
+        self.received: list[tuple[str, Any, int, int]] = []
+        self.requests: list[dict[str, Any]] = []
+
+    def subscribe(self, channel: str, last_message_id: Any = None) -> None:
+        assert channel.startswith("/")
+        self.channels[channel] = last_message_id if isinstance(last_message_id, int) else -1
+
+    def _handle(self, messages: list[dict[str, Any]]) -> None:
+        for m in messages:
+            if m["channel"] == "/__status":
+                for ch, last in m["data"].items():
+                    if ch in self.channels:
+                        self.channels[ch] = last
+                continue
+            if m["channel"] in self.channels:
+                self.channels[m["channel"]] = m["message_id"]
+                self.received.append((m["channel"], m["data"], m["message_id"], m["global_id"]))
+
+    def poll_once(self) -> None:
+        headers = {"Content-Type": "application/json", "X-Silence-logger": "true", **self.headers}
+        if not self.long_polling or not self.chunked:
+            headers["Dont-Chunk"] = "true"
+        body = json.dumps(self.channels)
+        self.requests.append({"headers": dict(headers), "body": json.loads(body)})
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        try:
+            conn.request("POST", f"/message-bus/{self.client_id}/poll", body=body, headers=headers)
+            resp = conn.getresponse()
+            assert resp.status == 200
+            if resp.getheader("Content-Type") == "application/json; charset=utf-8":
+                self._handle(json.loads(resp.read()))
+                return
+            buf = b""
+            while True:
+                data = resp.read1(65536)
+                if not data:
+                    break
+                buf += data
+                while SEP in buf:
+                    piece, buf = buf.split(SEP, 1)
+                    self._handle(json.loads(piece))
+        finally:
+            conn.close()
+
+
+@pytest.fixture
+def shared_bus(bus_name: str) -> Any:
+    b = Bus(bus_name, keepalive_interval=0)
+    b.last_id("/x")
+    try:
+        yield b
+    finally:
+        b.destroy()
+
+
+PUBLISH = ("import sys, time; from shmbus import Bus; b = Bus(sys.argv[1], keepalive_interval=0)\n"
+           "time.sleep(float(sys.argv[2]))\n"
+           "b.publish('/test', {'hello': 'world'}); b.publish('/test2', {'hello': 'world'})")
+
+
+@pytest.mark.parametrize("server_kind", ["gunicorn", "uvicorn"])
+@pytest.mark.parametrize("mode", ["streaming", "no-chunk", "no-long-poll", "user-dont-chunk"])
+def test_ruby_http_client_pattern(procs: Any, bus_name: str, shared_bus: Bus, server_kind: str,
+                                  mode: str) -> None:
+    env = {"SHMBUS_TEST_BUS": bus_name, "SHMBUS_TEST_OPTS": json.dumps({"long_polling_interval": 1.0})}
+    if server_kind == "uvicorn":
+        server = procs.uvicorn_server("webapps:asgi_app", env=env, app_dir=WEB_DIR)
+    else:
+        server = procs.gunicorn_server("webapps:wsgi_app", workers=2, worker_class="gthread",
+                                       config="python:shmbus.adapters.gunicorn", env=env, app_dir=WEB_DIR)
+    client = RubyLikeClient(server.port, enable_chunked_encoding=mode != "no-chunk",
+                            enable_long_polling=mode != "no-long-poll",
+                            headers={"Dont-Chunk": "true"} if mode == "user-dont-chunk" else None)
+    client.subscribe("/test")
+    client.subscribe("/test2")
+    client.poll_once()  # -1 -> status: ids learnt
+    assert client.channels == {"/test": 0, "/test2": 0}
+    pub = procs.spawn_python(PUBLISH, bus_name, "0.3")
+    deadline = time.monotonic() + 30
+    while len(client.received) < 2 and time.monotonic() < deadline:
+        client.poll_once()
+    pub.communicate(timeout=30)
+    assert sorted(client.received) == [("/test", {"hello": "world"}, 1, 1), ("/test2", {"hello": "world"}, 1, 2)]
+    assert client.channels == {"/test": 1, "/test2": 1}
+    for r in client.requests:
+        assert "__seq" not in r["body"]
+        assert ("Dont-Chunk" in r["headers"]) == (mode != "streaming")
+    # nothing is delivered twice on the following polls
+    client.poll_once()
+    assert len(client.received) == 2
