@@ -466,6 +466,7 @@ class BusStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.schema = schema
         self._reader: Any = None
         self._target: tuple[int, dict[str, int]] | None = None
+        self._initial: dict[str, Any] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -478,9 +479,13 @@ class BusStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._reader
 
     def initialOffset(self) -> dict[str, Any]:
-        reader = self._rd()
-        ids = _resolve_start(self.opts, reader, self.opts.channels, self.opts.starting, "latest")
-        return encode_offset(reader.epoch(), ids)
+        # Spark calls this more than once for a new query (for the first batch's start, then again when
+        # planning it): resolve "latest"/"earliest" once, or the two calls could disagree.
+        if self._initial is None:
+            reader = self._rd()
+            ids = _resolve_start(self.opts, reader, self.opts.channels, self.opts.starting, "latest")
+            self._initial = encode_offset(reader.epoch(), ids)
+        return self._initial
 
     def getDefaultReadLimit(self) -> ReadLimit:
         n = self.opts.max_records_per_trigger
