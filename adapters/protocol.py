@@ -109,7 +109,7 @@ STREAM_HEADERS: list[tuple[str, str]] = [
 ]
 _TEXT = [("content-type", "text/plain; charset=utf-8")]
 
-_CLIENT_ID_RE = re.compile(r"[A-Za-z0-9._~-]{1,%d}\Z" % MAX_CLIENT_ID_LENGTH)
+_CLIENT_ID_RE = re.compile(rf"[A-Za-z0-9._~-]{{1,{MAX_CLIENT_ID_LENGTH}}}\Z")
 _INT_RE = re.compile(r"[ \t]*-?[0-9]{1,20}[ \t]*\Z")
 _STATUS_HEAD = b'{"global_id":-1,"message_id":-1,"channel":"/__status","data":'
 _OPTION_NAMES: frozenset[str]
@@ -368,7 +368,7 @@ def parse_body(content_type: str | None, body: bytes, options: Options) -> tuple
             except UnicodeDecodeError:
                 raise ProtocolError(400, "request body is not valid UTF-8")
             try:
-                obj = _loads(text)
+                obj = _loads(body)
             except ValueError:
                 raise ProtocolError(400, "malformed JSON body")
             if obj is None:

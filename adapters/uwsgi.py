@@ -28,14 +28,15 @@ installed = False
 
 
 def _postfork() -> None:
-    import shmbus
     from shmbus.adapters.wsgi import configure_server
+
+    import shmbus
 
     shmbus.after_fork()
     try:
         import uwsgi
 
-        threads = int(uwsgi.opt.get("threads", 0) or 0)  # type: ignore[attr-defined]
+        threads = int(uwsgi.opt.get("threads", 0) or 0)
     except Exception:
         threads = 0
     configure_server(threads=threads if threads > 1 else None, worker_class="uwsgi")

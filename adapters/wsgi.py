@@ -93,7 +93,7 @@ def server_threads() -> int | None:
         env = os.environ.get("SHMBUS_WSGI_THREADS")
         if env and env.isdigit():
             return int(env)
-    return t  # type: ignore[no-any-return]
+    return t
 
 
 def _gevent_active() -> bool:
@@ -203,7 +203,7 @@ class MessageBusMiddleware:
         if not path.startswith(self.options.prefix):
             if self.app is None:
                 return _send(start_response, Response(404, [("content-type", "text/plain")], b"not found"))
-            return self.app(environ, start_response)  # type: ignore[no-any-return]
+            return self.app(environ, start_response)
         try:
             return self._handle(environ, start_response, path)
         except Exception as exc:

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from shmbus import Bus
 from shmbus.adapters.asgi import MessageBusMiddleware as AsgiMiddleware
 from shmbus.adapters.protocol import SEPARATOR
 from shmbus.adapters.wsgi import MessageBusMiddleware as WsgiMiddleware
+
+from shmbus import Bus
 
 WEB_DIR = Path(__file__).resolve().parent
 END = object()
@@ -289,9 +289,8 @@ class AsgiDriver(Driver):
                     call.status = message["status"]
                     call.headers = [(k.decode(), v.decode()) for k, v in message.get("headers", [])]
                     call.started.set()
-                elif message["type"] == "http.response.body":
-                    if message.get("body"):
-                        call.pieces.put(message["body"])
+                elif message["type"] == "http.response.body" and message.get("body"):
+                    call.pieces.put(message["body"])
 
             try:
                 await self.mw(scope, receive, send)
