@@ -56,8 +56,9 @@ def _live_buses() -> list[Any]:
 
 
 def post_fork(server: Any, worker: Any) -> None:
-    import shmbus
     from shmbus.adapters.wsgi import configure_server
+
+    import shmbus
 
     shmbus.after_fork()
     cfg = getattr(worker, "cfg", None)

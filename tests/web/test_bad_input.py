@@ -63,7 +63,7 @@ def test_bad_input_in_process(bus: Bus, driver: Any, kind: str, case: Any) -> No
     r = d.request(method, path, body, headers)
     got = r.body()
     assert (r.status, got) == (status, reason)
-    assert r.header("content-type") == "text/plain; charset=utf-8" or status == 404 and got == b"not found"
+    assert r.header("content-type") == "text/plain; charset=utf-8" or (status == 404 and got == b"not found")
 
 
 def test_bad_content_length(bus: Bus, driver: Any, kind: str) -> None:

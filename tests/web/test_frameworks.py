@@ -42,7 +42,6 @@ def test_falcon_wsgi(bus: Bus) -> None:
 def test_falcon_asgi(bus: Bus) -> None:
     pytest.importorskip("falcon")
     import falcon.asgi
-
     from shmbus.adapters.asgi import MessageBusMiddleware
     from shmbus.adapters.falcon import mount
 
@@ -93,12 +92,11 @@ def test_flask_session_cookie_never_resent(bus: Bus) -> None:
 
 def test_starlette_and_fastapi_install(bus: Bus) -> None:
     pytest.importorskip("starlette")
+    from shmbus.adapters.starlette import install
     from starlette.applications import Starlette
     from starlette.middleware.sessions import SessionMiddleware
     from starlette.responses import PlainTextResponse
     from starlette.routing import Route
-
-    from shmbus.adapters.starlette import install
 
     async def hello(request: Any) -> Any:
         request.session["u"] = 1
