@@ -144,9 +144,8 @@ def encode_offset(epoch: int, ids: dict[str, int]) -> dict[str, Any]:
 
 def decode_offset(offset: dict[str, Any] | str) -> tuple[int, dict[str, int]]:
     """``(epoch, ids)`` from an offset dict (or its JSON text)."""
-    if isinstance(offset, str):
-        offset = json.loads(offset)
-    return int(offset.get("epoch", 0)), {str(k): int(v) for k, v in (offset.get("ids") or {}).items()}
+    data: dict[str, Any] = json.loads(offset) if isinstance(offset, str) else offset
+    return int(data.get("epoch", 0)), {str(k): int(v) for k, v in (data.get("ids") or {}).items()}
 
 
 def schema_for(data_format: str = "string") -> StructType:
@@ -522,10 +521,7 @@ class BusStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for ch in back:
                 base[ch] = 0
         avail = {ch: heads[ch] - base[ch] for ch in chans}
-        if isinstance(limit, ReadMaxRows):
-            take = _fair_share(avail, limit.max_rows)
-        else:
-            take = avail
+        take = _fair_share(avail, limit.max_rows) if isinstance(limit, ReadMaxRows) else avail
         end = dict(base)  # channels no longer configured stay in the offset, frozen
         for ch in chans:
             end[ch] = base[ch] + take[ch]
@@ -636,7 +632,7 @@ class _BusWriterBase:
         targeted = [c for c in ("user_ids", "group_ids", "client_ids") if c in cols]
         has_site = "site_id" in cols
         fmt = opts.write_format
-        loads = json.loads
+        loads: Any = json.loads
         try:
             import orjson
 
@@ -653,6 +649,8 @@ class _BusWriterBase:
             channel = row["channel"] if has_channel else opts.channel
             if channel is None:
                 channel = opts.channel
+            if not channel:
+                raise ValueError(f"row without a channel (no 'channel' value and no channel option): {row!r}")
             data = row["data"]
             kw = dict(extra)
             for c in targeted:
@@ -664,10 +662,7 @@ class _BusWriterBase:
             if isinstance(data, (bytes, bytearray)) and fmt == "binary":
                 self._append_raw(bus, channel, bytes(data), kw)
             else:
-                if isinstance(data, str) and fmt == "json":
-                    data = loads(data)
-                else:
-                    data = _plain(data)
+                data = loads(data) if isinstance(data, str) and fmt == "json" else _plain(data)
                 bus.publish(channel, data, **kw)
             n += 1
         return n

@@ -31,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from shmbus import Bus  # noqa: E402
+from shmbus import Bus
 
 CHANNELS = [f"/bench/{i}" for i in range(4)]
 PAYLOAD = "x" * 98  # 100 bytes of JSON text once quoted
@@ -145,7 +145,7 @@ def latency(spark: Any, bus: Bus, seconds: float, rate: float = 20.0) -> list[fl
 
 def pct(values: list[float], p: float) -> float:
     s = sorted(values)
-    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
 
 
 def main() -> None:

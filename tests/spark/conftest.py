@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 from harness import skip_or_fail
 
-_HOW = "pip install -e '.[spark]' (pyspark>=4.2, pyarrow) and a Java 17+ runtime (apt-get install openjdk-17-jre-headless)"
+_HOW = ("pip install -e '.[spark]' (pyspark>=4.2, pyarrow) and a Java 17+ runtime "
+        "(apt-get install openjdk-17-jre-headless)")
 
 
 def spark_problem() -> str | None:

@@ -30,7 +30,7 @@ JOB = Path(__file__).with_name("stream_job.py")
 @pytest.fixture
 def bus(bus_name: str) -> Any:
     b = Bus(bus_name, ring_size=16 << 20, max_backlog_size=100_000, keepalive_interval=0)
-    b.segment  # create it now: Spark's processes only ever attach to an existing bus
+    assert b.segment  # create it now: Spark's processes only ever attach to an existing bus
     try:
         yield b
     finally:
@@ -249,7 +249,6 @@ def test_batch_writer_publishes_rows_with_targets(spark: Any, bus: Bus) -> None:
 
 def test_stream_sink_is_idempotent_per_batch(spark: Any, bus: Bus, tmp_path: Path) -> None:
     from pyspark.sql import functions as F
-
     from shmbus.adapters.spark import last_committed_batch
 
     for i in range(1, 31):
