@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import io
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -203,6 +204,10 @@ class WsgiDriver(Driver):
                 env["HTTP_" + key] = v
         env.update(extra_env or {})
         call = Call()
+        # a stand-in for the server's client socket (gunicorn.socket): closing the peer end is a disconnect
+        server_end, client_end = socket.socketpair()
+        env["gunicorn.socket"] = server_end
+        call.disconnect = client_end.close
 
         def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
             call.status = int(status.split()[0])
@@ -227,6 +232,8 @@ class WsgiDriver(Driver):
             finally:
                 call.pieces.put(END)
                 call.finished.set()
+                server_end.close()
+                client_end.close()
 
         t = threading.Thread(target=run, daemon=True)
         t.start()
