@@ -13,9 +13,10 @@ Limits and required options:
   once (as ``dlp=t``) unless ``long_polling_on_sync_workers=True``; see :mod:`shmbus.adapters.wsgi`.
 * With ``--threads N`` each parked poll holds a thread; at most ``N - max(1, N // 8)`` park per worker.
 * ``--gevent N`` works like gunicorn's gevent worker (monkey-patch with ``--gevent-monkey-patch``).
-* Streaming needs HTTP/1.1 end to end: with ``--http`` (not ``--http-socket``) uWSGI chunks responses
-  itself; behind nginx + the uwsgi protocol set ``uwsgi_buffering off`` for ``/message-bus/``.
-* Untested in this repository's CI (uWSGI is not installed there).
+* Streaming: uWSGI does not chunk a WSGI response body, so a streamed poll is delimited by connection close
+  (the JS and Ruby clients split on ``\r\n|\r\n`` and accept that); behind nginx + the uwsgi protocol set
+  ``uwsgi_buffering off`` for ``/message-bus/``.
+* Tested in ``tests/web/test_uwsgi.py`` (``--http``, master, 2 preforked workers, 8 threads each).
 """
 
 from __future__ import annotations
