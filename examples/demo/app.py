@@ -1,0 +1,156 @@
+"""shmbus demo: a multi-worker chat and live dashboard (Falcon ASGI, served by gunicorn + UvicornWorker).
+
+Run it with ``scripts/demo`` (``--host``/``--port``/``--workers``/``--bus``). By hand::
+
+    SHMBUS_DEMO_BUS=demo gunicorn -c python:shmbus.adapters.gunicorn -k uvicorn.workers.UvicornWorker \\
+        -w 2 -b 127.0.0.1:8000 --chdir examples/demo app:app
+
+Every worker process attaches to the same shared-memory bus by name. A chat message POSTed to ``/chat`` is
+published by whichever worker accepted that connection (the reply says which pid; the reply closes the
+connection, so successive posts spread over the workers) and reaches every browser through whichever worker
+holds its poll. Each worker also publishes its own figures to ``/dashboard/workers`` every 2 s. The dashboard
+subscribes to ``/dashboard/clicks``, which the Spark example pipeline (``examples/spark_pipeline``,
+docs/spark.md) fills from the ``/events/clicks`` this page's click buttons publish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import falcon
+import falcon.asgi
+from shmbus.adapters.falcon import mount
+
+from shmbus import Bus
+
+STATIC = Path(__file__).resolve().parent / "static"
+STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
+                ".css": "text/css; charset=utf-8", ".md": "text/plain; charset=utf-8"}
+CHAT = "/chat"
+CLICKS = "/events/clicks"  # the Spark example's input channel
+WORKERS = "/dashboard/workers"
+MAX_TEXT = 500
+
+# Same sizes as examples/spark_pipeline/generate_events.py: whichever starts first creates the segment.
+bus = Bus(os.environ.get("SHMBUS_DEMO_BUS", "demo"), ring_size=64 << 20, max_backlog_size=100_000)
+stats = {"requests": 0, "chats": 0, "clicks": 0, "started": time.time()}
+
+
+def _text(value: Any, limit: int) -> str:
+    return str(value or "").strip()[:limit]
+
+
+async def _form(req: falcon.asgi.Request) -> dict[str, Any]:
+    """JSON or form body as a dict (the page sends JSON; curl users may send a form)."""
+    raw = await req.stream.read(16 * 1024)
+    if (req.content_type or "").startswith("application/json"):
+        try:
+            obj = json.loads(raw or b"{}")
+        except ValueError:
+            raise falcon.HTTPBadRequest(description="malformed JSON")
+        if not isinstance(obj, dict):
+            raise falcon.HTTPBadRequest(description="expected a JSON object")
+        return obj
+    from urllib.parse import parse_qsl
+
+    return dict(parse_qsl(raw.decode("utf-8", "replace")))
+
+
+class Counter:
+    """Falcon middleware: count requests per worker (for the dashboard)."""
+
+    async def process_request(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        stats["requests"] += 1
+
+
+class Lifespan:
+    """Per worker: publish this worker's figures to ``/dashboard/workers`` every 2 s while it runs."""
+
+    def __init__(self) -> None:
+        self.task: asyncio.Task[None] | None = None
+
+    async def process_startup(self, scope: Any, event: Any) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._report())
+
+    async def process_shutdown(self, scope: Any, event: Any) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+
+    async def _report(self) -> None:
+        while True:
+            parked = 0
+            with contextlib.suppress(Exception):
+                parked = app.protocol().registry.parked
+            bus.publish(WORKERS, {"pid": os.getpid(), "parked": parked, "at": time.time(),
+                                  **{k: stats[k] for k in ("requests", "chats", "clicks")}},
+                        max_backlog_size=50)
+            await asyncio.sleep(2.0)
+
+
+class Page:
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        resp.content_type = STATIC_TYPES[".html"]
+        resp.data = (STATIC / "index.html").read_bytes()
+
+
+class Static:
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str) -> None:
+        path = (STATIC / name).resolve()
+        if path.parent != STATIC or path.suffix not in STATIC_TYPES or not path.is_file():
+            raise falcon.HTTPNotFound()
+        resp.content_type = STATIC_TYPES[path.suffix]
+        resp.data = path.read_bytes()
+        resp.cache_control = ["no-cache"]
+
+
+class Chat:
+    """POST {"user", "text"}: publish on ``/chat`` from this worker; reply with the id and this worker's pid."""
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        body = await _form(req)
+        text = _text(body.get("text"), MAX_TEXT)
+        if not text:
+            raise falcon.HTTPBadRequest(description="empty message")
+        msg = {"user": _text(body.get("user"), 40) or "anonymous", "text": text, "pid": os.getpid(),
+               "at": time.time()}
+        mid = bus.publish(CHAT, msg, max_backlog_size=200)
+        stats["chats"] += 1
+        resp.media = {"id": mid, "pid": os.getpid()}
+        resp.set_header("Connection", "close")  # the next post may land on another worker
+
+
+class Click:
+    """POST {"page", "user"}: one event on ``/events/clicks`` (the Spark example pipeline's input)."""
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        body = await _form(req)
+        event = {"page": _text(body.get("page"), 80) or "/", "user": _text(body.get("user"), 40) or "anonymous",
+                 "ts": time.time()}
+        mid = bus.publish(CLICKS, event, max_backlog_size=bus.max_backlog_size)
+        stats["clicks"] += 1
+        resp.media = {"id": mid, "pid": os.getpid()}
+
+
+class WhoAmI:
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        resp.media = {"pid": os.getpid(), "bus": bus.name}
+
+
+api = falcon.asgi.App(middleware=[Counter(), Lifespan()])
+api.add_route("/", Page())
+api.add_route("/static/{name}", Static())
+api.add_route("/chat", Chat())
+api.add_route("/click", Click())
+api.add_route("/whoami", WhoAmI())
+
+# The message bus answers /message-bus/... before Falcon sees the request. Streaming and long polls park as
+# coroutines (no thread each); 10,000 per worker is far below what a worker can hold.
+app = mount(api, bus=bus, max_active_clients=10_000)

@@ -1,0 +1,104 @@
+/* The demo page: subscribes with the npm message-bus-client (message-bus.js + our ajax adapter). */
+(function () {
+  "use strict";
+  var MB = window.MessageBus;
+  var $ = function (id) { return document.getElementById(id); };
+  var PAGES = ["/", "/pricing", "/docs", "/blog", "/signup", "/about"];
+  var myPids = {};
+  var workers = {};
+  var clicks = {};
+
+  MB.baseUrl = "/";
+  $("client-id").textContent = MB.clientId;
+  $("user").value = localStorage.getItem("shmbus-demo-user") || "guest" + Math.floor(Math.random() * 1000);
+
+  function el(tag, cls, text) {
+    var e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined) e.textContent = text;
+    return e;
+  }
+
+  function time(ts) { return new Date(ts * 1000).toLocaleTimeString(); }
+
+  // Chat: the last 20 messages first (lastId -21 = look-behind), then live.
+  MB.subscribe("/chat", function (m, globalId, messageId) {
+    var li = el("li", m.user === $("user").value ? "mine" : "");
+    li.appendChild(el("span", "", time(m.at) + " "));
+    li.appendChild(el("b", "", m.user + ": "));
+    li.appendChild(el("span", "", m.text + " "));
+    li.appendChild(el("span", "pid", "published by worker " + m.pid));
+    li.title = "message id " + messageId + ", global id " + globalId;
+    $("chat").appendChild(li);
+    $("chat").scrollTop = $("chat").scrollHeight;
+    $("conn").textContent = "live"; $("conn").className = "ok";
+  }, -21);
+
+  MB.subscribe("/dashboard/workers", function (w) {
+    workers[w.pid] = w;
+    renderWorkers();
+    $("conn").textContent = "live"; $("conn").className = "ok";
+  }, -11);
+
+  // Fed by the Spark example pipeline: {"page", "clicks", "users"} per page; 0 = the whole backlog (latest wins).
+  MB.subscribe("/dashboard/clicks", function (c) {
+    clicks[c.page] = c;
+    renderClicks();
+  }, 0);
+
+  function renderWorkers() {
+    var tbody = $("workers").querySelector("tbody");
+    tbody.textContent = "";
+    var now = Date.now() / 1000;
+    Object.keys(workers).sort().forEach(function (pid) {
+      var w = workers[pid];
+      if (now - w.at > 30) { delete workers[pid]; return; }  // a worker that stopped reporting
+      var tr = el("tr");
+      [pid, w.requests, w.chats, w.clicks, w.parked, time(w.at)].forEach(function (v, i) {
+        tr.appendChild(el("td", i === 0 ? "pid" : "", String(v)));
+      });
+      tbody.appendChild(tr);
+    });
+  }
+
+  function renderClicks() {
+    var tbody = $("clicks").querySelector("tbody");
+    tbody.textContent = "";
+    Object.keys(clicks).map(function (k) { return clicks[k]; })
+      .sort(function (a, b) { return b.clicks - a.clicks; })
+      .forEach(function (c) {
+        var tr = el("tr");
+        [c.page, c.clicks, c.users === undefined ? "" : c.users].forEach(function (v) {
+          tr.appendChild(el("td", "", String(v)));
+        });
+        tbody.appendChild(tr);
+      });
+  }
+
+  function post(url, body) {
+    return fetch(url, { method: "POST", headers: { "Content-Type": "application/json" },
+                        body: JSON.stringify(body) }).then(function (r) {
+      if (!r.ok) throw new Error(url + ": HTTP " + r.status);
+      return r.json();
+    });
+  }
+
+  $("chat-form").addEventListener("submit", function (ev) {
+    ev.preventDefault();
+    var text = $("text").value.trim();
+    if (!text) return;
+    localStorage.setItem("shmbus-demo-user", $("user").value);
+    post("/chat", { user: $("user").value, text: text }).then(function (r) {
+      myPids[r.pid] = true;
+      $("last-post").textContent = "your last message was published by worker " + r.pid +
+        " (id " + r.id + "); workers that published yours so far: " + Object.keys(myPids).join(", ");
+      $("text").value = "";
+    }).catch(function (e) { $("last-post").textContent = String(e); });
+  });
+
+  PAGES.forEach(function (page) {
+    var b = el("button", "", "click " + page);
+    b.addEventListener("click", function () { post("/click", { page: page, user: $("user").value }); });
+    $("click-buttons").appendChild(b);
+  });
+})();
