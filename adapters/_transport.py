@@ -1,0 +1,402 @@
+"""Shared machinery of the SSE and WebSocket transports: live fan-out, resumable replay, request identity.
+
+Why a separate hub (and not ``MessageBusMiddleware``'s registry): the transports need pattern subscriptions and
+per-connection subscription sets that change at run time (WebSocket), which the long-poll registry does not model.
+Like the middleware, a :class:`Hub` taps the bus once per process and hands each batch to each event loop with a
+single ``call_soon_threadsafe``; everything else runs on the loop, so no locks are needed.
+
+Targeting uses :meth:`shmbus.adapters.protocol.Client.allowed` (the middleware's exact rules) and the bus's client
+message filters; site rules are the middleware's (``/global/`` channels reach every site).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import re
+import threading
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from shmbus.bus import KEEPALIVE_CHANNEL, MAX_CHANNEL_BYTES, Bus
+from shmbus.message import Message
+from shmbus.patterns import compile_pattern
+
+from .protocol import MAX_CLIENT_ID_LENGTH, Client, Lookups, MessageBusProtocol, ProtocolError, log
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+Lookup = Callable[[Any], Any]
+
+#: Default bytes queued for one connection that is not reading before it is dropped.
+DEFAULT_MAX_BUFFER = 1 << 20
+#: Most subscriptions (channels + patterns) one connection may hold.
+MAX_SUBSCRIPTIONS = 200
+PATTERN_KINDS = ("prefix", "glob")
+
+_CLIENT_ID_RE = re.compile(rf"[A-Za-z0-9._~-]{{1,{MAX_CLIENT_ID_LENGTH}}}\Z")
+_INTERNAL_PREFIX = "/__"  # /__mb_keepalive__/, /__status: bus-internal, never delivered
+
+
+# ---------------------------------------------------------------------------------------------------- input
+def check_channel(ch: Any, what: str = "channel") -> str:
+    """Validate a channel (or pattern) name from a client: a ProtocolError(400) with the reason, never a crash."""
+    if not isinstance(ch, str) or not ch:
+        raise ProtocolError(400, f"{what} must be a non-empty string")
+    if not ch.startswith("/"):
+        raise ProtocolError(400, f"{what} must start with '/': {ch[:80]!r}")
+    if any(c in ch for c in ("\x00", "\r", "\n")) or "$|$" in ch:
+        raise ProtocolError(400, f"invalid {what} name {ch[:80]!r} (NUL, CR, LF and '$|$' are refused)")
+    try:
+        n = len(ch.encode())
+    except UnicodeEncodeError:
+        raise ProtocolError(400, f"{what} is not valid unicode")
+    if n > MAX_CHANNEL_BYTES:
+        raise ProtocolError(400, f"{what} is {n} bytes in UTF-8; the limit is {MAX_CHANNEL_BYTES}")
+    if ch.startswith(_INTERNAL_PREFIX):
+        raise ProtocolError(400, f"{what} {ch[:80]!r} is reserved (names starting with '/__' are internal)")
+    return ch
+
+
+def check_client_id(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or not _CLIENT_ID_RE.match(value):
+        raise ProtocolError(400, f"invalid client id (1-{MAX_CLIENT_ID_LENGTH} characters of A-Z a-z 0-9 . _ ~ -)")
+    return value
+
+
+async def maybe_await(value: Any) -> Any:
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+@dataclass
+class Identity:
+    """Who a connection is, for targeting: resolved once per connection with the middleware's lookups."""
+
+    client_id: str | None
+    lookups: Lookups
+
+    def checker(self, epoch: int) -> Client:
+        """A :class:`protocol.Client` used only for its ``allowed`` check (the middleware's targeting rules)."""
+        return Client(self.client_id or "", 0, self.lookups, (), True, epoch)
+
+
+@dataclass
+class LookupOptions:
+    """The middleware's lookups (same names and meaning), plus ``client_id_lookup`` (default: ``?client_id=``)."""
+
+    user_id_lookup: Lookup | None = None
+    group_ids_lookup: Lookup | None = None
+    site_id_lookup: Lookup | None = None
+    client_id_lookup: Lookup | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("user_id_lookup", "group_ids_lookup", "site_id_lookup", "client_id_lookup"):
+            v = getattr(self, name)
+            if v is not None and not callable(v):
+                raise TypeError(f"{name} must be callable, got {v!r}")
+
+    async def identity(self, scope: Scope, query: dict[str, list[str]]) -> Identity:
+        if self.client_id_lookup is not None:
+            cid = await maybe_await(self.client_id_lookup(scope))
+        else:
+            values = query.get("client_id")
+            cid = values[-1] if values else None
+        cid = check_client_id(cid if cid is None else str(cid))
+        lk = MessageBusProtocol.lookups(
+            await maybe_await(self.user_id_lookup(scope)) if self.user_id_lookup else None,
+            await maybe_await(self.group_ids_lookup(scope)) if self.group_ids_lookup else None,
+            await maybe_await(self.site_id_lookup(scope)) if self.site_id_lookup else None,
+        )
+        return Identity(cid, lk)
+
+
+# ---------------------------------------------------------------------------------------------------- ASGI bits
+def relative_path(scope: Scope) -> str:
+    """The path below ``root_path`` (as the middleware matches routes)."""
+    path: str = scope.get("path") or "/"
+    root = scope.get("root_path") or ""
+    if root and path.startswith(root):
+        path = path[len(root):] or "/"
+    return path
+
+
+def header(scope: Scope, name: bytes) -> bytes | None:
+    for k, v in scope.get("headers") or ():
+        if k.lower() == name:
+            return bytes(v)
+    return None
+
+
+async def send_simple(send: Send, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8",
+                      extra: Iterable[tuple[bytes, bytes]] = ()) -> None:
+    headers = [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode()), *extra]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+async def fallback(app: Callable[..., Any] | None, scope: Scope, receive: Receive, send: Send) -> None:
+    """Hand a request that is not ours to the wrapped app (or answer 404 / complete the lifespan)."""
+    if app is not None:
+        await app(scope, receive, send)
+    elif scope["type"] == "lifespan":
+        await lifespan(receive, send)
+    elif scope["type"] == "http":
+        await send_simple(send, 404, b"not found")
+    elif scope["type"] == "websocket":
+        await send({"type": "websocket.close", "code": 1000})
+
+
+# ---------------------------------------------------------------------------------------------------- replay
+def site_matches(msg: Message, site: str | None) -> bool:
+    if msg.channel.startswith("/global/"):
+        return True
+    return msg.site_id == site
+
+
+@dataclass
+class Replay:
+    """Messages to replay (oldest first, by global id) and whether some the caller asked for are gone."""
+
+    messages: list[Message]
+    gap: bool
+    gap_channels: list[str]
+
+
+def replay_since(bus: Bus, channels: Iterable[str], patterns: Iterable[tuple[str, str]], site: str | None,
+                 after_gid: int, upto_gid: int) -> Replay:
+    """Messages with ``after_gid < global_id <= upto_gid`` on ``channels`` or matching ``patterns``.
+
+    Exact channels are read from their own backlogs (they hold ``max_backlog_size`` messages each). A gap is
+    reported for a channel when it dropped messages (``first_available > 1``) and its oldest retained message is
+    newer than ``after_gid`` (conservative: the dropped ones may have been older than the client's position).
+    Patterns are read from the global backlog; a gap is reported when its window (``max_global_backlog_size``,
+    the ring) no longer reaches ``after_gid``.
+    """
+    out: dict[int, Message] = {}
+    gaps: list[str] = []
+    site_key = site or ""
+    for ch in channels:
+        bl = bus.backlog(ch, 0, site_key)
+        for m in bl:
+            if after_gid < m.global_id <= upto_gid:
+                out[m.global_id] = m
+        if bl.first_available > 1 and (not bl or bl[0].global_id > after_gid + 1):
+            gaps.append(ch)
+    pats = [(p, compile_pattern(p, kind)) for p, kind in patterns]
+    if pats and upto_gid > after_gid:
+        floor = bus.segment.global_id() - bus.max_global_backlog_size
+        first = bus.segment.global_backlog(after_gid, limit=1)
+        if floor > after_gid or (first and first[0].global_id > after_gid + 1):
+            gaps.extend(p for p, _ in pats)
+        for m in bus.global_backlog(after_gid):
+            if m.global_id > upto_gid or m.global_id in out or m.channel.startswith(_INTERNAL_PREFIX):
+                continue
+            if site_matches(m, site) and any(match(m.channel) for _, match in pats):
+                out[m.global_id] = m
+    return Replay([out[g] for g in sorted(out)], bool(gaps), gaps)
+
+
+# ---------------------------------------------------------------------------------------------------- sinks
+class Sink:
+    """One connection's subscriptions and outgoing buffer (lives on one event loop).
+
+    ``channels``/``patterns`` map a subscription to its *floor*: the bus's global id when it was made (its replay
+    covered everything up to it), so live messages at or below it are never sent twice. ``encode`` turns an
+    allowed message into the bytes/str to send; ``on_reset`` is called once when the bus's epoch changes.
+    """
+
+    def __init__(self, bus: Bus, identity: Identity, encode: Callable[[Message], Any], *,
+                 max_buffer: int = DEFAULT_MAX_BUFFER, on_reset: Callable[[Sink, int, int], None] | None = None
+                 ) -> None:
+        self.bus = bus
+        self.identity = identity
+        self.site = identity.lookups.site_id
+        self.encode = encode
+        self.on_reset = on_reset
+        self.max_buffer = max_buffer
+        self.epoch = bus.epoch
+        self.checker = identity.checker(self.epoch)
+        self.channels: dict[str, int] = {}
+        self.patterns: dict[tuple[str, str], tuple[Callable[[str], bool], int]] = {}
+        self.pending: deque[Any] = deque()
+        self.bytes_pending = 0
+        self.dropped = False
+        self.closed = False
+        self.sent = 0  # messages pushed (for tests and stats)
+        self.wake: Callable[[], None] = _noop
+
+    # -- subscriptions
+    def subscription_count(self) -> int:
+        return len(self.channels) + len(self.patterns)
+
+    def add_pattern(self, pattern: str, kind: str, floor: int) -> None:
+        self.patterns[(pattern, kind)] = (compile_pattern(pattern, kind), floor)
+
+    def wants(self, msg: Message) -> bool:
+        """Subscribed (any matching subscription's floor below the message), site and targeting allow it."""
+        gid = msg.global_id
+        floor = self.channels.get(msg.channel)
+        hit = floor is not None and gid > floor
+        if not hit:
+            for match, pfloor in self.patterns.values():
+                if gid > pfloor and match(msg.channel):
+                    hit = True
+                    break
+        return hit and self.allowed(msg)
+
+    def allowed(self, msg: Message) -> bool:
+        if msg.channel.startswith(_INTERNAL_PREFIX) or not site_matches(msg, self.site):
+            return False
+        if not self.checker.allowed(msg):
+            return False
+        if self.bus.client_message_filters:
+            try:
+                return bool(self.bus.allowed_by_filters(msg))
+            except Exception:
+                log.exception("shmbus: client message filter failed on %r; message withheld", msg.channel)
+                return False
+        return True
+
+    # -- output
+    def push(self, piece: Any, count: bool = False) -> None:
+        """Queue a piece; over ``max_buffer`` queued bytes the connection is dropped (memory stays bounded)."""
+        if self.dropped or self.closed:
+            return
+        self.pending.append(piece)
+        self.bytes_pending += len(piece)
+        if count:
+            self.sent += 1
+        if self.bytes_pending > self.max_buffer:
+            self.dropped = True
+            self.pending.clear()
+            self.bytes_pending = 0
+        self.wake()
+
+    def take(self) -> list[Any]:
+        out = list(self.pending)
+        self.pending.clear()
+        self.bytes_pending = 0
+        return out
+
+    def offer(self, msg: Message) -> None:
+        if msg.epoch != self.epoch:
+            if msg.epoch == self.bus.epoch:
+                self.reset_to(msg.epoch)
+            return  # the reset replay covered this message (or it belongs to an epoch that is gone)
+        if self.wants(msg):
+            self.push(self.encode(msg), count=True)
+
+    def check_epoch(self) -> None:
+        """Called periodically: notice a reset even when no message of the new epoch arrives."""
+        try:
+            epoch = self.bus.epoch
+        except Exception:
+            return
+        if epoch != self.epoch:
+            self.reset_to(epoch)
+
+    def reset_to(self, epoch: int) -> None:
+        old, self.epoch = self.epoch, epoch
+        self.checker.epoch = epoch
+        if self.on_reset is not None:
+            self.on_reset(self, old, epoch)
+
+
+def _noop() -> None:
+    pass
+
+
+class _LoopHub:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.sinks: set[Sink] = set()
+
+    def dispatch(self, msgs: list[Message]) -> None:
+        for sink in tuple(self.sinks):
+            if sink.dropped or sink.closed:
+                continue
+            try:
+                for m in msgs:
+                    if m.channel == KEEPALIVE_CHANNEL:
+                        continue
+                    sink.offer(m)
+                    if sink.dropped:
+                        break
+            except Exception:
+                log.exception("shmbus: delivering to a transport connection failed; dropping it")
+                sink.dropped = True
+                sink.wake()
+
+
+class Hub:
+    """One bus tap per process, fanned out to the sinks of each event loop (one loop hop per batch)."""
+
+    def __init__(self, bus: Bus) -> None:
+        self.bus = bus
+        self._loops: dict[asyncio.AbstractEventLoop, _LoopHub] = {}
+        self._pid = 0
+        self._lock = threading.Lock()
+
+    def _loop_hub(self) -> _LoopHub:
+        loop = asyncio.get_running_loop()
+        if self._pid == os.getpid():
+            h = self._loops.get(loop)
+            if h is not None:
+                return h
+        with self._lock:
+            if self._pid != os.getpid():
+                self._loops = {}
+                self._pid = os.getpid()
+                self.bus.untap(self._on_batch)
+                self.bus.tap(self._on_batch)
+            h = self._loops.get(loop)
+            if h is None:
+                for old in [lp for lp in self._loops if lp.is_closed()]:
+                    del self._loops[old]
+                h = self._loops[loop] = _LoopHub(loop)
+        return h
+
+    def _on_batch(self, msgs: list[Message]) -> None:
+        if self._pid != os.getpid():
+            return
+        for h in tuple(self._loops.values()):
+            if not h.sinks:
+                continue
+            try:
+                h.loop.call_soon_threadsafe(h.dispatch, msgs)
+            except RuntimeError:  # loop closed
+                pass
+
+    def register(self, sink: Sink) -> None:
+        self._loop_hub().sinks.add(sink)
+
+    def unregister(self, sink: Sink) -> None:
+        sink.closed = True
+        h = self._loops.get(asyncio.get_running_loop())
+        if h is not None:
+            h.sinks.discard(sink)
+
+    def connections(self) -> int:
+        """Live connections in this process (all loops)."""
+        return sum(len(h.sinks) for h in tuple(self._loops.values()))
+
+    def close(self) -> None:
+        self.bus.untap(self._on_batch)

@@ -1,0 +1,274 @@
+"""Server-Sent Events transport (ASGI): ``GET <path>?channel=/a&channel=/b&prefix=/chat&glob=/x/*``.
+
+Why SSE next to message_bus's long polling: a browser's ``EventSource`` reconnects by itself and resends the last
+id it saw, so a stream over a plain GET resumes without any client library. Wire format, one event per message::
+
+    id: <epoch>:<global_id>
+    event: <channel>
+    data: {"global_id":..,"message_id":..,"channel":..,"data":..}
+
+Ids are ``<epoch>:<global_id>``: one cursor for the whole stream (exact channels *and* patterns), which per-channel
+ids cannot give. On reconnect ``Last-Event-ID`` (or ``?last_event_id=``) replays everything after that global id
+that is still retained and allowed, then continues live: nothing missed, nothing repeated. Control events have
+names that never start with ``/`` (channel names must): ``event: reset`` (the id's epoch is not the bus's: the bus
+was reset, the stream restarts from the new epoch's retained backlog), ``event: gap`` (``{"channels": [...]}``:
+messages after the client's position were trimmed/overwritten; conservative, may over-report for channels whose
+retained backlog starts after the client's position). ``: keepalive`` comments keep proxies from timing out.
+Targeting (user/group/client ids, sites, client message filters) follows the message_bus middleware exactly; the
+client id is ``?client_id=`` (or ``client_id_lookup(scope)``). A client that stops reading is dropped once
+``max_buffer`` bytes are queued for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import parse_qs
+
+from shmbus.bus import Bus
+from shmbus.message import Message
+
+from ._transport import (
+    DEFAULT_MAX_BUFFER,
+    MAX_SUBSCRIPTIONS,
+    Hub,
+    LookupOptions,
+    Receive,
+    Scope,
+    Send,
+    Sink,
+    check_channel,
+    fallback,
+    header,
+    relative_path,
+    replay_since,
+    send_simple,
+)
+from .protocol import ProtocolError, encode_message
+
+__all__ = ["SSEApp", "format_event", "parse_event_id"]
+
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache, no-transform"),
+    (b"x-accel-buffering", b"no"),  # nginx: do not buffer the stream
+]
+KEEPALIVE = b": keepalive\n\n"
+
+
+def format_event(event: str | None, data: bytes, event_id: str | None = None) -> bytes:
+    """One SSE event. Data lines are split (JSON only has insignificant line breaks), so nothing can inject fields."""
+    out = []
+    if event_id is not None:
+        out.append(b"id: " + event_id.encode() + b"\n")
+    if event is not None:
+        out.append(b"event: " + event.replace("\r", " ").replace("\n", " ").encode() + b"\n")
+    for line in data.splitlines() or [b""]:
+        out.append(b"data: " + line + b"\n")
+    out.append(b"\n")
+    return b"".join(out)
+
+
+def parse_event_id(value: str) -> tuple[int, int]:
+    """``"<epoch>:<global_id>"`` -> ``(epoch, global_id)``; ProtocolError(400) otherwise."""
+    epoch, sep, gid = value.strip().partition(":")
+    if not sep or not epoch.isdigit() or not gid.isdigit() or len(epoch) > 20 or len(gid) > 20:
+        raise ProtocolError(400, "invalid Last-Event-ID (expected '<epoch>:<global_id>' as sent by this server)")
+    return int(epoch), int(gid)
+
+
+def _message_event(is_json: bool) -> Callable[[Message], bytes]:
+    def encode(msg: Message) -> bytes:
+        return format_event(msg.channel, encode_message(msg, is_json), f"{msg.epoch}:{msg.global_id}")
+
+    return encode
+
+
+class SSEApp:
+    """ASGI app serving ``GET <path>`` as an event stream; other requests go to ``app`` (or 404).
+
+    ``keepalive_interval`` (seconds) also bounds how late a bus reset with no new message is noticed;
+    ``retry_ms`` is sent as the SSE ``retry:`` hint. Lookups are the middleware's (scope in, value out; may be
+    async) plus ``client_id_lookup``.
+    """
+
+    def __init__(self, app: Callable[..., Any] | None = None, *, bus: Bus | None = None, path: str = "/sse",
+                 keepalive_interval: float = 15.0, max_buffer: int = DEFAULT_MAX_BUFFER,
+                 max_subscriptions: int = MAX_SUBSCRIPTIONS, retry_ms: int | None = 2000,
+                 **lookups: Any) -> None:
+        if bus is None:
+            import shmbus
+
+            bus = shmbus.default_bus()
+        if not keepalive_interval > 0:
+            raise ValueError("keepalive_interval must be > 0 seconds")
+        self.app = app
+        self.bus = bus
+        self.path = path
+        self.keepalive_interval = keepalive_interval
+        self.max_buffer = max_buffer
+        self.max_subscriptions = max_subscriptions
+        self.retry_ms = retry_ms
+        self.lookups = LookupOptions(**lookups)
+        self.hub = Hub(bus)
+        self.dropped = 0  # connections dropped for not reading (this process)
+        self._encode = _message_event(bus.codec.is_json)
+
+    def stats(self) -> dict[str, int]:
+        return {"connections": self.hub.connections(), "dropped": self.dropped}
+
+    def close(self) -> None:
+        self.hub.close()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or relative_path(scope) != self.path:
+            await fallback(self.app, scope, receive, send)
+            return
+        if scope.get("method") not in ("GET", "HEAD"):
+            await send_simple(send, 405, b"use GET", extra=[(b"allow", b"GET")])
+            return
+        try:
+            sink = await self._open(scope)
+        except ProtocolError as exc:
+            await send_simple(send, exc.status, exc.reason.encode())
+            return
+        try:
+            await self._stream(sink, scope, receive, send)
+        finally:
+            self.hub.unregister(sink)
+
+    async def _open(self, scope: Scope) -> Sink:
+        try:
+            query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True,
+                             errors="strict", max_num_fields=self.max_subscriptions + 10)
+        except (UnicodeDecodeError, ValueError):
+            raise ProtocolError(400, "malformed query string")
+        channels = [check_channel(c) for c in query.get("channel", [])]
+        patterns = [(check_channel(p, "pattern"), kind) for kind in ("prefix", "glob") for p in query.get(kind, [])]
+        if not channels and not patterns:
+            raise ProtocolError(400, "name at least one channel (?channel=/a), prefix (?prefix=/a) "
+                                     "or glob (?glob=/a/*)")
+        if len(channels) + len(patterns) > self.max_subscriptions:
+            raise ProtocolError(400, f"too many subscriptions (limit {self.max_subscriptions})")
+        raw_id = header(scope, b"last-event-id")
+        last = raw_id.decode("latin-1") if raw_id is not None else (query.get("last_event_id") or [""])[-1]
+        resume = parse_event_id(last) if last.strip() else None
+        identity = await self.lookups.identity(scope, query)
+        bus = self.bus
+        # the initial replay is bounded by the backlogs; the buffer limit applies from the first write on
+        sink = Sink(bus, identity, self._encode, max_buffer=1 << 62, on_reset=self._on_reset)
+        # register first, then read: a message published in between is either in the replay or live, never both
+        self.hub.register(sink)
+        upto = bus.segment.global_id()
+        if resume is not None:
+            epoch, after = resume
+            if epoch != sink.epoch or after > upto:
+                sink.push(format_event("reset", json.dumps({"epoch": sink.epoch, "previous_epoch": epoch}).encode()))
+                after = 0
+            self._replay(sink, channels, patterns, after, upto)
+        for ch in channels:
+            sink.channels[ch] = upto
+        for p, kind in patterns:
+            sink.add_pattern(p, kind, upto)
+        return sink
+
+    def _replay(self, sink: Sink, channels: list[str], patterns: list[tuple[str, str]], after: int,
+                upto: int) -> None:
+        rp = replay_since(self.bus, channels, patterns, sink.site, after, upto)
+        if rp.gap:
+            sink.push(format_event("gap", json.dumps({"epoch": sink.epoch, "channels": rp.gap_channels}).encode()))
+        for m in rp.messages:
+            if sink.allowed(m):
+                sink.push(self._encode(m), count=True)
+
+    def _on_reset(self, sink: Sink, old: int, new: int) -> None:
+        """Live reset: tell the client, replay the new epoch's retained backlog, continue live after it."""
+        sink.push(format_event("reset", json.dumps({"epoch": new, "previous_epoch": old}).encode()))
+        upto = self.bus.segment.global_id()
+        channels = list(sink.channels)
+        patterns = list(sink.patterns)
+        self._replay(sink, channels, patterns, 0, upto)
+        for ch in channels:
+            sink.channels[ch] = upto
+        for p, kind in patterns:
+            sink.add_pattern(p, kind, upto)
+
+    async def _stream(self, sink: Sink, scope: Scope, receive: Receive, send: Send) -> None:
+        loop = asyncio.get_running_loop()
+        ready = asyncio.Event()
+        task = asyncio.current_task()
+        sending = [False]
+
+        def wake() -> None:
+            ready.set()
+            if sink.dropped and sending[0] and task is not None:
+                task.cancel()  # stuck in send() to a client that does not read
+
+        sink.wake = wake
+        gone = asyncio.ensure_future(_until_disconnect(receive))
+
+        def on_gone(_t: object) -> None:
+            sink.closed = True
+            ready.set()
+
+        gone.add_done_callback(on_gone)
+        await send({"type": "http.response.start", "status": 200, "headers": list(SSE_HEADERS)})
+        if scope.get("method") == "HEAD":
+            await send({"type": "http.response.body", "body": b""})
+            gone.cancel()
+            return
+        head = (b"retry: %d\n" % self.retry_ms if self.retry_ms else b"") + b": connected\n\n"
+        try:
+            first = head + b"".join(sink.take())
+            sink.max_buffer = self.max_buffer
+            sending[0] = True
+            await send({"type": "http.response.body", "body": first, "more_body": True})
+            sending[0] = False
+            next_ping = loop.time() + self.keepalive_interval
+            while not sink.closed and not sink.dropped:
+                timeout = next_ping - loop.time()
+                if timeout > 0 and not sink.pending:
+                    try:
+                        await asyncio.wait_for(ready.wait(), timeout)
+                    except asyncio.TimeoutError:
+                        pass
+                ready.clear()
+                if sink.closed or sink.dropped:
+                    break
+                out = sink.take()
+                if loop.time() >= next_ping:
+                    sink.check_epoch()
+                    out += sink.take()
+                    out.append(KEEPALIVE)
+                    next_ping = loop.time() + self.keepalive_interval
+                if out:
+                    sending[0] = True
+                    await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
+                    sending[0] = False
+            if sink.dropped:
+                self.dropped += 1
+                return
+            if not gone.done():
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if sink.dropped:
+                self.dropped += 1
+                return  # we cancelled ourselves: the client stopped reading
+            raise
+        except OSError:  # the server reports a closed connection on send
+            return
+        finally:
+            if not gone.done():
+                gone.cancel()
+
+
+async def _until_disconnect(receive: Receive) -> None:
+    try:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+    except Exception:
+        return

@@ -1,0 +1,385 @@
+"""WebSocket transport (ASGI ``websocket`` scope): a small JSON protocol inspired by guble's.
+
+Why: one socket carries many subscriptions that change at run time, replays by start id and count, and (when
+allowed) publishes — without a poll per change. Client -> server (text or binary frames holding one JSON object;
+any ``"ref"`` is echoed in the reply so clients can correlate)::
+
+    {"op":"subscribe","channel":"/foo","last_id":N}        # N: null/absent = new only; n >= 0 = after n;
+                                                          #    -k = the last k messages first (guble)
+    {"op":"subscribe","pattern":"/foo","kind":"prefix"}    # kind "prefix" (default; /foo and below) or "glob";
+                                                          #    optional "last_global_id": replay after it
+    {"op":"unsubscribe","channel":"/foo"} / {"op":"unsubscribe","pattern":"/foo","kind":"prefix"}
+    {"op":"replay","channel":"/foo","start_id":N,"count":M}  # one-shot: ids >= N (N < 0: the last -N), at most M
+    {"op":"publish","channel":"/foo","data":...,"user_ids":[..],"group_ids":[..],"client_ids":[..]}
+                                                          # only when allow_publish(scope, channel) is true
+    {"op":"ping"}
+
+Server -> client: messages as message_bus sends them (``{"global_id","message_id","channel","data"}``), and
+``{"op":"status","status":"connected"|"subscribed"|"unsubscribed"|"replayed"|"published"|"reset",...}``,
+``{"op":"pong"}``, ``{"op":"error","reason":...}``. Bad input of any kind gets an error frame; the connection stays
+open. A subscription's replay and its live messages never overlap (live starts after the global id the replay
+read up to). A bus reset sends a ``reset`` status and replays the new epoch's retained backlog of every
+subscription. A client that stops reading is closed (code 1008) once ``max_buffer`` bytes are queued for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import parse_qs
+
+from shmbus.bus import Bus
+from shmbus.errors import ShmbusError
+
+from ._transport import (
+    DEFAULT_MAX_BUFFER,
+    MAX_SUBSCRIPTIONS,
+    PATTERN_KINDS,
+    Hub,
+    LookupOptions,
+    Receive,
+    Scope,
+    Send,
+    Sink,
+    check_channel,
+    fallback,
+    maybe_await,
+    relative_path,
+    replay_since,
+)
+from .protocol import MAX_ID, ProtocolError, encode_message
+
+__all__ = ["WebSocketApp"]
+
+#: Largest incoming frame (characters/bytes); larger frames get an error.
+MAX_FRAME = 64 * 1024
+#: Largest ``count`` of one replay.
+MAX_REPLAY = 1000
+CLOSE_POLICY = 1008
+
+
+class _BadInput(Exception):
+    pass
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def _int(obj: dict[str, Any], key: str, *, default: int | None = None, lo: int = -MAX_ID, hi: int = MAX_ID
+         ) -> int | None:
+    v = obj.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise _BadInput(f"{key} must be an integer between {lo} and {hi}")
+    return v
+
+
+def _ids(obj: dict[str, Any], key: str) -> list[Any] | None:
+    v = obj.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, list) or not v or not all(isinstance(x, (int, str)) and not isinstance(x, bool) for x in v):
+        raise _BadInput(f"{key} must be a non-empty list of integers or strings")
+    return v
+
+
+class WebSocketApp:
+    """ASGI app accepting WebSockets at ``path``; everything else goes to ``app`` (or 404).
+
+    ``allow_publish(scope, channel) -> bool`` (may be async) enables the ``publish`` op; without it publishing
+    is refused. Lookups are the middleware's plus ``client_id_lookup`` (default: ``?client_id=``).
+    """
+
+    def __init__(self, app: Callable[..., Any] | None = None, *, bus: Bus | None = None, path: str = "/ws",
+                 allow_publish: Callable[[Any, str], Any] | None = None, max_buffer: int = DEFAULT_MAX_BUFFER,
+                 max_subscriptions: int = MAX_SUBSCRIPTIONS, max_frame: int = MAX_FRAME,
+                 keepalive_interval: float = 15.0, **lookups: Any) -> None:
+        if bus is None:
+            import shmbus
+
+            bus = shmbus.default_bus()
+        if allow_publish is not None and not callable(allow_publish):
+            raise TypeError("allow_publish must be callable")
+        self.app = app
+        self.bus = bus
+        self.path = path
+        self.allow_publish = allow_publish
+        self.max_buffer = max_buffer
+        self.max_subscriptions = max_subscriptions
+        self.max_frame = max_frame
+        self.keepalive_interval = keepalive_interval
+        self.lookups = LookupOptions(**lookups)
+        self.hub = Hub(bus)
+        self.dropped = 0
+        is_json = bus.codec.is_json
+        self._encode: Callable[[Any], str] = lambda m: encode_message(m, is_json).decode()
+
+    def stats(self) -> dict[str, int]:
+        return {"connections": self.hub.connections(), "dropped": self.dropped}
+
+    def close(self) -> None:
+        self.hub.close()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "websocket" or relative_path(scope) != self.path:
+            await fallback(self.app, scope, receive, send)
+            return
+        first = await receive()
+        if first["type"] != "websocket.connect":
+            return
+        try:
+            query = parse_qs(scope.get("query_string", b"").decode("latin-1"), errors="strict")
+            identity = await self.lookups.identity(scope, query)
+        except (ProtocolError, UnicodeDecodeError, ValueError) as exc:
+            reason = exc.reason if isinstance(exc, ProtocolError) else "malformed query string"
+            await send({"type": "websocket.close", "code": CLOSE_POLICY, "reason": reason[:120]})
+            return
+        await send({"type": "websocket.accept"})
+        sink = Sink(self.bus, identity, self._encode, max_buffer=self.max_buffer, on_reset=self._on_reset)
+        self.hub.register(sink)
+        try:
+            await self._run(sink, scope, receive, send)
+        finally:
+            self.hub.unregister(sink)
+
+    async def _run(self, sink: Sink, scope: Scope, receive: Receive, send: Send) -> None:
+        ready = asyncio.Event()
+        drop = asyncio.Event()
+
+        def wake() -> None:
+            ready.set()
+            if sink.dropped:
+                drop.set()
+
+        sink.wake = wake
+        sink.push(_dumps({"op": "status", "status": "connected", "epoch": sink.epoch,
+                          "client_id": sink.identity.client_id}))
+        writer = asyncio.ensure_future(self._writer(sink, ready, drop, send))
+        reader = asyncio.ensure_future(self._reader(sink, scope, receive))
+        try:
+            await asyncio.wait({writer, reader}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (writer, reader):
+                if not t.done():
+                    t.cancel()
+            await asyncio.gather(writer, reader, return_exceptions=True)
+        if sink.dropped:
+            self.dropped += 1
+            try:  # best effort: a client that does not read may never see it
+                await asyncio.wait_for(send({"type": "websocket.close", "code": CLOSE_POLICY,
+                                             "reason": "too slow: outgoing buffer full"}), 1.0)
+            except Exception:
+                pass
+
+    async def _writer(self, sink: Sink, ready: asyncio.Event, drop: asyncio.Event, send: Send) -> None:
+        while not sink.dropped and not sink.closed:
+            if not sink.pending:
+                try:
+                    await asyncio.wait_for(ready.wait(), self.keepalive_interval)
+                except asyncio.TimeoutError:
+                    sink.check_epoch()
+            ready.clear()
+            for piece in sink.take():
+                if sink.dropped:
+                    return
+                send_task = asyncio.ensure_future(send({"type": "websocket.send", "text": piece}))
+                # a send blocked by a client that does not read must not outlive the drop
+                waiter = asyncio.ensure_future(drop.wait())
+                try:
+                    await asyncio.wait({send_task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waiter.cancel()
+                    if not send_task.done():
+                        send_task.cancel()
+                if sink.dropped:
+                    return
+                send_task.result()
+
+    async def _reader(self, sink: Sink, scope: Scope, receive: Receive) -> None:
+        while True:
+            message = await receive()
+            kind = message["type"]
+            if kind == "websocket.disconnect":
+                sink.closed = True
+                sink.wake()
+                return
+            if kind != "websocket.receive":
+                continue
+            text = message.get("text")
+            if text is None:
+                raw = message.get("bytes") or b""
+                if len(raw) > self.max_frame:
+                    self._error(sink, f"frame too large (limit {self.max_frame} bytes)")
+                    continue
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    self._error(sink, "binary frame is not valid UTF-8 JSON")
+                    continue
+            if len(text) > self.max_frame:
+                self._error(sink, f"frame too large (limit {self.max_frame} characters)")
+                continue
+            await self._handle(sink, scope, text)
+
+    # ------------------------------------------------------------------ ops
+    def _error(self, sink: Sink, reason: str, ref: Any = None) -> None:
+        frame: dict[str, Any] = {"op": "error", "reason": reason}
+        if ref is not None:
+            frame["ref"] = ref
+        sink.push(_dumps(frame))
+
+    def _status(self, sink: Sink, status: str, ref: Any, **fields: Any) -> None:
+        frame: dict[str, Any] = {"op": "status", "status": status, **fields}
+        if ref is not None:
+            frame["ref"] = ref
+        sink.push(_dumps(frame))
+
+    async def _handle(self, sink: Sink, scope: Scope, text: str) -> None:
+        ref = None
+        try:
+            try:
+                obj = json.loads(text)
+            except ValueError:
+                raise _BadInput("invalid JSON")
+            if not isinstance(obj, dict):
+                raise _BadInput("a command must be a JSON object with an 'op'")
+            ref = obj.get("ref")
+            if ref is not None and not (isinstance(ref, (str, int)) and not isinstance(ref, bool)
+                                        and len(str(ref)) <= 100):
+                ref = None
+                raise _BadInput("ref must be a string or integer (at most 100 characters)")
+            op = obj.get("op")
+            if op == "subscribe":
+                self._subscribe(sink, obj, ref)
+            elif op == "unsubscribe":
+                self._unsubscribe(sink, obj, ref)
+            elif op == "replay":
+                self._replay(sink, obj, ref)
+            elif op == "publish":
+                await self._publish(sink, scope, obj, ref)
+            elif op == "ping":
+                frame: dict[str, Any] = {"op": "pong"}
+                if ref is not None:
+                    frame["ref"] = ref
+                sink.push(_dumps(frame))
+            elif isinstance(op, str):
+                raise _BadInput(f"unknown op {op[:40]!r} (subscribe, unsubscribe, replay, publish, ping)")
+            else:
+                raise _BadInput("missing or non-string 'op'")
+        except _BadInput as exc:
+            self._error(sink, str(exc), ref)
+        except ProtocolError as exc:
+            self._error(sink, exc.reason, ref)
+
+    def _target(self, obj: dict[str, Any]) -> tuple[str | None, tuple[str, str] | None]:
+        channel, pattern = obj.get("channel"), obj.get("pattern")
+        if (channel is None) == (pattern is None):
+            raise _BadInput("give exactly one of 'channel' or 'pattern'")
+        if channel is not None:
+            return check_channel(channel), None
+        kind = obj.get("kind", "prefix")
+        if kind not in PATTERN_KINDS:
+            raise _BadInput(f"kind must be one of {list(PATTERN_KINDS)}")
+        return None, (check_channel(pattern, "pattern"), kind)
+
+    def _subscribe(self, sink: Sink, obj: dict[str, Any], ref: Any) -> None:
+        channel, pat = self._target(obj)
+        new = (channel not in sink.channels) if channel is not None else (pat not in sink.patterns)
+        if new and sink.subscription_count() >= self.max_subscriptions:
+            raise _BadInput(f"too many subscriptions (limit {self.max_subscriptions})")
+        bus = self.bus
+        upto = bus.segment.global_id()
+        site = sink.site or ""
+        if channel is not None:
+            last_id = _int(obj, "last_id")
+            gap = False
+            if last_id is not None:
+                last = bus.last_id(channel, site)
+                after = last_id if last_id >= 0 else max(last + last_id, 0)
+                bl = bus.backlog(channel, min(after, last), site)
+                gap = bl.gap
+                for m in bl:
+                    if m.global_id <= upto and sink.allowed(m):
+                        sink.push(self._encode(m), count=True)
+            sink.channels[channel] = upto
+            self._status(sink, "subscribed", ref, channel=channel, last_id=bus.last_id(channel, site), gap=gap)
+            return
+        assert pat is not None
+        after_gid = _int(obj, "last_global_id", lo=0)
+        gap = False
+        if after_gid is not None:
+            rp = replay_since(bus, [], [pat], sink.site, after_gid, upto)
+            gap = rp.gap
+            for m in rp.messages:
+                if sink.allowed(m):
+                    sink.push(self._encode(m), count=True)
+        sink.add_pattern(pat[0], pat[1], upto)
+        self._status(sink, "subscribed", ref, pattern=pat[0], kind=pat[1], global_id=upto, gap=gap)
+
+    def _unsubscribe(self, sink: Sink, obj: dict[str, Any], ref: Any) -> None:
+        channel, pat = self._target(obj)
+        if channel is not None:
+            removed = sink.channels.pop(channel, None) is not None
+            self._status(sink, "unsubscribed", ref, channel=channel, removed=removed)
+            return
+        assert pat is not None
+        removed = sink.patterns.pop(pat, None) is not None
+        self._status(sink, "unsubscribed", ref, pattern=pat[0], kind=pat[1], removed=removed)
+
+    def _replay(self, sink: Sink, obj: dict[str, Any], ref: Any) -> None:
+        channel = obj.get("channel")
+        if channel is None:
+            raise _BadInput("replay needs a 'channel' (patterns cannot be replayed by message id)")
+        channel = check_channel(channel)
+        start = _int(obj, "start_id", default=0)
+        count = _int(obj, "count", default=MAX_REPLAY, lo=1, hi=MAX_REPLAY)
+        assert start is not None and count is not None
+        site = sink.site or ""
+        last = self.bus.last_id(channel, site)
+        after = start - 1 if start > 0 else (max(last + start, 0) if start < 0 else 0)
+        bl = self.bus.backlog(channel, min(after, last), site, limit=count)
+        sent = 0
+        top = after
+        for m in bl:
+            top = max(top, m.message_id)
+            if sink.allowed(m):
+                sink.push(self._encode(m), count=True)
+                sent += 1
+        self._status(sink, "replayed", ref, channel=channel, count=sent, last_id=top, gap=bl.gap)
+
+    async def _publish(self, sink: Sink, scope: Scope, obj: dict[str, Any], ref: Any) -> None:
+        channel = check_channel(obj.get("channel"))
+        if self.allow_publish is None:
+            raise _BadInput("publishing over this WebSocket is disabled")
+        if "data" not in obj:
+            raise _BadInput("publish needs 'data'")
+        user_ids, group_ids, client_ids = _ids(obj, "user_ids"), _ids(obj, "group_ids"), _ids(obj, "client_ids")
+        if not await maybe_await(self.allow_publish(scope, channel)):
+            raise _BadInput(f"not allowed to publish on {channel[:80]!r}")
+        site = sink.site  # a connection publishes to its own site, like the middleware reads it
+        try:
+            mid = self.bus.publish(channel, obj["data"], site_id=site, user_ids=user_ids, group_ids=group_ids,
+                                   client_ids=client_ids)
+        except (ShmbusError, TypeError, ValueError) as exc:
+            raise _BadInput(f"publish refused: {exc}")
+        if mid is None:
+            raise _BadInput("the bus is off (publishing disabled)")
+        self._status(sink, "published", ref, channel=channel, message_id=mid)
+
+    def _on_reset(self, sink: Sink, old: int, new: int) -> None:
+        """Tell the client, replay the new epoch's retained backlog of every subscription, continue live."""
+        self._status(sink, "reset", None, epoch=new, previous_epoch=old)
+        upto = self.bus.segment.global_id()
+        channels, patterns = list(sink.channels), list(sink.patterns)
+        rp = replay_since(self.bus, channels, patterns, sink.site, 0, upto)
+        for m in rp.messages:
+            if sink.allowed(m):
+                sink.push(self._encode(m), count=True)
+        for ch in channels:
+            sink.channels[ch] = upto
+        for p, kind in patterns:
+            sink.add_pattern(p, kind, upto)
