@@ -8,12 +8,13 @@ from collections.abc import Callable
 from typing import Any
 from wsgiref.util import setup_testing_defaults
 
+import harness
 import pytest
 from bridge_util import wait_for, wait_relaying
 
 from shmbus import Bus
 
-wsgi = pytest.importorskip("shmbus.adapters.wsgi")
+wsgi = harness.require_module("shmbus.adapters.wsgi")
 pytestmark = pytest.mark.redis
 
 

@@ -6,6 +6,7 @@ import asyncio
 import json
 from typing import Any
 
+import harness
 import httpx
 import pytest
 
@@ -19,7 +20,7 @@ def _poll_body(cid: str = "abc") -> dict[str, Any]:
 
 
 def test_falcon_wsgi(bus: Bus) -> None:
-    falcon = pytest.importorskip("falcon")
+    falcon = harness.require_module("falcon")
     from shmbus.adapters.falcon import mount
     from shmbus.adapters.wsgi import MessageBusMiddleware
 
@@ -40,7 +41,7 @@ def test_falcon_wsgi(bus: Bus) -> None:
 
 
 def test_falcon_asgi(bus: Bus) -> None:
-    pytest.importorskip("falcon")
+    harness.require_module("falcon")
     import falcon.asgi
     from shmbus.adapters.asgi import MessageBusMiddleware
     from shmbus.adapters.falcon import mount
@@ -64,7 +65,7 @@ def test_falcon_asgi(bus: Bus) -> None:
 
 
 def test_flask_session_cookie_never_resent(bus: Bus) -> None:
-    flask = pytest.importorskip("flask")
+    flask = harness.require_module("flask")
     from shmbus.adapters.flask import init_app, with_request_context
 
     app = flask.Flask(__name__)
@@ -91,7 +92,7 @@ def test_flask_session_cookie_never_resent(bus: Bus) -> None:
 
 
 def test_starlette_and_fastapi_install(bus: Bus) -> None:
-    pytest.importorskip("starlette")
+    harness.require_module("starlette")
     from shmbus.adapters.starlette import install
     from starlette.applications import Starlette
     from starlette.middleware.sessions import SessionMiddleware
@@ -117,7 +118,7 @@ def test_starlette_and_fastapi_install(bus: Bus) -> None:
 
     asyncio.run(go())
 
-    fastapi = pytest.importorskip("fastapi")
+    fastapi = harness.require_module("fastapi")
     fa = fastapi.FastAPI()
     install(fa, bus=bus)
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from typing import Any
 
+import harness
 import pytest
 import rawhttp
 from conftest import WEB_DIR
@@ -47,7 +48,7 @@ def start(kind: str, procs: Any, bus_name: str, worker_class: str = "gthread", w
         return procs.uvicorn_server("webapps:asgi_app", workers=1, env=env, app_dir=WEB_DIR)
     spec = "webapps:asgi_app" if worker_class.startswith("uvicorn") else "webapps:wsgi_app"
     if worker_class == "gevent":
-        pytest.importorskip("gevent")
+        harness.require_module("gevent")
     return procs.gunicorn_server(spec, workers=workers, worker_class=worker_class, config=GUNICORN_CONFIG,
                                  env=env, app_dir=WEB_DIR, extra_args=extra_args)
 
