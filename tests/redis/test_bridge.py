@@ -211,3 +211,29 @@ def test_health_and_close(redis_server: Any, make_host: Callable[..., Bus]) -> N
     a.close()
     assert a.default.health()["relay_state"] == "off"
     assert a.default.health()["relay"] is False
+
+
+def test_batch_script_writes_exactly_what_single_publishes_write(redis_server: Any,
+                                                                 make_host: Callable[..., Bus]) -> None:
+    """The batch path (one Lua run per group) must leave Redis as one EVALSHA per message would."""
+    a = make_host("a", redis_server.url)
+    r = _r(redis_server.url)
+    bridge: Any = a.default
+    msgs = [("/a", "a1", {}), ("/b", "b1", {}), ("/a", "a2", {"user_ids": [1, 2]}),
+            ("/p|q", {"k": [1]}, {"site_id": "s"}), ("/a", "a3", {"max_backlog_size": 2})]
+    singles = []
+    for ch, data, kw in msgs:
+        singles.append(a.publish(ch, data, **kw))
+    before = {k: r.zrange(k, 0, -1, withscores=True) for k in sorted(r.keys("__mb_*backlog_n*"))}
+    r.flushall()
+    a.reset()
+    with bridge.batch() as batch:
+        for ch, data, kw in msgs:
+            a.publish(ch, data, **kw)
+    assert batch.ids == singles == [1, 1, 2, 1, 3]
+    after = {k: r.zrange(k, 0, -1, withscores=True) for k in sorted(r.keys("__mb_*backlog_n*"))}
+    assert after == before
+    assert r.zrange("__mb_backlog_n_/a", 0, -1) == [  # the per-message size of the last publish trimmed to 2
+        b'3|2|/a|{"data":"a2","user_ids":[1,2],"group_ids":null,"client_ids":null}',
+        b'5|3|/a|{"data":"a3","user_ids":null,"group_ids":null,"client_ids":null}']
+    assert r.ttl("__mb_backlog_n_/a") == 604800 and r.get("__mb_global_id_n") == b"5"
