@@ -46,6 +46,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
             "max_channels": st.max_channels, "channel_count": st.channels, "processes": st.processes,
             "sleeping_listeners": st.sleepers, "channels": channels,
         }
+        redis_url = args.redis or os.environ.get("SHMBUS_REDIS_URL")
+        if redis_url:
+            out["redis"] = _redis_view(redis_url, seg.path, st.global_id)
     finally:
         seg.close()
     if args.json:
@@ -60,6 +63,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
     print(f"  history          {out['history_seconds']:.1f} s held in the ring")
     print(f"  processes        {len(out['processes'])} attached: {' '.join(map(str, out['processes']))}")
     print(f"  channels         {out['channel_count']} of {out['max_channels']}")
+    if "redis" in out:
+        rv = out["redis"]
+        if "error" in rv:
+            print(f"  redis            UNREACHABLE {rv['url']}: {rv['error']}")
+        else:
+            print(f"  redis            {rv['url']} role={rv['role']} global_id={rv['global_id']} "
+                  f"(segment lags by {rv['lag']}), relay {'active' if rv['relay_active'] else 'NOT RUNNING'}")
     if channels:
         width = max(len(c["channel"]) for c in channels)
         print(f"    {'channel'.ljust(width)}  {'site':10} {'last_id':>9} {'oldest':>9} {'retained':>9}")
@@ -67,6 +77,25 @@ def cmd_stats(args: argparse.Namespace) -> int:
             print(f"    {c['channel'].ljust(width)}  {(c['site_id'] or '-'):10} {c['last_id']:>9} "
                   f"{c['oldest_id']:>9} {c['retained']:>9}{'  (expired)' if c['expired'] else ''}")
     return 0
+
+
+def _redis_view(url: str, seg_path: str, seg_global_id: int) -> dict[str, Any]:
+    """How this host's segment stands against the Redis it is bridged to (for the bridge's health)."""
+    try:
+        import redis
+
+        from shmbus.adapters.redis_bridge import _redact, relay_active
+    except ImportError as exc:
+        return {"url": url, "error": f"the redis extra is not installed ({exc})"}
+    view: dict[str, Any] = {"url": _redact(url), "relay_active": relay_active(seg_path)}
+    try:
+        r = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        gid = int(r.get("__mb_global_id_n") or 0)
+        view.update(role=r.execute_command("ROLE")[0].decode(), global_id=gid, lag=max(gid - seg_global_id, 0))
+        r.close()
+    except Exception as exc:
+        view["error"] = str(exc)
+    return view
 
 
 def _size(n: int) -> str:
@@ -159,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     common.add_argument("--json", action="store_true", help="machine-readable output")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("stats", parents=[common], help="segment, ids, channels, history, processes")
+    s.add_argument("--redis", help="Redis URL of a bridged bus: show Redis's role, ids and the relay "
+                                   "(default: $SHMBUS_REDIS_URL)")
     s.set_defaults(fn=cmd_stats)
     t = sub.add_parser("tail", parents=[common], help="print messages as they are published")
     t.add_argument("channel", nargs="?", default=None, help="channel (or pattern with --pattern); all if omitted")

@@ -237,3 +237,22 @@ def test_batch_script_writes_exactly_what_single_publishes_write(redis_server: A
         b'3|2|/a|{"data":"a2","user_ids":[1,2],"group_ids":null,"client_ids":null}',
         b'5|3|/a|{"data":"a3","user_ids":null,"group_ids":null,"client_ids":null}']
     assert r.ttl("__mb_backlog_n_/a") == 604800 and r.get("__mb_global_id_n") == b"5"
+
+
+def test_cli_stats_shows_the_bridge(redis_server: Any, make_host: Callable[..., Bus]) -> None:
+    import json
+    import subprocess
+    import sys
+
+    a = make_host("a", redis_server.url)
+    a.publish("/s", 1)
+    wait_for(lambda: a.health()["engine_health"]["relay"], what="a relay in this process")
+    out = subprocess.run([sys.executable, "-m", "shmbus", "stats", "--bus", a.name, "--redis", redis_server.url,
+                          "--json"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    view = json.loads(out.stdout)["redis"]
+    assert view["role"] == "master" and view["global_id"] == 1 and view["lag"] == 0 and view["relay_active"]
+    redis_server.stop()
+    out = subprocess.run([sys.executable, "-m", "shmbus", "stats", "--bus", a.name, "--redis", redis_server.url],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "UNREACHABLE" in out.stdout
