@@ -454,7 +454,8 @@ def test_foreign_and_incompatible_segments_are_refused(bus_name: str) -> None:
     try:
         with pytest.raises(shmbus.NotASegment):
             Bus(bus_name, keepalive_interval=0).publish("/x", 1)
-        assert open(path, "rb").read(9) == b"not a bus"  # untouched
+        with open(path, "rb") as f:
+            assert f.read(9) == b"not a bus"  # untouched
     finally:
         os.unlink(path)
     bus = Bus(bus_name, ring_size=1 << 20, keepalive_interval=0)
