@@ -136,6 +136,9 @@ class WebSocketApp:
             identity = await self.lookups.identity(scope, query)
         except (ProtocolError, UnicodeDecodeError, ValueError) as exc:
             reason = exc.reason if isinstance(exc, ProtocolError) else "malformed query string"
+            # accept, then explain: a refused handshake would only show the browser a bare 403
+            await send({"type": "websocket.accept"})
+            await send({"type": "websocket.send", "text": _dumps({"op": "error", "reason": reason})})
             await send({"type": "websocket.close", "code": CLOSE_POLICY, "reason": reason[:120]})
             return
         await send({"type": "websocket.accept"})
