@@ -1,0 +1,81 @@
+"""Apps served by the HTTP benchmarks and tests/web_load (imported by the server processes only).
+
+Environment: ``SHMBUS_LOAD_BUS`` (bus name), ``SHMBUS_LOAD_OPTS`` (JSON middleware options, e.g.
+``{"max_active_clients": 20000, "long_polling_interval": 120}``).
+
+* ``asgi_app`` / ``wsgi_app``: the shmbus middleware alone (404 elsewhere).
+* ``bare_asgi``: the same-run baseline, no bus: answers any POST with the same headers and ``[]`` a ``dlp=t``
+  poll gets (immediate polls), or with ``?hold=1`` sends the first streamed ``[]`` chunk and holds the request
+  open until the client leaves (memory per held request of the server itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from typing import Any
+
+_mb: dict[str, Any] = {}
+
+
+def _bus() -> Any:
+    from shmbus import Bus
+
+    if "bus" not in _mb:
+        _mb["bus"] = Bus(os.environ["SHMBUS_LOAD_BUS"], keepalive_interval=0)
+    return _mb["bus"]
+
+
+def _opts() -> dict[str, Any]:
+    return dict(json.loads(os.environ.get("SHMBUS_LOAD_OPTS") or "{}"))
+
+
+async def asgi_app(scope: Any, receive: Any, send: Any) -> None:
+    app = _mb.get("asgi")
+    if app is None:
+        from shmbus.adapters.asgi import MessageBusMiddleware
+
+        app = _mb["asgi"] = MessageBusMiddleware(None, bus=_bus(), **_opts())
+    await app(scope, receive, send)
+
+
+def wsgi_app(environ: dict[str, Any], start_response: Any) -> Any:
+    app = _mb.get("wsgi")
+    if app is None:
+        from shmbus.adapters.wsgi import MessageBusMiddleware
+
+        app = _mb["wsgi"] = MessageBusMiddleware(None, bus=_bus(), **_opts())
+    return app(environ, start_response)
+
+
+_JSON_HEADERS = [(b"cache-control", b"must-revalidate, private, max-age=0"),
+                 (b"content-type", b"application/json; charset=utf-8"), (b"pragma", b"no-cache"),
+                 (b"expires", b"0"), (b"content-length", b"2")]
+_STREAM_HEADERS = [(b"cache-control", b"must-revalidate, private, max-age=0"), (b"pragma", b"no-cache"),
+                   (b"expires", b"0"), (b"content-type", b"text/plain; charset=utf-8"),
+                   (b"x-content-type-options", b"nosniff")]
+
+
+async def bare_asgi(scope: Any, receive: Any, send: Any) -> None:
+    if scope["type"] == "lifespan":
+        while True:
+            m = await receive()
+            if m["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            else:
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    while True:  # read the body, as the middleware does
+        m = await receive()
+        if not m.get("more_body"):
+            break
+    if b"hold=1" not in scope.get("query_string", b""):
+        await send({"type": "http.response.start", "status": 200, "headers": _JSON_HEADERS})
+        await send({"type": "http.response.body", "body": b"[]"})
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": _STREAM_HEADERS})
+    await send({"type": "http.response.body", "body": b"[]\r\n|\r\n", "more_body": True})
+    while (await receive())["type"] != "http.disconnect":
+        await asyncio.sleep(0)
+    await send({"type": "http.response.body", "body": b""})

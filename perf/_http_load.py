@@ -1,0 +1,184 @@
+"""A minimal asyncio load generator for message_bus HTTP polls (used by perf/bench_http_*.py and tests/web_load).
+
+Why its own: on a 2-core machine the Python client is the bottleneck, so it does as little as possible: raw
+sockets through ``asyncio.Protocol`` (no HTTP library), one pre-built request per connection, and counting
+deliveries with ``bytes.count`` of a token that appears once per message (``"message_id"``) instead of parsing.
+A streaming poll is "parked" once its first chunk (``[]`` + separator) arrived: the server sends it right after
+registering the request, so a message published afterwards must reach it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import resource
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+SEP = b"\r\n|\r\n"
+FIRST = b"[]" + SEP
+TOKEN = b'"message_id"'
+
+
+def raise_nofile(want: int) -> int:
+    """Raise this process's open-file limit (children inherit it) toward ``want``; return the new soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(max(want, soft), hard)
+    if target > soft:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def poll_request(client_id: str, channels: dict[str, str], *, stream: bool = True, dlp: bool = False,
+                 seq: int = 1, query: str = "") -> bytes:
+    """The bytes of one poll as the JS client sends it (form body; ``Dont-Chunk`` when not streaming)."""
+    from urllib.parse import quote
+
+    body = "&".join(f"{quote(ch, safe='')}={v}" for ch, v in channels.items()) + f"&__seq={seq}"
+    q = "&".join(x for x in ("dlp=t" if dlp else "", query) if x)
+    head = (f"POST /message-bus/{client_id}/poll{'?' + q if q else ''} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {len(body)}\r\n")
+    if not stream:
+        head += "Dont-Chunk: true\r\n"
+    return (head + "\r\n" + body).encode()
+
+
+class StreamConn(asyncio.Protocol):
+    """One streaming poll: ``parked`` resolves at the first chunk; then ``count`` deliveries are counted.
+
+    ``on_data(conn, data, now_ns)`` (optional) sees every piece received after parking (the latency bench
+    parses ids there).
+    """
+
+    __slots__ = ("count", "head", "lost", "on_data", "parked", "request", "tail", "transport")
+
+    def __init__(self, request: bytes, parked: asyncio.Future[None] | None,
+                 on_data: Callable[[StreamConn, bytes, int], None] | None = None) -> None:
+        self.request = request
+        self.parked = parked
+        self.on_data = on_data
+        self.head = b""
+        self.tail = b""
+        self.count = 0
+        self.lost = False
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        transport.write(self.request)
+
+    def data_received(self, data: bytes) -> None:
+        if self.parked is not None:
+            self.head += data
+            i = self.head.find(FIRST)
+            if i < 0:
+                if len(self.head) > 65536:
+                    self._fail(f"no first chunk: {self.head[:300]!r}")
+                return
+            if not self.parked.done():
+                self.parked.set_result(None)
+            self.parked = None
+            data = self.head[i + len(FIRST):]
+            self.head = b""
+            if not data:
+                return
+        if self.on_data is not None:
+            self.on_data(self, data, time.perf_counter_ns())
+        buf = self.tail + data
+        self.count += buf.count(TOKEN)
+        self.tail = buf[-(len(TOKEN) - 1):]
+
+    def _fail(self, why: str) -> None:
+        if self.parked is not None and not self.parked.done():
+            self.parked.set_exception(ConnectionError(why))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self._fail(f"connection closed before the first chunk ({exc}); got {self.head[:300]!r}")
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+
+async def open_streams(port: int, n: int, channel: str, *, prefix: str = "c", concurrency: int = 256,
+                       timeout: float = 120.0, on_data: Callable[[StreamConn, bytes, int], None] | None = None,
+                       host: str = "127.0.0.1", query: str = "") -> list[StreamConn]:
+    """Open ``n`` streaming polls on ``channel`` ("from now") and wait until every one is parked."""
+    loop = asyncio.get_running_loop()
+    sem = asyncio.Semaphore(concurrency)
+    conns: list[StreamConn] = []
+
+    async def one(i: int) -> None:
+        async with sem:
+            fut: asyncio.Future[None] = loop.create_future()
+            req = poll_request(f"{prefix}{i}", {channel: ""}, query=query)
+            for attempt in range(5):
+                try:
+                    _, proto = await loop.create_connection(lambda: StreamConn(req, fut, on_data), host, port)
+                    break
+                except OSError:
+                    if attempt == 4:
+                        raise
+                    await asyncio.sleep(0.05 * (attempt + 1))
+            conns.append(proto)
+            await fut
+
+    await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(n))), timeout)
+    return conns
+
+
+async def wait_counts(conns: Sequence[StreamConn], want: int, timeout: float) -> float:
+    """Wait until every connection counted ``want`` deliveries (or timeout); return the seconds waited."""
+    t0 = time.perf_counter()
+    deadline = t0 + timeout
+    while time.perf_counter() < deadline:
+        if all(c.count >= want for c in conns):
+            break
+        await asyncio.sleep(0.005)
+    return time.perf_counter() - t0
+
+
+def close_all(conns: Sequence[StreamConn]) -> None:
+    for c in conns:
+        c.close()
+
+
+def rss_kb(pid: int) -> int:
+    """Resident set size of ``pid`` in KiB (from /proc)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (server workers)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        rest = stat[stat.rfind(b")") + 2:].split()
+        if len(rest) > 1 and int(rest[1]) == pid:
+            out.append(int(entry))
+    return sorted(out)
+
+
+def exec_with_nofile(argv: Sequence[str], nofile: int) -> None:
+    """Wrapper entry point: raise RLIMIT_NOFILE, then exec ``argv`` (servers inherit nothing else from us)."""
+    raise_nofile(nofile)
+    os.execvp(argv[0], list(argv))
+
+
+if __name__ == "__main__":  # python perf/_http_load.py NOFILE cmd args...: exec with a raised fd limit
+    exec_with_nofile(sys.argv[2:], int(sys.argv[1]))
