@@ -244,3 +244,37 @@ def test_slow_client_dropped_by_real_server(bus: Bus, server: Any, publisher: An
     with httpx.Client(trust_env=False, timeout=10) as h:
         assert h.get(srv.url + "/health").status_code == 200
     assert json.loads(httpx.get(srv.url + "/stats", trust_env=False).text)["sse"]["dropped"] == 1
+
+
+def test_late_batch_never_repeats_replayed_messages(bus: Bus) -> None:
+    """A listener batch that arrives after the replay read (it holds messages the replay already sent) is skipped."""
+    for i in (1, 2, 3):
+        bus.publish("/d", i)
+    app = SSEApp(bus=bus)
+    rec = Recorder()
+
+    async def main() -> None:
+        gone = asyncio.Event()
+
+        async def receive() -> dict[str, Any]:
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        headers = [(b"last-event-id", f"{bus.epoch}:0".encode())]
+        task = asyncio.ensure_future(app(http_scope("/sse", b"channel=/d", headers=headers), receive, rec))
+        deadline = time.monotonic() + 20
+        while rec.body_sends == 0:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        next(iter(app.hub._loops.values())).dispatch(list(bus.backlog("/d", 0)))  # the late batch
+        bus.publish("/d", 4)
+        while b"data: 4" not in rec.body() and b'"data":4' not in rec.body():
+            assert time.monotonic() < deadline, rec.body()
+            await asyncio.sleep(0.01)
+        gone.set()
+        await asyncio.wait_for(task, 20)
+
+    asyncio.run(main())
+    app.close()
+    datas_ = [json.loads(line[6:])["data"] for line in rec.body().decode().splitlines() if line.startswith("data: ")]
+    assert datas_ == [1, 2, 3, 4]

@@ -293,3 +293,22 @@ def test_slow_client_dropped_in_process(bus: Bus) -> None:
     closes = [m for m in rec.messages if m["type"] == "websocket.close"]
     assert closes and closes[0]["code"] == 1008
     assert app.stats() == {"connections": 0, "dropped": 1}
+
+
+def test_late_batch_never_repeats_replayed_messages(bus: Bus) -> None:
+    for i in (1, 2, 3):
+        bus.publish("/d", i)
+    app = WebSocketApp(bus=bus)
+    state = {"n": 0}
+
+    def step(_i: int) -> None:
+        if state["n"] == 0 and any('"subscribed"' in m.get("text", "") for m in rec.messages):
+            next(iter(app.hub._loops.values())).dispatch(list(bus.backlog("/d", 0)))  # a late batch
+            bus.publish("/d", 4)
+            state["n"] = 1
+
+    rec = Recorder()
+    frames = _run_ws(app, [{"op": "subscribe", "channel": "/d", "last_id": 0}], rec,
+                     until=lambda: any('"data":4' in m.get("text", "") for m in rec.messages), publish=step)
+    app.close()
+    assert datas(frames) == [1, 2, 3, 4]
