@@ -180,5 +180,66 @@ def exec_with_nofile(argv: Sequence[str], nofile: int) -> None:
     os.execvp(argv[0], list(argv))
 
 
+# ---------------------------------------------------------------------------------------------- servers
+class Uvicorn:
+    """``python -m uvicorn`` on a free port in its own process group (stopped by :meth:`stop`)."""
+
+    def __init__(self, app: str, *, workers: int = 2, env: dict[str, str] | None = None, nofile: int = 30000,
+                 extra: Sequence[str] = ()) -> None:
+        import socket
+        import subprocess
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = int(s.getsockname()[1])
+        perf = os.path.dirname(os.path.abspath(__file__))
+        full_env = dict(os.environ, **(env or {}))
+        full_env["PYTHONPATH"] = os.pathsep.join([perf, os.path.dirname(perf), full_env.get("PYTHONPATH", "")])
+        argv = [sys.executable, os.path.abspath(__file__), str(nofile), sys.executable, "-m", "uvicorn", app,
+                "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(workers), "--log-level",
+                "warning", "--backlog", "4096", "--timeout-graceful-shutdown", "2", *extra]
+        self.proc = subprocess.Popen(argv, env=full_env, start_new_session=True, stdin=subprocess.DEVNULL)
+        self.workers = workers
+        self._wait()
+
+    def _wait(self, timeout: float = 30.0) -> None:
+        import socket
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"uvicorn exited with {self.proc.returncode}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    pass
+                if len(children(self.proc.pid)) >= (self.workers if self.workers > 1 else 0):
+                    time.sleep(0.3 if self.workers > 1 else 0)  # let every worker start accepting
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("uvicorn did not start")
+
+    def worker_pids(self) -> list[int]:
+        kids = children(self.proc.pid)
+        return kids if kids else [self.proc.pid]
+
+    def stop(self) -> None:
+        import signal
+        import subprocess
+
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            self.proc.wait(5)
+
+
 if __name__ == "__main__":  # python perf/_http_load.py NOFILE cmd args...: exec with a raised fd limit
     exec_with_nofile(sys.argv[2:], int(sys.argv[1]))
