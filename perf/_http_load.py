@@ -33,6 +33,14 @@ def raise_nofile(want: int) -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
+def exit_on_sigterm() -> None:
+    """perf/run stops a benchmark with SIGTERM: exit through ``finally`` blocks so servers (in their own
+    sessions, out of reach of a group kill) are stopped and buses destroyed."""
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
 def poll_request(client_id: str, channels: dict[str, str], *, stream: bool = True, dlp: bool = False,
                  seq: int = 1, query: str = "") -> bytes:
     """The bytes of one poll as the JS client sends it (form body; ``Dont-Chunk`` when not streaming)."""

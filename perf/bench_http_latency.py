@@ -94,6 +94,7 @@ def run(n: int, seconds: float) -> tuple[list[int], int]:
 
 def main() -> None:
     args = c.parse_args(__doc__)
+    load.exit_on_sigterm()
     load.raise_nofile(30000)
     rep = c.Report("bench_http_latency", "HTTP publish-to-receive latency, 1,000 streaming clients, 20 msgs/s", args)
     n = 1000

@@ -77,13 +77,14 @@ async def polls_per_second(port: int, seconds: float, conns: int = 32) -> float:
 
 
 async def held_poll_kb(server: load.Uvicorn, n: int, query: str) -> float:
-    await load.open_streams(server.port, 50, CHANNEL, prefix="warm", query=query)  # touch the code paths
+    warm = await load.open_streams(server.port, 50, CHANNEL, prefix="warm", query=query)  # touch the code paths
     await asyncio.sleep(0.5)
     before = sum(load.rss_kb(p) for p in server.worker_pids())
     conns = await load.open_streams(server.port, n, CHANNEL, query=query, timeout=120)
     await asyncio.sleep(1.0)
     after = sum(load.rss_kb(p) for p in server.worker_pids())
     load.close_all(conns)
+    load.close_all(warm)
     return (after - before) * 1024 / n / 1000  # KB (10^3 bytes) per held poll
 
 
@@ -100,6 +101,7 @@ def serve(app: str, n: int) -> tuple[load.Uvicorn, Bus | None]:
 
 def main() -> None:
     args = c.parse_args(__doc__)
+    load.exit_on_sigterm()
     load.raise_nofile(30000)
     rep = c.Report("bench_http_polls", "immediate polls/s (dlp=t) and memory per held poll, uvicorn x2", args)
     seconds = 3.0 if args.quick else 8.0
