@@ -33,6 +33,15 @@ def raise_nofile(want: int) -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
+def server_stack() -> str:
+    """What uvicorn picks in the servers we start (same interpreter): httptools/uvloop when installed."""
+    import importlib.util
+
+    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    return f"uvicorn {http} + {loop}"
+
+
 def exit_on_sigterm() -> None:
     """perf/run stops a benchmark with SIGTERM: exit through ``finally`` blocks so servers (in their own
     sessions, out of reach of a group kill) are stopped and buses destroyed."""

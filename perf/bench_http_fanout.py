@@ -188,7 +188,7 @@ def main() -> None:
             rep.note(f"N={n}: {lost} deliveries missing at the timeout (over all repeats)")
         rep.target(f"deliveries/s N={n} burst {burst}", rep.rows[row].median, 200_000, unit=" msgs/s")
     rep.note("one Python load-generator process shares the 2 cores with the 2 uvicorn workers: absolute figures "
-             "are bounded by it; uvicorn without httptools/uvloop (h11 + asyncio) unless installed")
+             f"are bounded by it; {load.server_stack()} under gunicorn UvicornWorker")
     rep.emit()
 
 

@@ -123,7 +123,7 @@ def main() -> None:
     if missing_total:
         rep.note(f"{missing_total} deliveries missing at the end (over all repeats)")
     rep.note("samples = every delivery to every client after 5 warm-up messages; client = one Python process on "
-             "the same 2 cores as the 2 uvicorn workers and the publisher")
+             f"the same 2 cores as the 2 uvicorn workers and the publisher; {load.server_stack()}")
     rep.emit()
 
 

@@ -143,7 +143,7 @@ def main() -> None:
             note="what the middleware adds on top of uvicorn")
     rep.target("memory per held poll", rep.rows["shmbus KB/held poll"].median, 5.0, at_least=False, unit=" KB")
     rep.note(f"polls/s: 32 keep-alive connections, {seconds:g} s; memory: {held} held polls, RSS of both workers "
-             "(KB = 1000 bytes); uvicorn with h11 + asyncio (no httptools/uvloop in the venv)")
+             f"(KB = 1000 bytes); {load.server_stack()} under gunicorn UvicornWorker")
     rep.emit()
 
 
