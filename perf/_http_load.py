@@ -201,11 +201,12 @@ def exec_with_nofile(argv: Sequence[str], nofile: int) -> None:
 class Uvicorn:
     """An ASGI server with ``workers`` uvicorn workers on a free port, in its own process group (:meth:`stop`).
 
-    By default gunicorn with ``uvicorn.workers.UvicornWorker``: ``uvicorn --workers N`` (``plain=True``) hands
-    its workers the listening socket through a file descriptor whose protocol field reads 0, so asyncio skips
-    ``TCP_NODELAY`` on every accepted connection, and h11's two writes per response (head, body) then wait for
-    the client's delayed ACK: ~40 ms per keep-alive request (measured: 23 polls/s per connection instead of
-    ~7,600). gunicorn sets ``TCP_NODELAY`` on its listening socket, which accepted sockets inherit.
+    By default gunicorn with ``uvicorn.workers.UvicornWorker``. ``uvicorn --workers N`` (``plain=True``) binds
+    the listening socket itself with ``socket.socket(family)`` (protocol field 0), and asyncio sets
+    ``TCP_NODELAY`` only on sockets whose protocol is ``IPPROTO_TCP``. So no accepted connection gets it, and
+    h11's two writes per response (head, body) then wait for the client's delayed ACK: ~40 ms per keep-alive
+    request (measured: 23 polls/s per connection instead of ~7,600). gunicorn sets ``TCP_NODELAY`` on its
+    listening socket, which accepted sockets inherit.
     """
 
     def __init__(self, app: str, *, workers: int = 2, env: dict[str, str] | None = None, nofile: int = 30000,
