@@ -123,3 +123,37 @@ def test_authorize_is_mandatory(bus: Bus) -> None:
             cls(bus=bus, authorize=None)  # type: ignore[arg-type]
         with pytest.raises(TypeError, match="authorize"):
             cls(bus=bus, authorize="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient`")
+def test_mounts_in_starlette_and_wraps_falcon_asgi(bus: Bus) -> None:
+    """The documented compositions: a Starlette ``Mount`` (root_path) and wrapping a Falcon ASGI app."""
+    starlette = pytest.importorskip("starlette")
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Mount, Route
+    from starlette.testclient import TestClient
+
+    assert starlette
+    rest = AsgiRestPublish(bus=bus, authorize=lambda scope, ch: ch.startswith("/ok"))
+    app = Starlette(routes=[Route("/", lambda request: PlainTextResponse("home")), Mount("/bus", app=rest)])
+    with TestClient(app) as client:
+        r = client.post("/bus/message/ok/1", json={"a": 1})
+        assert r.status_code == 200 and r.json() == {"channel": "/ok/1", "message_id": 1}
+        assert client.post("/bus/message/no", json=1).status_code == 403
+        assert client.get("/").text == "home"
+    assert bus.backlog("/ok/1", 0)[0].data == {"a": 1}
+
+    falcon_asgi = pytest.importorskip("falcon.asgi")
+
+    class Hello:
+        async def on_get(self, req: Any, resp: Any) -> None:
+            resp.text = "hello"
+
+    fapp = falcon_asgi.App()
+    fapp.add_route("/hello", Hello())
+    wrapped = AsgiRestPublish(fapp, bus=bus, authorize=lambda scope, ch: True)
+    client = TestClient(wrapped)  # no lifespan: Falcon's waits for a shutdown TestClient's portal never sends
+    assert client.get("/hello").text == "hello"
+    assert client.post("/message/ok/2", content=b"hi").json()["message_id"] == 1
+    assert bus.backlog("/ok/2", 0)[0].data == "hi"
