@@ -144,7 +144,8 @@ class SSEApp:
             query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True,
                              errors="strict", max_num_fields=self.max_subscriptions + 10)
         except (UnicodeDecodeError, ValueError):
-            raise ProtocolError(400, "malformed query string")
+            raise ProtocolError(400, f"malformed query string (or more than {self.max_subscriptions + 10} "
+                                     "parameters)")
         channels = [check_channel(c) for c in query.get("channel", [])]
         patterns = [(check_channel(p, "pattern"), kind) for kind in ("prefix", "glob") for p in query.get(kind, [])]
         if not channels and not patterns:

@@ -363,7 +363,7 @@ class WebSocketApp:
         user_ids, group_ids, client_ids = _ids(obj, "user_ids"), _ids(obj, "group_ids"), _ids(obj, "client_ids")
         if not await maybe_await(self.allow_publish(scope, channel)):
             raise _BadInput(f"not allowed to publish on {channel[:80]!r}")
-        site = sink.site  # a connection publishes to its own site, like the middleware reads it
+        site = sink.site or ""  # the connection's own site; "" = no site (never the bus's zero-argument lookup)
         try:
             mid = self.bus.publish(channel, obj["data"], site_id=site, user_ids=user_ids, group_ids=group_ids,
                                    client_ids=client_ids)

@@ -312,3 +312,31 @@ def test_late_batch_never_repeats_replayed_messages(bus: Bus) -> None:
                      until=lambda: any('"data":4' in m.get("text", "") for m in rec.messages), publish=step)
     app.close()
     assert datas(frames) == [1, 2, 3, 4]
+
+
+def test_slow_client_dropped_by_real_server(bus: Bus, server: Any, publisher: Any, bus_name: str) -> None:
+    """A websockets client with a one-frame queue stops reading its socket; the server closes it, others live on."""
+    if connect is None:
+        skip_or_fail("the websockets package is not installed (pip install websockets)")
+    import httpx
+
+    srv = server(SHMBUS_TEST_MAX_BUFFER=str(64 * 1024))
+
+    def stats() -> dict[str, Any]:
+        return httpx.get(srv.url + "/stats", timeout=10, trust_env=False).json()["ws"]  # type: ignore[no-any-return]
+
+    with connect(f"ws://127.0.0.1:{srv.port}/ws", open_timeout=15, proxy=None, max_queue=1) as conn:
+        conn.send(json.dumps({"op": "subscribe", "channel": "/slow"}))
+        assert json.loads(conn.recv(timeout=20))["status"] == "connected"
+        assert json.loads(conn.recv(timeout=20))["status"] == "subscribed"
+        blob = "w" * 20_000
+        for _ in range(40):  # up to ~20 MB; stop once dropped
+            publisher(bus_name, [("/slow", blob)] * 25)
+            if stats()["dropped"]:
+                break
+        deadline = time.monotonic() + 20
+        while stats() != {"connections": 0, "dropped": 1}:
+            assert time.monotonic() < deadline, stats()
+            time.sleep(0.05)
+    with connect(f"ws://127.0.0.1:{srv.port}/ws", open_timeout=15, proxy=None) as other:
+        assert json.loads(other.recv(timeout=20))["status"] == "connected"
