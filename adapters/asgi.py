@@ -16,11 +16,11 @@ relative to ``root_path``.
 
 Waiting costs no thread: a parked request is its own coroutine plus one future, one ``call_later`` timer and
 one task awaiting ``receive()`` (so a client that disconnects is unregistered at once). The bus listener thread
-hands each batch to the event loop with exactly one ``loop.call_soon_threadsafe``; delivery then runs on the
-loop, encodes each channel's messages once for all recipients and wakes only the clients concerned. Backlog
-reads are synchronous shared-memory reads (microseconds) done on the loop. A streaming client that stops
-reading (the server's ``send`` blocks on flow control) is dropped once ``max_stream_buffer`` bytes are queued
-for it.
+queues each batch for the event loop, with at most one ``loop.call_soon_threadsafe`` pending: batches that
+arrive before the loop runs are delivered together. Delivery then runs on the loop, encodes each channel's
+messages once for all recipients and wakes only the clients concerned. Backlog reads are synchronous
+shared-memory reads (microseconds) done on the loop. A streaming client that stops reading (the server's
+``send`` blocks on flow control) is dropped once ``max_stream_buffer`` bytes are queued for it.
 """
 
 from __future__ import annotations
@@ -96,9 +96,55 @@ def _expire(c: Client) -> None:
 
 
 class _LoopEngine:
+    """One loop's protocol engine plus the batches the listener thread queued for it.
+
+    Batches that arrive before the loop gets to run are merged: the listener appends to ``batches`` and
+    schedules :meth:`drain` only when none is pending, so per-client work (encoding, waking, writing) happens
+    once per loop iteration instead of once per batch.
+    """
+
     def __init__(self, bus: Bus, options: Options, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.proto = MessageBusProtocol(bus, options, null_lock())
+        self.batches: list[list[Message]] = []
+        self.scheduled = False
+        self.lock = threading.Lock()
+
+    def add(self, msgs: list[Message]) -> None:
+        """Listener thread: queue a batch; at most one ``call_soon_threadsafe`` is pending at a time."""
+        with self.lock:
+            self.batches.append(msgs)
+            if self.scheduled:
+                return
+            self.scheduled = True
+        try:
+            self.loop.call_soon_threadsafe(self.drain)
+        except RuntimeError:  # loop closed
+            with self.lock:
+                self.batches = []
+                self.scheduled = False
+
+    def drain(self) -> None:
+        """Loop: dispatch every queued batch, consecutive batches of one epoch as one."""
+        with self.lock:
+            batches, self.batches = self.batches, []
+            self.scheduled = False
+        if len(batches) == 1:
+            self.proto.dispatch(batches[0])
+            return
+        merged: list[Message] = []
+        epoch = None
+        for b in batches:
+            if not b:
+                continue
+            if merged and (b[0].epoch != epoch or b[-1].epoch != epoch):
+                self.proto.dispatch(merged)  # a reset between batches: never mix epochs in one dispatch
+                merged = []
+            if not merged:
+                epoch = b[-1].epoch if b[0].epoch == b[-1].epoch else None
+            merged.extend(b)
+        if merged:
+            self.proto.dispatch(merged)
 
 
 class MessageBusMiddleware:
@@ -141,16 +187,13 @@ class MessageBusMiddleware:
         return eng
 
     def _on_batch(self, msgs: list[Message]) -> None:
-        """Listener thread: one ``call_soon_threadsafe`` per batch and loop."""
+        """Listener thread: queue the batch for every loop with waiting clients (merged until the loop runs)."""
         if self._pid != os.getpid():
             return
         for eng in tuple(self._engines.values()):
             if not eng.proto.registry.index:
                 continue  # nobody waits on this loop: skip the hop
-            try:
-                eng.loop.call_soon_threadsafe(eng.proto.dispatch, msgs)
-            except RuntimeError:  # loop closed
-                pass
+            eng.add(msgs)
 
     def protocol(self) -> MessageBusProtocol:
         """The protocol engine of the running loop (for tests and introspection)."""
