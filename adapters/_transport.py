@@ -242,13 +242,40 @@ class Sink:
         self.closed = False
         self.sent = 0  # messages pushed (for tests and stats)
         self.wake: Callable[[], None] = _noop
+        self.index: _LoopHub | None = None  # set by Hub.register: keeps the per-channel index in step
 
-    # -- subscriptions
+    # -- subscriptions (always through these methods, so the hub's index follows)
     def subscription_count(self) -> int:
         return len(self.channels) + len(self.patterns)
 
+    def set_channel(self, channel: str, floor: int) -> None:
+        self.channels[channel] = floor
+        if self.index is not None:
+            self.index.add_channel(self, channel)
+
+    def drop_channel(self, channel: str) -> bool:
+        found = self.channels.pop(channel, None) is not None
+        if found and self.index is not None:
+            self.index.remove_channel(self, channel)
+        return found
+
     def add_pattern(self, pattern: str, kind: str, floor: int) -> None:
         self.patterns[(pattern, kind)] = (compile_pattern(pattern, kind), floor)
+        if self.index is not None:
+            self.index.pattern_sinks.add(self)
+
+    def drop_pattern(self, pattern: str, kind: str) -> bool:
+        found = self.patterns.pop((pattern, kind), None) is not None
+        if not self.patterns and self.index is not None:
+            self.index.pattern_sinks.discard(self)
+        return found
+
+    def refloor(self, floor: int) -> None:
+        """After a replay up to global id ``floor``: live delivery of every subscription starts above it."""
+        for ch in self.channels:
+            self.channels[ch] = floor
+        for key, (match, _old) in self.patterns.items():
+            self.patterns[key] = (match, floor)
 
     def wants(self, msg: Message) -> bool:
         """Subscribed (any matching subscription's floor below the message), site and targeting allow it."""
@@ -325,25 +352,74 @@ def _noop() -> None:
 
 
 class _LoopHub:
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    """The connections of one event loop, indexed by exact channel (plus the set of those with patterns)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, bus: Bus) -> None:
         self.loop = loop
+        self.bus = bus
         self.sinks: set[Sink] = set()
+        self.by_channel: dict[str, set[Sink]] = {}
+        self.pattern_sinks: set[Sink] = set()
+        self.epoch = bus.epoch
+
+    def add(self, sink: Sink) -> None:
+        self.sinks.add(sink)
+        sink.index = self
+        for ch in sink.channels:
+            self.add_channel(sink, ch)
+        if sink.patterns:
+            self.pattern_sinks.add(sink)
+
+    def remove(self, sink: Sink) -> None:
+        self.sinks.discard(sink)
+        for ch in sink.channels:
+            self.remove_channel(sink, ch)
+        self.pattern_sinks.discard(sink)
+        sink.index = None
+
+    def add_channel(self, sink: Sink, channel: str) -> None:
+        s = self.by_channel.get(channel)
+        if s is None:
+            self.by_channel[channel] = {sink}
+        else:
+            s.add(sink)
+
+    def remove_channel(self, sink: Sink, channel: str) -> None:
+        s = self.by_channel.get(channel)
+        if s is not None:
+            s.discard(sink)
+            if not s:
+                del self.by_channel[channel]
 
     def dispatch(self, msgs: list[Message]) -> None:
-        for sink in tuple(self.sinks):
-            if sink.dropped or sink.closed:
+        epoch = msgs[-1].epoch
+        if epoch != self.epoch and epoch == self.bus.epoch:  # a reset: every connection hears of it at once
+            self.epoch = epoch
+            for sink in tuple(self.sinks):
+                if sink.epoch != epoch:
+                    self._safely(sink, sink.reset_to, epoch)
+        by_channel, pattern_sinks = self.by_channel, self.pattern_sinks
+        for m in msgs:
+            ch = m.channel
+            if ch == KEEPALIVE_CHANNEL:
                 continue
-            try:
-                for m in msgs:
-                    if m.channel == KEEPALIVE_CHANNEL:
-                        continue
-                    sink.offer(m)
-                    if sink.dropped:
-                        break
-            except Exception:
-                log.exception("shmbus: delivering to a transport connection failed; dropping it")
-                sink.dropped = True
-                sink.wake()
+            exact = by_channel.get(ch)
+            targets = set(exact) if exact else set()
+            for sink in tuple(pattern_sinks):
+                if sink not in targets:
+                    targets.add(sink)
+            for sink in targets:
+                if not sink.dropped and not sink.closed:
+                    self._safely(sink, sink.offer, m)
+
+    @staticmethod
+    def _safely(sink: Sink, fn: Callable[[Any], None], arg: Any) -> None:
+        try:
+            fn(arg)
+        except Exception:
+            log.exception("shmbus: delivering to a transport connection failed; dropping it")
+            sink.dropped = True
+            sink.wake()
 
 
 class Hub:
@@ -371,7 +447,7 @@ class Hub:
             if h is None:
                 for old in [lp for lp in self._loops if lp.is_closed()]:
                     del self._loops[old]
-                h = self._loops[loop] = _LoopHub(loop)
+                h = self._loops[loop] = _LoopHub(loop, self.bus)
         return h
 
     def _on_batch(self, msgs: list[Message]) -> None:
@@ -386,13 +462,12 @@ class Hub:
                 pass
 
     def register(self, sink: Sink) -> None:
-        self._loop_hub().sinks.add(sink)
+        self._loop_hub().add(sink)
 
     def unregister(self, sink: Sink) -> None:
         sink.closed = True
-        h = self._loops.get(asyncio.get_running_loop())
-        if h is not None:
-            h.sinks.discard(sink)
+        if sink.index is not None:
+            sink.index.remove(sink)
 
     def connections(self) -> int:
         """Live connections in this process (all loops)."""

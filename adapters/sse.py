@@ -170,7 +170,7 @@ class SSEApp:
                 after = 0
             self._replay(sink, channels, patterns, after, upto)
         for ch in channels:
-            sink.channels[ch] = upto
+            sink.set_channel(ch, upto)
         for p, kind in patterns:
             sink.add_pattern(p, kind, upto)
         return sink
@@ -188,13 +188,8 @@ class SSEApp:
         """Live reset: tell the client, replay the new epoch's retained backlog, continue live after it."""
         sink.push(format_event("reset", json.dumps({"epoch": new, "previous_epoch": old}).encode()))
         upto = self.bus.segment.global_id()
-        channels = list(sink.channels)
-        patterns = list(sink.patterns)
-        self._replay(sink, channels, patterns, 0, upto)
-        for ch in channels:
-            sink.channels[ch] = upto
-        for p, kind in patterns:
-            sink.add_pattern(p, kind, upto)
+        self._replay(sink, list(sink.channels), list(sink.patterns), 0, upto)
+        sink.refloor(upto)
 
     async def _stream(self, sink: Sink, scope: Scope, receive: Receive, send: Send) -> None:
         loop = asyncio.get_running_loop()

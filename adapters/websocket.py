@@ -308,7 +308,7 @@ class WebSocketApp:
                 for m in bl:
                     if m.global_id <= upto and sink.allowed(m):
                         sink.push(self._encode(m), count=True)
-            sink.channels[channel] = upto
+            sink.set_channel(channel, upto)
             self._status(sink, "subscribed", ref, channel=channel, last_id=bus.last_id(channel, site), gap=gap)
             return
         assert pat is not None
@@ -326,11 +326,11 @@ class WebSocketApp:
     def _unsubscribe(self, sink: Sink, obj: dict[str, Any], ref: Any) -> None:
         channel, pat = self._target(obj)
         if channel is not None:
-            removed = sink.channels.pop(channel, None) is not None
+            removed = sink.drop_channel(channel)
             self._status(sink, "unsubscribed", ref, channel=channel, removed=removed)
             return
         assert pat is not None
-        removed = sink.patterns.pop(pat, None) is not None
+        removed = sink.drop_pattern(*pat)
         self._status(sink, "unsubscribed", ref, pattern=pat[0], kind=pat[1], removed=removed)
 
     def _replay(self, sink: Sink, obj: dict[str, Any], ref: Any) -> None:
@@ -382,7 +382,4 @@ class WebSocketApp:
         for m in rp.messages:
             if sink.allowed(m):
                 sink.push(self._encode(m), count=True)
-        for ch in channels:
-            sink.channels[ch] = upto
-        for p, kind in patterns:
-            sink.add_pattern(p, kind, upto)
+        sink.refloor(upto)

@@ -340,3 +340,26 @@ def test_slow_client_dropped_by_real_server(bus: Bus, server: Any, publisher: An
             time.sleep(0.05)
     with connect(f"ws://127.0.0.1:{srv.port}/ws", open_timeout=15, proxy=None) as other:
         assert json.loads(other.recv(timeout=20))["status"] == "connected"
+
+
+def test_index_follows_subscriptions(bus: Bus) -> None:
+    """Unsubscribing and disconnecting leave nothing behind in the per-loop channel index (bounded memory)."""
+    app = WebSocketApp(bus=bus)
+    rec = Recorder()
+    seen: list[Any] = []
+
+    def check() -> bool:
+        if sum('"unsubscribed"' in m.get("text", "") for m in rec.messages) < 2:
+            return False
+        (h,) = app.hub._loops.values()
+        seen.append((dict(h.by_channel), set(h.pattern_sinks), len(h.sinks)))
+        return True
+
+    _run_ws(app, [{"op": "subscribe", "channel": "/i"}, {"op": "subscribe", "pattern": "/p"},
+                  {"op": "subscribe", "channel": "/j"}, {"op": "unsubscribe", "channel": "/i"},
+                  {"op": "unsubscribe", "pattern": "/p"}], rec, until=check)
+    (h,) = app.hub._loops.values()
+    app.close()
+    by_channel, pattern_sinks, n = seen[0]
+    assert list(by_channel) == ["/j"] and pattern_sinks == set() and n == 1
+    assert h.by_channel == {} and h.sinks == set() and h.pattern_sinks == set()
