@@ -278,3 +278,38 @@ def test_late_batch_never_repeats_replayed_messages(bus: Bus) -> None:
     app.close()
     datas_ = [json.loads(line[6:])["data"] for line in rec.body().decode().splitlines() if line.startswith("data: ")]
     assert datas_ == [1, 2, 3, 4]
+
+
+def test_client_message_filters_apply(bus: Bus) -> None:
+    """``register_client_message_filter`` withholds messages from replays and live delivery alike."""
+    bus.register_client_message_filter("/f", lambda m: m.data != "hidden")
+    bus.publish("/f", "hidden")
+    bus.publish("/f", "shown")
+    app = SSEApp(bus=bus)
+    rec = Recorder()
+
+    async def main() -> None:
+        gone = asyncio.Event()
+
+        async def receive() -> dict[str, Any]:
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        headers = [(b"last-event-id", f"{bus.epoch}:0".encode())]
+        task = asyncio.ensure_future(app(http_scope("/sse", b"channel=/f", headers=headers), receive, rec))
+        deadline = time.monotonic() + 20
+        while rec.body_sends == 0:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        bus.publish("/f", "hidden")
+        bus.publish("/f", "live")
+        while b'"live"' not in rec.body():
+            assert time.monotonic() < deadline, rec.body()
+            await asyncio.sleep(0.01)
+        gone.set()
+        await asyncio.wait_for(task, 20)
+
+    asyncio.run(main())
+    app.close()
+    datas_ = [json.loads(line[6:])["data"] for line in rec.body().decode().splitlines() if line.startswith("data: ")]
+    assert datas_ == ["shown", "live"]
