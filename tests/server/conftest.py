@@ -1,0 +1,53 @@
+"""Fixtures for tests/server: gunicorn with ``shmbus.adapters.server.GunicornWorker`` on a shared bus.
+
+``shared_bus``  a Bus on ``bus_name`` created before the servers attach (destroyed at teardown)
+``start``       factory ``start(app="server_apps:mw_app", workers=2, config_text=None, parser=None, **opts)``
+                -> the harness Server (killed at teardown); ``parser="pure"`` forces the built-in parser.
+Raw HTTP helpers come from tests/web/rawhttp.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shmbus import Bus
+
+SERVER_DIR = Path(__file__).resolve().parent
+WEB_DIR = SERVER_DIR.parent / "web"
+if str(WEB_DIR) not in sys.path:
+    sys.path.append(str(WEB_DIR))  # rawhttp
+
+WORKER = "shmbus.adapters.server.GunicornWorker"
+
+
+@pytest.fixture
+def shared_bus(bus_name: str) -> Iterator[Bus]:
+    b = Bus(bus_name, keepalive_interval=0)
+    b.last_id("/x")  # create the segment before the servers attach
+    try:
+        yield b
+    finally:
+        b.destroy()
+
+
+@pytest.fixture
+def start(procs: Any, bus_name: str, shared_bus: Bus, tmp_path: Path) -> Callable[..., Any]:
+    def go(app: str = "server_apps:mw_app", workers: int = 2, config_text: str | None = None,
+           parser: str | None = None, extra_args: tuple[str, ...] = (), health_path: str = "/pid",
+           **opts: Any) -> Any:
+        env = {"SHMBUS_TEST_BUS": bus_name, "SHMBUS_TEST_OPTS": json.dumps(opts),
+               "SHMBUS_SERVER_PARSER": parser}
+        config = None
+        if config_text is not None:
+            config = tmp_path / "gunicorn_conf.py"
+            config.write_text(config_text)
+        return procs.gunicorn_server(app, workers=workers, worker_class=WORKER, config=config, env=env,
+                                     app_dir=SERVER_DIR, extra_args=extra_args, health_path=health_path)
+
+    return go
