@@ -840,17 +840,22 @@ class Segment:
     def _reap_dead_processes(self) -> None:
         """Forget processes that died without detaching and recount sleepers (a dead sleeper left it high)."""
         sleepers = 0
+        free = 0
         for i in range(MAX_PROCS):
             off = _OFF_PROCS + i * _PROC.size
             pid, sleeping, _ = _PROC.unpack_from(self.mm, off)
             if pid == 0:
+                free += 1
                 continue
             if not _pid_alive(pid):
                 _PROC.pack_into(self.mm, off, 0, 0, 0.0)
+                free += 1
             elif sleeping:
                 sleepers += 1
         cur = _U32.unpack_from(self.mm, _OFF_SLEEPERS)[0]
-        if cur > sleepers:
+        # With the table full, some processes may have no slot (their sleep is counted but not flagged): only
+        # recount when every process could have registered, or a wake-up could be skipped.
+        if cur > sleepers and free > 0:
             _U32.pack_into(self.mm, _OFF_SLEEPERS, sleepers)
 
     def processes(self) -> list[int]:
