@@ -936,6 +936,9 @@ class GunicornWorker(_gunicorn_base()):  # type: ignore[misc]
         finally:
             with contextlib.suppress(Exception):
                 loop.run_until_complete(loop.shutdown_asyncgens())
+            for sig in (signal.SIGTERM, signal.SIGQUIT, signal.SIGINT, signal.SIGABRT):
+                loop.remove_signal_handler(sig)  # a late signal must not hit the closed loop's wakeup fd
+                signal.signal(sig, signal.SIG_IGN)  # exiting anyway
             loop.close()
 
 

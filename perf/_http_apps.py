@@ -4,6 +4,9 @@ Environment: ``SHMBUS_LOAD_BUS`` (bus name), ``SHMBUS_LOAD_OPTS`` (JSON middlewa
 ``{"max_active_clients": 20000, "long_polling_interval": 120}``).
 
 * ``asgi_app`` / ``wsgi_app``: the shmbus middleware alone (404 elsewhere).
+* ``native_app``: the same middleware object, built at import, for ``shmbus.adapters.server.GunicornWorker``
+  (``gunicorn -k shmbus.adapters.server.GunicornWorker``), which serves the bus routes of a
+  ``MessageBusMiddleware`` natively (a plain function would go through its ASGI bridge).
 * ``bare_asgi``: the same-run baseline, no bus: answers any POST with the same headers and ``[]`` a ``dlp=t``
   poll gets (immediate polls), or with ``?hold=1`` sends the first streamed ``[]`` chunk and holds the request
   open until the client leaves (memory per held request of the server itself).
@@ -38,6 +41,22 @@ async def asgi_app(scope: Any, receive: Any, send: Any) -> None:
 
         app = _mb["asgi"] = MessageBusMiddleware(None, bus=_bus(), **_opts())
     await app(scope, receive, send)
+
+
+def __getattr__(name: str) -> Any:
+    """``native_app``: built on first access (the server process sets the environment before importing)."""
+    if name != "native_app":
+        raise AttributeError(name)
+    app = _mb.get("native")
+    if app is None:
+        from shmbus.adapters.asgi import MessageBusMiddleware
+
+        app = _mb["native"] = MessageBusMiddleware(None, bus=_bus(), **_opts())
+    return app
+
+
+#: ``gunicorn -k`` value of the shmbus server's worker (perf/bench_http_*.py measure it next to uvicorn)
+SERVER_WORKER = "shmbus.adapters.server.GunicornWorker"
 
 
 def wsgi_app(environ: dict[str, Any], start_response: Any) -> Any:

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """HTTP fan-out: deliveries/s to N streaming message_bus polls on one channel (uvicorn, 2 workers, ASGI).
 
+Also ``server``: the same middleware served by ``shmbus.adapters.server.GunicornWorker`` (2 workers).
+
 N raw-socket streaming polls (perf/_http_load.py) park on one channel; a separate publisher process publishes M
 messages (~100 bytes) in bursts (20, or 1) with a 1 ms pause; the figure is N*M deliveries divided by the time from
 the first publish to the last delivery counted. The middleware should do one wake per worker per batch and
@@ -27,6 +29,7 @@ import sys
 import time
 
 import _common as c
+import _http_apps as apps
 import _http_load as load
 
 from shmbus import Bus
@@ -124,12 +127,15 @@ async def measure(port: int, n: int, m: int, go_w: int) -> tuple[float, int]:
         load.close_all(conns)
 
 
-def run_shmbus(n: int, m: int, burst: int) -> tuple[float, int]:
+def run_shmbus(n: int, m: int, burst: int, native: bool = False) -> tuple[float, int]:
+    """The middleware under uvicorn, or (``native``) served by shmbus.adapters.server.GunicornWorker."""
     name = c.unique_name("bench-http-fanout")
     bus = Bus(name, keepalive_interval=0)
     bus.publish("/bench/warm", 0)
     opts = {"max_active_clients": n + 1000, "long_polling_interval": 300}
-    server = load.Uvicorn("_http_apps:asgi_app", env={"SHMBUS_LOAD_BUS": name, "SHMBUS_LOAD_OPTS": json.dumps(opts)})
+    env = {"SHMBUS_LOAD_BUS": name, "SHMBUS_LOAD_OPTS": json.dumps(opts)}
+    server = (load.Uvicorn("_http_apps:native_app", env=env, extra=["-k", apps.SERVER_WORKER]) if native
+              else load.Uvicorn("_http_apps:asgi_app", env=env))
     go_r, go_w = os.pipe()
     pub = fork(publisher, name, m, burst, go_r)
     try:
@@ -172,20 +178,27 @@ def main() -> None:
     rep.published("gem (Puma), deliveries/s", 65_000, "msgs/s", "message_bus gem, 55-65k deliveries/s")
     rep.published("Starlette+broadcaster SSE", 117_000, "msgs/s", "Starlette + broadcaster SSE, 117k/s")
     for n, m, burst in sizes:
-        shm, ceil = [], []
-        lost = 0
+        shm, nat, ceil = [], [], []
+        lost = lost_nat = 0
         for r in range(repeats):
             rep.log(f"N={n} M={m} burst={burst} repeat {r + 1}/{repeats}")
             v, missing = run_shmbus(n, m, burst)
             shm.append(v)
             lost += missing
+            v, missing = run_shmbus(n, m, burst, native=True)
+            nat.append(v)
+            lost_nat += missing
             ceil.append(run_ceiling(n, m, burst)[0])
         base = f"bare N={n} burst {burst}"
         rep.add(base, ceil, "msgs/s", note="bare asyncio server, 1 process, writes every burst to every client")
         row = f"shmbus N={n} x M={m} burst {burst}"
         rep.add(row, shm, "msgs/s", baselines=[base, "gem (Puma), deliveries/s", "Starlette+broadcaster SSE"])
+        rep.add(f"server N={n} x M={m} burst {burst}", nat, "msgs/s", baselines=[row, base],
+                note="shmbus.adapters.server.GunicornWorker")
         if lost:
             rep.note(f"N={n}: {lost} deliveries missing at the timeout (over all repeats)")
+        if lost_nat:
+            rep.note(f"server N={n}: {lost_nat} deliveries missing at the timeout (over all repeats)")
         rep.target(f"deliveries/s N={n} burst {burst}", rep.rows[row].median, 200_000, unit=" msgs/s")
     rep.note("one Python load-generator process shares the 2 cores with the 2 uvicorn workers: absolute figures "
              f"are bounded by it; {load.server_stack()} under gunicorn UvicornWorker")

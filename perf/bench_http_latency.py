@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """HTTP publish-to-receive latency: 1,000 streaming polls on one channel (uvicorn, 2 workers, ASGI), 20 msgs/s.
 
+Also ``server``: the same middleware served by ``shmbus.adapters.server.GunicornWorker`` (2 workers).
+
 A separate publisher process publishes ``{"t": perf_counter_ns()}`` 20 times a second (taken just before
 ``publish``); the raw-socket client (perf/_http_load.py) takes ``perf_counter_ns()`` when a frame arrives and
 subtracts (CLOCK_MONOTONIC: one clock for every process on the host). Every delivery to every client is a
@@ -21,12 +23,13 @@ import sys
 import time
 
 import _common as c
+import _http_apps as apps
 import _http_load as load
 from bench_http_fanout import fork, reap
 
 from shmbus import Bus
 
-QUICK_TIMEOUT = 120
+QUICK_TIMEOUT = 150
 FULL_TIMEOUT = 600
 CHANNEL = "/bench/latency"
 RATE = 20.0
@@ -72,12 +75,15 @@ async def measure(port: int, n: int, count: int, go_w: int) -> tuple[list[int], 
         load.close_all(conns)
 
 
-def run(n: int, seconds: float) -> tuple[list[int], int]:
+def run(n: int, seconds: float, native: bool = False) -> tuple[list[int], int]:
+    """The middleware under uvicorn, or (``native``) served by shmbus.adapters.server.GunicornWorker."""
     name = c.unique_name("bench-http-latency")
     bus = Bus(name, keepalive_interval=0)
     bus.publish("/bench/warm", 0)
     opts = {"max_active_clients": n + 1000, "long_polling_interval": 300}
-    server = load.Uvicorn("_http_apps:asgi_app", env={"SHMBUS_LOAD_BUS": name, "SHMBUS_LOAD_OPTS": json.dumps(opts)})
+    env = {"SHMBUS_LOAD_BUS": name, "SHMBUS_LOAD_OPTS": json.dumps(opts)}
+    server = (load.Uvicorn("_http_apps:native_app", env=env, extra=["-k", apps.SERVER_WORKER]) if native
+              else load.Uvicorn("_http_apps:asgi_app", env=env))
     count = int(seconds * RATE)
     go_r, go_w = os.pipe()
     pub = fork(publisher, name, count, go_r)
@@ -100,17 +106,21 @@ def main() -> None:
     n = 1000
     seconds = 6.0 if args.quick else 30.0
     repeats = args.repeats or (1 if args.quick else 3)
-    p50s, p99s, maxs = [], [], []
+    stats: dict[str, tuple[list[float], list[float], list[float]]] = {"shmbus": ([], [], []),
+                                                                       "server": ([], [], [])}
     missing_total = 0
     for r in range(repeats):
-        rep.log(f"N={n}, {seconds:g} s at {RATE:g} msgs/s, repeat {r + 1}/{repeats}")
-        lat, missing = run(n, seconds)
-        missing_total += missing
-        s = sorted(v / 1e6 for v in lat)
-        p50s.append(c.percentile(s, 50))
-        p99s.append(c.percentile(s, 99))
-        maxs.append(s[-1] if s else float("nan"))
-        rep.log(f"  {len(s)} samples, p50 {p50s[-1]:.2f} ms, p99 {p99s[-1]:.2f} ms, max {maxs[-1]:.1f} ms")
+        for kind in stats:  # interleaved
+            rep.log(f"{kind}: N={n}, {seconds:g} s at {RATE:g} msgs/s, repeat {r + 1}/{repeats}")
+            lat, missing = run(n, seconds, native=kind == "server")
+            missing_total += missing
+            s = sorted(v / 1e6 for v in lat)
+            p50s, p99s, maxs = stats[kind]
+            p50s.append(c.percentile(s, 50))
+            p99s.append(c.percentile(s, 99))
+            maxs.append(s[-1] if s else float("nan"))
+            rep.log(f"  {len(s)} samples, p50 {p50s[-1]:.2f} ms, p99 {p99s[-1]:.2f} ms, max {maxs[-1]:.1f} ms")
+    p50s, p99s, maxs = stats["shmbus"]
     rep.published("gem p99 (best)", 45.0, "ms", "message_bus gem, p99 45-72 ms")
     rep.published("Starlette+broadcaster p99", 33.0, "ms", "Starlette + broadcaster SSE, p99 33 ms")
     for m in (rep.rows["gem p99 (best)"], rep.rows["Starlette+broadcaster p99"]):
@@ -120,6 +130,13 @@ def main() -> None:
             baselines=["gem p99 (best)", "Starlette+broadcaster p99"])
     rep.add("shmbus max", maxs, "ms", higher_is_better=False)
     rep.target("p99 latency", rep.rows["shmbus p99"].median, 25.0, at_least=False, unit=" ms")
+    sp50, sp99, smax = stats["server"]
+    rep.add("server p50", sp50, "ms", higher_is_better=False, baselines=["shmbus p50"],
+            note="shmbus.adapters.server.GunicornWorker")
+    rep.add("server p99", sp99, "ms", higher_is_better=False,
+            baselines=["shmbus p99", "gem p99 (best)", "Starlette+broadcaster p99"])
+    rep.add("server max", smax, "ms", higher_is_better=False)
+    rep.target("server p99 latency", rep.rows["server p99"].median, 25.0, at_least=False, unit=" ms")
     if missing_total:
         rep.note(f"{missing_total} deliveries missing at the end (over all repeats)")
     rep.note("samples = every delivery to every client after 5 warm-up messages; client = one Python process on "

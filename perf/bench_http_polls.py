@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Immediate polls/s (``?dlp=t``) and memory per held (parked) poll, uvicorn with 2 workers (ASGI).
+"""Immediate polls/s (``?dlp=t``) and memory per held (parked) poll, 2 workers: uvicorn (ASGI) and shmbus's server.
 
 Polls/s: 32 keep-alive connections from one raw-socket asyncio client, each sending the JS client's request
 (form body, one channel, ``Dont-Chunk``) as soon as the previous ``[]`` answer arrived, for a few seconds.
@@ -8,7 +8,9 @@ divided by H.
 
 Same-run baseline: ``_http_apps.bare_asgi`` under the same uvicorn: it reads the body and answers ``[]`` with
 the same headers (polls/s), or holds the request after the first chunk (memory): the cost of uvicorn itself,
-so ``shmbus - bare`` is what the middleware adds. Published figures (not measured here): the gem ~3,300
+so ``shmbus - bare`` is what the middleware adds. ``server``: the same middleware served by
+``shmbus.adapters.server.GunicornWorker`` (bus routes answered natively from ``asyncio.Protocol`` callbacks, no
+task per request). Published figures (not measured here): the gem ~3,300
 polls/s and 6.6 KB per held poll; Starlette + broadcaster SSE 28 KB per connection.
 """
 
@@ -21,6 +23,7 @@ import sys
 import time
 
 import _common as c
+import _http_apps as apps
 import _http_load as load
 
 from shmbus import Bus
@@ -88,15 +91,27 @@ async def held_poll_kb(server: load.Uvicorn, n: int, query: str) -> float:
     return (after - before) * 1024 / n / 1000  # KB (10^3 bytes) per held poll
 
 
-def serve(app: str, n: int) -> tuple[load.Uvicorn, Bus | None]:
+APPS = ("shmbus", "server", "bare")
+
+
+def serve(app: str, n: int, bus: Bus | None = None) -> tuple[load.Uvicorn, Bus | None]:
+    """Start the server for ``app`` ("shmbus": middleware on uvicorn; "server": shmbus's own; "bare")."""
     if app == "bare":
         return load.Uvicorn("_http_apps:bare_asgi"), None
-    name = c.unique_name("bench-http-polls")
-    bus = Bus(name, keepalive_interval=0)
-    bus.publish("/bench/warm", 0)
+    if bus is None:
+        bus = Bus(c.unique_name("bench-http-polls"), keepalive_interval=0)
+        bus.publish("/bench/warm", 0)
     opts = {"max_active_clients": n + 1000, "long_polling_interval": 300}
-    env = {"SHMBUS_LOAD_BUS": name, "SHMBUS_LOAD_OPTS": json.dumps(opts)}
+    env = {"SHMBUS_LOAD_BUS": bus.name, "SHMBUS_LOAD_OPTS": json.dumps(opts)}
+    if app == "server":
+        return load.Uvicorn("_http_apps:native_app", env=env, extra=["-k", apps.SERVER_WORKER]), bus
     return load.Uvicorn("_http_apps:asgi_app", env=env), bus
+
+
+def _server_parser() -> str:
+    import importlib.util
+
+    return "httptools" if importlib.util.find_spec("httptools") else "built-in"
 
 
 def main() -> None:
@@ -107,29 +122,33 @@ def main() -> None:
     seconds = 3.0 if args.quick else 8.0
     held = 2000 if args.quick else 5000
     repeats = args.repeats or (1 if args.quick else 3)
-    rates: dict[str, list[float]] = {"shmbus": [], "bare": []}
-    mem: dict[str, list[float]] = {"shmbus": [], "bare": []}
+    rates: dict[str, list[float]] = {a: [] for a in APPS}
+    mem: dict[str, list[float]] = {a: [] for a in APPS}
     for r in range(repeats):
-        for app in ("shmbus", "bare"):  # interleaved: one repeat of each, then the next
+        for app in APPS:  # interleaved: one repeat of each, then the next
             rep.log(f"{app}: repeat {r + 1}/{repeats}")
             server, bus = serve(app, held)
             try:
                 rates[app].append(asyncio.run(polls_per_second(server.port, seconds)))
             finally:
                 server.stop()
-            server, _ = serve(app, held) if bus is None else (load.Uvicorn(
-                "_http_apps:asgi_app", env={"SHMBUS_LOAD_BUS": bus.name, "SHMBUS_LOAD_OPTS": json.dumps(
-                    {"max_active_clients": held + 1000, "long_polling_interval": 300})}), bus)
             try:
-                mem[app].append(asyncio.run(held_poll_kb(server, held, "hold=1" if app == "bare" else "")))
+                server, _ = serve(app, held, bus)
+                try:
+                    mem[app].append(asyncio.run(held_poll_kb(server, held, "hold=1" if app == "bare" else "")))
+                finally:
+                    server.stop()
             finally:
-                server.stop()
                 if bus is not None:
                     bus.destroy()
     rep.published("gem polls/s", 3300, "ops/s", "message_bus gem (Puma), ~3,300 dlp=t polls/s")
     rep.add("bare uvicorn polls/s", rates["bare"], "ops/s", note="answers [] with the same headers, no bus")
     rep.add("shmbus polls/s", rates["shmbus"], "ops/s", baselines=["bare uvicorn polls/s", "gem polls/s"])
     rep.target("immediate polls/s", rep.rows["shmbus polls/s"].median, 6600, unit="/s")
+    rep.add("server polls/s", rates["server"], "ops/s", baselines=["bare uvicorn polls/s", "shmbus polls/s"],
+            note="shmbus.adapters.server.GunicornWorker")
+    rep.target("server polls/s > bare uvicorn", rep.rows["server polls/s"].median,
+               rep.rows["bare uvicorn polls/s"].median, unit="/s")
     rep.published("gem KB/held poll", 6.6, "KB", "message_bus gem, 6.6 KB per held poll")
     rep.published("Starlette+broadcaster KB/conn", 28.0, "KB", "Starlette + broadcaster SSE, 28 KB per connection")
     for name in ("gem KB/held poll", "Starlette+broadcaster KB/conn"):
@@ -142,8 +161,14 @@ def main() -> None:
     rep.add("shmbus minus bare, KB/poll", shm_only, "KB", higher_is_better=False,
             note="what the middleware adds on top of uvicorn")
     rep.target("memory per held poll", rep.rows["shmbus KB/held poll"].median, 5.0, at_least=False, unit=" KB")
+    rep.add("server KB/held poll", mem["server"], "KB", higher_is_better=False,
+            baselines=["shmbus KB/held poll", "bare uvicorn KB/held request", "gem KB/held poll"],
+            note="shmbus.adapters.server.GunicornWorker: the whole cost, server included")
+    rep.target("server memory per held poll", rep.rows["server KB/held poll"].median, 5.0, at_least=False,
+               unit=" KB")
     rep.note(f"polls/s: 32 keep-alive connections, {seconds:g} s; memory: {held} held polls, RSS of both workers "
-             f"(KB = 1000 bytes); {load.server_stack()} under gunicorn UvicornWorker")
+             f"(KB = 1000 bytes); {load.server_stack()} under gunicorn UvicornWorker; server: "
+             f"{_server_parser()} parser + asyncio")
     rep.emit()
 
 

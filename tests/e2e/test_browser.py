@@ -1,7 +1,8 @@
 """The real npm ``message-bus-client`` in headless Chromium, through gunicorn with 2 workers.
 
 For each client mode (chunked streaming, ``enableChunkedEncoding = false``, ``enableLongPolling = false``, a
-hidden tab) and each server shell (ASGI under ``uvicorn.workers.UvicornWorker``, WSGI under ``gevent``), the page
+hidden tab) and each server shell (ASGI under ``uvicorn.workers.UvicornWorker``, WSGI under ``gevent``, shmbus's
+own server ``shmbus.adapters.server.GunicornWorker``), the page
 (``page.html``) subscribes from id 0 and publishes at least K messages through an HTTP route, one connection each,
 until both workers have published; every message must arrive once, in order. The mode is checked twice: from the
 page's own record of its requests (``?dlp=t``, ``Dont-Chunk``, response type, progress events) and from the
@@ -32,7 +33,10 @@ NPM_CLIENT = E2E_DIR / "node_modules" / "message-bus-client"
 VENDORED = E2E_DIR.parent.parent / "examples" / "demo" / "static"
 MODES = ["stream", "nochunk", "poll", "background"]
 SHELLS = {"asgi-uvicornworker": ("e2e_app:asgi_app", "uvicorn.workers.UvicornWorker"),
-          "wsgi-gevent": ("e2e_app:wsgi_app", "gevent")}
+          "wsgi-gevent": ("e2e_app:wsgi_app", "gevent"),
+          # shmbus's own server: bus routes served natively (tests/server/e2e_native.py logs them)
+          "shmbus-server": ("e2e_native:app", "shmbus.adapters.server.GunicornWorker")}
+SERVER_DIR = E2E_DIR.parent / "server"
 
 
 def require_client() -> None:
@@ -58,10 +62,14 @@ def read_log(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 
 def start_server(procs: Any, bus_name: str, shell: str, log_path: Path) -> Any:
     spec, worker_class = SHELLS[shell]
+    env = {"SHMBUS_TEST_BUS": bus_name, "SHMBUS_E2E_LOG": str(log_path)}
+    if shell == "shmbus-server":
+        env["PYTHONPATH"] = str(E2E_DIR)  # e2e_native (in app_dir) imports e2e_app
+        return procs.gunicorn_server(spec, workers=2, worker_class=worker_class, env=env, app_dir=SERVER_DIR,
+                                     health_path="/page")
     pytest.importorskip("uvicorn" if worker_class.startswith("uvicorn") else worker_class)
     return procs.gunicorn_server(spec, workers=2, worker_class=worker_class, config=GUNICORN_CONFIG,
-                                 env={"SHMBUS_TEST_BUS": bus_name, "SHMBUS_E2E_LOG": str(log_path)},
-                                 app_dir=E2E_DIR, health_path="/page")
+                                 env=env, app_dir=E2E_DIR, health_path="/page")
 
 
 def check_delivery(res: dict[str, Any], server_log: str) -> None:

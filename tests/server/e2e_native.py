@@ -1,0 +1,80 @@
+"""The browser tests' app (tests/e2e/e2e_app.py) served by ``shmbus.adapters.server.GunicornWorker`` natively.
+
+``app`` is a :class:`MessageBusMiddleware` around e2e_app's inner app (page, scripts, ``/publish``), so the
+worker answers the message-bus routes itself. e2e_app logs polls by wrapping the ASGI app, which the native
+path bypasses; here the same log lines (``SHMBUS_E2E_LOG``) come from a :class:`MessageBusProtocol` subclass
+that sees every poll start, every body piece the server writes and every end.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import e2e_app
+from shmbus.adapters import asgi
+from shmbus.adapters.protocol import Client, MessageBusProtocol, Poll
+
+_entries: dict[int, dict[str, Any]] = {}
+
+
+class LoggingProtocol(MessageBusProtocol):
+    def start_poll(self, req: Any, lk: Any, extra: Any, **kw: Any) -> Poll:
+        t0 = time.monotonic()
+        poll = super().start_poll(req, lk, extra, **kw)
+        entry = e2e_app.poll_entry("dlp=t" if req.dlp else "", req.dont_chunk, t0)
+        entry["status"] = 200
+        entry["ctype"] = "text/plain; charset=utf-8" if poll.mode == "stream" else "application/json; charset=utf-8"
+        if poll.mode == "immediate":
+            assert poll.response is not None
+            e2e_app._note_body(entry, poll.response.body)
+            self._end(entry)
+        else:
+            assert poll.client is not None
+            _entries[id(poll.client)] = entry
+            e2e_app._note_body(entry, poll.first_chunk)
+        return poll
+
+    def _end(self, entry: dict[str, Any] | None) -> None:
+        if entry is not None:
+            entry["t1"] = time.monotonic()
+            e2e_app.log(entry)
+
+    def stream_chunks(self, c: Client) -> list[bytes]:
+        chunks = super().stream_chunks(c)
+        if chunks and id(c) in _entries:
+            e2e_app._note_body(_entries[id(c)], b"".join(chunks))
+        return chunks
+
+    def stream_end(self, c: Client) -> list[bytes]:
+        end = super().stream_end(c)
+        entry = _entries.pop(id(c), None)
+        if entry is not None:
+            e2e_app._note_body(entry, b"".join(end))
+        self._end(entry)
+        return end
+
+    def long_poll_response(self, c: Client) -> bytes:
+        body = super().long_poll_response(c)
+        entry = _entries.pop(id(c), None)
+        if entry is not None:
+            e2e_app._note_body(entry, body)
+        self._end(entry)
+        return body
+
+    def abandon(self, c: Client) -> None:
+        super().abandon(c)
+        entry = _entries.pop(id(c), None)
+        if entry is not None and not entry["ctype"].startswith("text/plain"):
+            entry["status"] = None  # a long poll that got no response (a stream's head was already sent)
+        self._end(entry)
+
+
+class _Engine(asgi._LoopEngine):
+    def __init__(self, bus: Any, options: Any, loop: Any) -> None:
+        super().__init__(bus, options, loop)
+        self.proto = LoggingProtocol(bus, options, asgi.null_lock())
+
+
+asgi._LoopEngine = _Engine  # type: ignore[misc]  # this process only (the test server)
+app = asgi.MessageBusMiddleware(e2e_app._asgi_inner, bus=e2e_app.bus)
