@@ -382,8 +382,7 @@ def parse_body(content_type: str | None, body: bytes, options: Options) -> tuple
         except UnicodeDecodeError:
             raise ProtocolError(400, "request body is not valid UTF-8")
         try:
-            items = parse_qsl(text, keep_blank_values=True, encoding="utf-8", errors="strict",
-                              max_num_fields=options.max_channels_per_poll + 1)
+            items = _parse_form(text, options.max_channels_per_poll + 1)
         except UnicodeDecodeError:
             raise ProtocolError(400, "form body is not valid UTF-8 (after percent-decoding)")
         except ValueError:
@@ -392,6 +391,21 @@ def parse_body(content_type: str | None, body: bytes, options: Options) -> tuple
         raise ProtocolError(415, "unsupported content type (use application/x-www-form-urlencoded or "
                                  "application/json)")
     return _channels_from_items(items, options)
+
+
+def _parse_form(text: str, max_fields: int) -> list[tuple[str, str]]:
+    """``parse_qsl(text, keep_blank_values=True, errors="strict", max_num_fields=max_fields)``, with a fast path
+    for bodies that need no decoding (the JS client's ``/channel=id&__seq=n``: no ``%`` and no ``+``)."""
+    if "%" in text or "+" in text:
+        return parse_qsl(text, keep_blank_values=True, encoding="utf-8", errors="strict", max_num_fields=max_fields)
+    if 1 + text.count("&") > max_fields:
+        raise ValueError("Max number of fields exceeded")
+    out = []
+    for part in text.split("&"):
+        if part:
+            name, _, value = part.partition("=")
+            out.append((name, value))
+    return out
 
 
 def _channels_from_items(items: Iterable[tuple[Any, Any]], options: Options) -> tuple[dict[str, int | None], int]:
