@@ -161,7 +161,7 @@ class HttpConnection(asyncio.Protocol):
         self.kind = 0
         self.head: bytes | None = None  # a parked long poll's response head (None: the common one)
         self.timer: asyncio.TimerHandle | None = None
-        self.idle: asyncio.TimerHandle | None = None
+        self.idle = 0.0  # when the connection became idle (0: busy); the server's clock sweeps idle ones
         self.cycle: Cycle | None = None
         self.drain_fut: asyncio.Future[None] | None = None
         self.paused_r = False
@@ -207,10 +207,9 @@ class HttpConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
         self.srv.connections.discard(self)
-        for t in (self.timer, self.idle):
-            if t is not None:
-                t.cancel()
-        self.timer = self.idle = None
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
         c = self.client
         if c is not None:
             self.client = None
@@ -232,9 +231,7 @@ class HttpConnection(asyncio.Protocol):
     # ------------------------------------------------------------------ parser callbacks
     def on_message_begin(self) -> None:
         self.req = Request()
-        if self.idle is not None:
-            self.idle.cancel()
-            self.idle = None
+        self.idle = 0.0
 
     def on_url(self, url: bytes) -> None:
         req = self.req
@@ -399,12 +396,12 @@ class HttpConnection(asyncio.Protocol):
             self._arm_idle()
 
     def _arm_idle(self) -> None:
-        if self.idle is None and not self.closing:
-            self.idle = self.srv.loop.call_later(self.srv.keepalive, self._idle_close)
+        if not self.idle:
+            self.idle = self.srv.now  # no timer per request: the server's 1 s tick closes expired idle ones
 
-    def _idle_close(self) -> None:
-        self.idle = None
-        if self.cur is None and self.req is None and not self.queue:
+    def idle_expired(self, cutoff: float) -> None:
+        if self.idle and self.idle <= cutoff and self.cur is None and self.req is None and not self.queue \
+                and not self.closing:
             self.closing = True
             self.transport.close()
 
@@ -701,6 +698,7 @@ class Server:
         self.state: dict[str, Any] | None = None
         self._status: dict[int, bytes] = {}
         self.date = b""
+        self.now = loop.time()
         self._lifespan: _Lifespan | None = None
         self._tick()
 
@@ -713,9 +711,15 @@ class Server:
         return p
 
     def _tick(self) -> None:
+        """Every second: the Date header, the coarse clock, and closing keep-alive connections idle too long."""
         self.date = b"date: %s\r\n" % formatdate(usegmt=True).encode()
+        self.now = now = self.loop.time()
+        cutoff = now - self.keepalive
+        for conn in list(self.connections):
+            if conn.idle:
+                conn.idle_expired(cutoff)
         if not self.loop.is_closed():
-            self.loop.call_at(self.loop.time() + 1.0, self._tick)
+            self.loop.call_at(now + 1.0, self._tick)
 
     def status_line(self, code: int) -> bytes:
         b = self._status.get(code)
