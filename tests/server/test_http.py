@@ -130,6 +130,7 @@ CONFIG = """
 import os
 shmbus_options = {"bus": os.environ["SHMBUS_TEST_BUS"], "long_polling_interval": 20, "base_route": "/mb"}
 max_requests = 30
+keepalive = 1
 """
 
 
@@ -141,6 +142,10 @@ def test_plain_app_with_shmbus_options_and_max_requests(start: Any, procs: Any, 
     c = Conn(server.port)
     assert echo(c, request("POST", "/echo", b"x"))["body_len"] == 1
     first = int(c.send(request("GET", "/pid")).read_response().body)
+    # keepalive = 1: an idle keep-alive connection is closed (the sweep runs every second)
+    t0 = time.monotonic()
+    assert c.closed_by_peer(10)
+    assert time.monotonic() - t0 < 5
     # max_requests = 30: the worker is replaced
     deadline = time.monotonic() + 30
     pid = first
