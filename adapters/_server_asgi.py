@@ -167,6 +167,8 @@ class Cycle:
         out = [srv.status_line(status)]
         length: int | None = None
         for name, value in message.get("headers") or ():
+            if b"\r" in name or b"\n" in name or b"\r" in value or b"\n" in value or b"\x00" in value:
+                raise RuntimeError(f"invalid character in response header {bytes(name)!r}")
             low = bytes(name).lower()
             if low == b"content-length":
                 length = int(value)

@@ -38,6 +38,7 @@ import importlib
 import inspect
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -92,6 +93,7 @@ MAX_HEAD_SIZE = 64 * 1024
 MAX_BUFFERED = 256 * 1024
 
 _LONG, _STREAM = 1, 2
+_BAD_HEADER = re.compile(r"[\r\n\x00]")
 _EMPTY_HEADERS: list[tuple[bytes, bytes]] = []
 
 
@@ -235,7 +237,8 @@ class HttpConnection(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         req = self.req
-        assert req is not None
+        if req is None or self.closing:
+            return
         req.url += url
         if len(req.url) > self.srv.max_head_size:
             self.fail(431, "request head too large")
@@ -474,7 +477,7 @@ class HttpConnection(asyncio.Protocol):
                                                           else b"connection: close\r\n")
         self.transport.write(b"%s%scontent-length: %d\r\n%s%s\r\n%s" % (
             srv.status_line(status), block if block is not None else _enc_headers(headers or []), len(body),
-            conn, srv.date, body))
+            conn, srv.date, body if req.method != "HEAD" else b""))
         self._done(req, keep)
 
     def _bus(self, req: Request) -> None:
@@ -502,7 +505,7 @@ class HttpConnection(asyncio.Protocol):
                 self._respond(req, resp.status, resp.headers, resp.body)
                 return
             channels, seq = parse_body(ctype, body, opts)
-            preq = PollRequest(route.client_id, channels, seq, dlp=parse_query_dlp(query),
+            preq = PollRequest(route.client_id, channels, seq, dlp=parse_query_dlp(query) or req.method == "HEAD",
                                dont_chunk=req.header(b"dont-chunk") is not None, http11=req.version == "1.1")
             if scope is not None:
                 lk = proto.lookups(srv.lookup(opts.user_id_lookup, scope), srv.lookup(opts.group_ids_lookup, scope),
@@ -743,10 +746,16 @@ class Server:
         return v
 
     def extra(self, scope: Any) -> list[tuple[str, str]]:
+        """``extra_response_headers_lookup``'s headers; a name or value with CR, LF or NUL is dropped (logged)."""
         fn = self.options.extra_response_headers_lookup
         if fn is None:
             return []
-        return MessageBusProtocol.extra_headers(self.lookup(fn, scope))
+        out = MessageBusProtocol.extra_headers(self.lookup(fn, scope))
+        for k, v in out:
+            if _BAD_HEADER.search(k) or _BAD_HEADER.search(v):
+                log.error("shmbus server: dropping response header %r with CR/LF/NUL", k)
+                return [(k, v) for k, v in out if not _BAD_HEADER.search(k) and not _BAD_HEADER.search(v)]
+        return out
 
     def protocol_factory(self) -> HttpConnection:
         return HttpConnection(self)

@@ -37,6 +37,10 @@ async def echo(scope: Any, receive: Any, send: Any) -> None:
     path = scope["path"]
     if path == "/boom":
         raise RuntimeError("boom")
+    if path == "/badheader":  # header injection attempt: the server must refuse it (500), not send it
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"x-a", b"1\r\nx-injected: 1")]})
+        await send({"type": "http.response.body", "body": b""})
+        return
     if path == "/pid":
         body = str(os.getpid()).encode()
         await send({"type": "http.response.start", "status": 200,

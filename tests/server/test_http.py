@@ -116,6 +116,14 @@ def test_other_routes_reach_the_asgi_app(start: Any) -> None:
     assert int(c.read_response().body) > 0
     assert c.read_response().body == b"[]"
     assert c.read_response().body == b"piece0;"
+    # HEAD on a bus route: answered at once (never parked), no body
+    r = c.send(poll("h", {"/x": 0}).replace(b"POST ", b"HEAD ", 1)).read_response(head_request=True)
+    assert (r.status, r.headers["content-length"]) == (200, "2")
+    assert int(c.send(request("GET", "/pid")).read_response().body) > 0
+    # a response header with CR/LF from the app is refused, never written
+    c2 = Conn(server.port).send(request("GET", "/badheader"))
+    r = c2.read_response()
+    assert r.status == 500 and b"x-injected" not in r.head
     # an app that raises: 500, connection closed, worker fine
     r = c.send(request("GET", "/boom")).read_response()
     assert r.status == 500 and c.closed_by_peer()
