@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import os
 import re
-import threading
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass
@@ -25,6 +23,7 @@ from shmbus.bus import KEEPALIVE_CHANNEL, MAX_CHANNEL_BYTES, Bus
 from shmbus.message import Message
 from shmbus.patterns import compile_pattern
 
+from ._looptap import LoopTap
 from .protocol import MAX_CLIENT_ID_LENGTH, Client, Lookups, MessageBusProtocol, ProtocolError, log
 
 Scope = MutableMapping[str, Any]
@@ -427,42 +426,10 @@ class Hub:
 
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
-        self._loops: dict[asyncio.AbstractEventLoop, _LoopHub] = {}
-        self._pid = 0
-        self._lock = threading.Lock()
-
-    def _loop_hub(self) -> _LoopHub:
-        loop = asyncio.get_running_loop()
-        if self._pid == os.getpid():
-            h = self._loops.get(loop)
-            if h is not None:
-                return h
-        with self._lock:
-            if self._pid != os.getpid():
-                self._loops = {}
-                self._pid = os.getpid()
-                self.bus.untap(self._on_batch)
-                self.bus.tap(self._on_batch)
-            h = self._loops.get(loop)
-            if h is None:
-                for old in [lp for lp in self._loops if lp.is_closed()]:
-                    del self._loops[old]
-                h = self._loops[loop] = _LoopHub(loop, self.bus)
-        return h
-
-    def _on_batch(self, msgs: list[Message]) -> None:
-        if self._pid != os.getpid():
-            return
-        for h in tuple(self._loops.values()):
-            if not h.sinks:
-                continue
-            try:
-                h.loop.call_soon_threadsafe(h.dispatch, msgs)
-            except RuntimeError:  # loop closed
-                pass
+        self._loops: LoopTap[_LoopHub] = LoopTap(bus, lambda loop: _LoopHub(loop, bus), _hand_to_loop)
 
     def register(self, sink: Sink) -> None:
-        self._loop_hub().add(sink)
+        self._loops.get().add(sink)
 
     def unregister(self, sink: Sink) -> None:
         sink.closed = True
@@ -471,7 +438,17 @@ class Hub:
 
     def connections(self) -> int:
         """Live connections in this process (all loops)."""
-        return sum(len(h.sinks) for h in tuple(self._loops.values()))
+        return sum(len(h.sinks) for h in self._loops.values())
 
     def close(self) -> None:
-        self.bus.untap(self._on_batch)
+        self._loops.close()
+
+
+def _hand_to_loop(h: _LoopHub, msgs: list[Message]) -> None:
+    """Listener thread: one ``call_soon_threadsafe`` per batch for a loop with connections."""
+    if not h.sinks:
+        return
+    try:
+        h.loop.call_soon_threadsafe(h.dispatch, msgs)
+    except RuntimeError:  # loop closed
+        pass

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import os
 import threading
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -35,6 +34,7 @@ from typing import Any
 from shmbus.bus import Bus
 from shmbus.message import Message
 
+from ._looptap import LoopTap
 from .protocol import (
     BASE_HEADERS,
     Client,
@@ -147,6 +147,12 @@ class _LoopEngine:
             self.proto.dispatch(merged)
 
 
+def _queue_batch(eng: _LoopEngine, msgs: list[Message]) -> None:
+    """Listener thread: queue the batch for a loop with waiting clients (merged until the loop runs)."""
+    if eng.proto.registry.index:  # nobody waits on this loop: skip the hop
+        eng.add(msgs)
+
+
 class MessageBusMiddleware:
     """ASGI middleware serving ``<base_route>message-bus/...`` from a :class:`shmbus.Bus`.
 
@@ -162,45 +168,19 @@ class MessageBusMiddleware:
         self.app = app
         self.bus = bus
         self.options = Options.from_kwargs(options)
-        self._engines: dict[asyncio.AbstractEventLoop, _LoopEngine] = {}
-        self._pid = 0
-        self._lock = threading.Lock()
+        self._loops: LoopTap[_LoopEngine] = LoopTap(
+            bus, lambda loop: _LoopEngine(self.bus, self.options, loop), _queue_batch)
 
     # ------------------------------------------------------------------ plumbing
     def _engine(self) -> _LoopEngine:
-        loop = asyncio.get_running_loop()
-        if self._pid == os.getpid():
-            eng = self._engines.get(loop)
-            if eng is not None:
-                return eng
-        with self._lock:
-            if self._pid != os.getpid():
-                self._engines = {}
-                self._pid = os.getpid()
-                self.bus.untap(self._on_batch)
-                self.bus.tap(self._on_batch)
-            eng = self._engines.get(loop)
-            if eng is None:
-                for old in [lp for lp in self._engines if lp.is_closed()]:
-                    del self._engines[old]
-                eng = self._engines[loop] = _LoopEngine(self.bus, self.options, loop)
-        return eng
-
-    def _on_batch(self, msgs: list[Message]) -> None:
-        """Listener thread: queue the batch for every loop with waiting clients (merged until the loop runs)."""
-        if self._pid != os.getpid():
-            return
-        for eng in tuple(self._engines.values()):
-            if not eng.proto.registry.index:
-                continue  # nobody waits on this loop: skip the hop
-            eng.add(msgs)
+        return self._loops.get()
 
     def protocol(self) -> MessageBusProtocol:
         """The protocol engine of the running loop (for tests and introspection)."""
         return self._engine().proto
 
     def close(self) -> None:
-        self.bus.untap(self._on_batch)
+        self._loops.close()
 
     # ------------------------------------------------------------------ ASGI
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
