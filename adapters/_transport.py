@@ -322,6 +322,12 @@ class Sink:
         self.bytes_pending = 0
         return out
 
+    def push_allowed(self, msgs: Iterable[Message]) -> None:
+        """Queue (encoded, counted) the replayed messages this connection may see."""
+        for m in msgs:
+            if self.allowed(m):
+                self.push(self.encode(m), count=True)
+
     def offer(self, msg: Message) -> None:
         if msg.epoch != self.epoch:
             if msg.epoch == self.bus.epoch:
@@ -452,3 +458,29 @@ def _hand_to_loop(h: _LoopHub, msgs: list[Message]) -> None:
         h.loop.call_soon_threadsafe(h.dispatch, msgs)
     except RuntimeError:  # loop closed
         pass
+
+
+class TransportApp:
+    """What the SSE and WebSocket apps share: the bus (default :func:`shmbus.default_bus`), the wrapped app, the
+    route, the buffer and subscription limits, the lookups, this process's :class:`Hub` and the drop count."""
+
+    def __init__(self, app: Callable[..., Any] | None, bus: Bus | None, path: str, max_buffer: int,
+                 max_subscriptions: int, lookups: dict[str, Any]) -> None:
+        if bus is None:
+            import shmbus
+
+            bus = shmbus.default_bus()
+        self.app = app
+        self.bus = bus
+        self.path = path
+        self.max_buffer = max_buffer
+        self.max_subscriptions = max_subscriptions
+        self.lookups = LookupOptions(**lookups)
+        self.hub = Hub(bus)
+        self.dropped = 0  # connections dropped for not reading (this process)
+
+    def stats(self) -> dict[str, int]:
+        return {"connections": self.hub.connections(), "dropped": self.dropped}
+
+    def close(self) -> None:
+        self.hub.close()

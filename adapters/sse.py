@@ -33,12 +33,11 @@ from shmbus.message import Message
 from ._transport import (
     DEFAULT_MAX_BUFFER,
     MAX_SUBSCRIPTIONS,
-    Hub,
-    LookupOptions,
     Receive,
     Scope,
     Send,
     Sink,
+    TransportApp,
     check_channel,
     fallback,
     header,
@@ -86,7 +85,7 @@ def _message_event(is_json: bool) -> Callable[[Message], bytes]:
     return encode
 
 
-class SSEApp:
+class SSEApp(TransportApp):
     """ASGI app serving ``GET <path>`` as an event stream; other requests go to ``app`` (or 404).
 
     ``keepalive_interval`` (seconds) also bounds how late a bus reset with no new message is noticed;
@@ -98,29 +97,12 @@ class SSEApp:
                  keepalive_interval: float = 15.0, max_buffer: int = DEFAULT_MAX_BUFFER,
                  max_subscriptions: int = MAX_SUBSCRIPTIONS, retry_ms: int | None = 2000,
                  **lookups: Any) -> None:
-        if bus is None:
-            import shmbus
-
-            bus = shmbus.default_bus()
         if not keepalive_interval > 0:
             raise ValueError("keepalive_interval must be > 0 seconds")
-        self.app = app
-        self.bus = bus
-        self.path = path
+        super().__init__(app, bus, path, max_buffer, max_subscriptions, lookups)
         self.keepalive_interval = keepalive_interval
-        self.max_buffer = max_buffer
-        self.max_subscriptions = max_subscriptions
         self.retry_ms = retry_ms
-        self.lookups = LookupOptions(**lookups)
-        self.hub = Hub(bus)
-        self.dropped = 0  # connections dropped for not reading (this process)
-        self._encode = _message_event(bus.codec.is_json)
-
-    def stats(self) -> dict[str, int]:
-        return {"connections": self.hub.connections(), "dropped": self.dropped}
-
-    def close(self) -> None:
-        self.hub.close()
+        self._encode = _message_event(self.bus.codec.is_json)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or relative_path(scope) != self.path:
@@ -180,9 +162,7 @@ class SSEApp:
         rp = replay_since(self.bus, channels, patterns, sink.site, after, upto)
         if rp.gap:
             sink.push(format_event("gap", json.dumps({"epoch": sink.epoch, "channels": rp.gap_channels}).encode()))
-        for m in rp.messages:
-            if sink.allowed(m):
-                sink.push(self._encode(m), count=True)
+        sink.push_allowed(rp.messages)
 
     def _on_reset(self, sink: Sink, old: int, new: int) -> None:
         """Live reset: tell the client, replay the new epoch's retained backlog, continue live after it."""

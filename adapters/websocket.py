@@ -37,12 +37,11 @@ from ._transport import (
     DEFAULT_MAX_BUFFER,
     MAX_SUBSCRIPTIONS,
     PATTERN_KINDS,
-    Hub,
-    LookupOptions,
     Receive,
     Scope,
     Send,
     Sink,
+    TransportApp,
     check_channel,
     fallback,
     maybe_await,
@@ -87,7 +86,7 @@ def _ids(obj: dict[str, Any], key: str) -> list[Any] | None:
     return v
 
 
-class WebSocketApp:
+class WebSocketApp(TransportApp):
     """ASGI app accepting WebSockets at ``path``; everything else goes to ``app`` (or 404).
 
     ``allow_publish(scope, channel) -> bool`` (may be async) enables the ``publish`` op; without it publishing
@@ -98,31 +97,14 @@ class WebSocketApp:
                  allow_publish: Callable[[Any, str], Any] | None = None, max_buffer: int = DEFAULT_MAX_BUFFER,
                  max_subscriptions: int = MAX_SUBSCRIPTIONS, max_frame: int = MAX_FRAME,
                  keepalive_interval: float = 15.0, **lookups: Any) -> None:
-        if bus is None:
-            import shmbus
-
-            bus = shmbus.default_bus()
         if allow_publish is not None and not callable(allow_publish):
             raise TypeError("allow_publish must be callable")
-        self.app = app
-        self.bus = bus
-        self.path = path
+        super().__init__(app, bus, path, max_buffer, max_subscriptions, lookups)
         self.allow_publish = allow_publish
-        self.max_buffer = max_buffer
-        self.max_subscriptions = max_subscriptions
         self.max_frame = max_frame
         self.keepalive_interval = keepalive_interval
-        self.lookups = LookupOptions(**lookups)
-        self.hub = Hub(bus)
-        self.dropped = 0
-        is_json = bus.codec.is_json
+        is_json = self.bus.codec.is_json
         self._encode: Callable[[Any], str] = lambda m: encode_message(m, is_json).decode()
-
-    def stats(self) -> dict[str, int]:
-        return {"connections": self.hub.connections(), "dropped": self.dropped}
-
-    def close(self) -> None:
-        self.hub.close()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "websocket" or relative_path(scope) != self.path:
@@ -305,9 +287,7 @@ class WebSocketApp:
                 after = last_id if last_id >= 0 else max(last + last_id, 0)
                 bl = bus.backlog(channel, min(after, last), site)
                 gap = bl.gap
-                for m in bl:
-                    if m.global_id <= upto and sink.allowed(m):
-                        sink.push(self._encode(m), count=True)
+                sink.push_allowed(m for m in bl if m.global_id <= upto)
             sink.set_channel(channel, upto)
             self._status(sink, "subscribed", ref, channel=channel, last_id=bus.last_id(channel, site), gap=gap)
             return
@@ -317,9 +297,7 @@ class WebSocketApp:
         if after_gid is not None:
             rp = replay_since(bus, [], [pat], sink.site, after_gid, upto)
             gap = rp.gap
-            for m in rp.messages:
-                if sink.allowed(m):
-                    sink.push(self._encode(m), count=True)
+            sink.push_allowed(rp.messages)
         sink.add_pattern(pat[0], pat[1], upto)
         self._status(sink, "subscribed", ref, pattern=pat[0], kind=pat[1], global_id=upto, gap=gap)
 
@@ -379,7 +357,5 @@ class WebSocketApp:
         upto = self.bus.segment.global_id()
         channels, patterns = list(sink.channels), list(sink.patterns)
         rp = replay_since(self.bus, channels, patterns, sink.site, 0, upto)
-        for m in rp.messages:
-            if sink.allowed(m):
-                sink.push(self._encode(m), count=True)
+        sink.push_allowed(rp.messages)
         sink.refloor(upto)
