@@ -147,8 +147,8 @@ def _length(value: Any, limit: int) -> None:
         raise ProtocolError(413, f"request body too large (limit {limit} bytes)")
 
 
-class AsgiRestPublish:
-    """ASGI app: ``POST <prefix><channel>``; other paths go to ``app`` (or 404)."""
+class _RestPublish:
+    """The shells' shared part: options, and every step between the I/O (route, authorisation, body, answer)."""
 
     def __init__(self, app: Callable[..., Any] | None = None, *, bus: Bus,
                  authorize: Callable[[Any, str], Any], prefix: str = "/message/",
@@ -160,30 +160,56 @@ class AsgiRestPublish:
         self.prefix = _norm_prefix(prefix)
         self.max_body_size = max_body_size
 
+    def channel(self, method: str, path: str) -> str | None:
+        """The channel to publish on (None: not ours); 405/400 as ProtocolError."""
+        return route(method, path, self.prefix)
+
+    def check_authorized(self, allowed: Any, channel: str) -> None:
+        if not allowed:
+            raise ProtocolError(403, f"not authorised to publish on {channel[:80]!r}")
+
+    def check_length(self, content_length: str | None) -> None:
+        """A declared Content-Length over ``max_body_size`` is refused before the body is read."""
+        _length(content_length, self.max_body_size)
+
+    def check_size(self, size: int) -> None:
+        if size > self.max_body_size:
+            raise ProtocolError(413, f"request body too large (limit {self.max_body_size} bytes)")
+
+    def answer(self, channel: str, query: str, content_type: str | None, body: bytes) -> bytes:
+        """Parse the authorised request and publish: the JSON answer (ProtocolError on refusal)."""
+        return publish(self.bus, parse_publish(channel, query, content_type, body))
+
+
+def _allow(status: int) -> list[tuple[str, str]]:
+    return [("allow", "POST")] if status == 405 else []
+
+
+class AsgiRestPublish(_RestPublish):
+    """ASGI app: ``POST <prefix><channel>``; other paths go to ``app`` (or 404)."""
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await fallback(self.app, scope, receive, send)
             return
         try:
-            channel = route(scope.get("method", "GET"), relative_path(scope), self.prefix)
+            channel = self.channel(scope.get("method", "GET"), relative_path(scope))
         except ProtocolError as exc:
-            extra = [(b"allow", b"POST")] if exc.status == 405 else []
+            extra = [(k.encode(), v.encode()) for k, v in _allow(exc.status)]
             await send_simple(send, exc.status, exc.reason.encode(), extra=extra)
             return
         if channel is None:
             await fallback(self.app, scope, receive, send)
             return
         try:
-            if not await maybe_await(self.authorize(scope, channel)):
-                raise ProtocolError(403, f"not authorised to publish on {channel[:80]!r}")
+            self.check_authorized(await maybe_await(self.authorize(scope, channel)), channel)
             headers = {k.lower(): v for k, v in scope.get("headers") or ()}
             cl = headers.get(b"content-length")
-            _length(cl.decode("latin-1") if cl is not None else None, self.max_body_size)
+            self.check_length(cl.decode("latin-1") if cl is not None else None)
             body = await self._body(receive)
             ctype = headers.get(b"content-type")
-            req = parse_publish(channel, scope.get("query_string", b"").decode("latin-1"),
-                                ctype.decode("latin-1") if ctype is not None else None, body)
-            answer = publish(self.bus, req)
+            answer = self.answer(channel, scope.get("query_string", b"").decode("latin-1"),
+                                 ctype.decode("latin-1") if ctype is not None else None, body)
         except ProtocolError as exc:
             await send_simple(send, exc.status, exc.reason.encode())
             return
@@ -197,25 +223,14 @@ class AsgiRestPublish:
                 raise ProtocolError(400, "client disconnected before the body was complete")
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > self.max_body_size:
-                raise ProtocolError(413, f"request body too large (limit {self.max_body_size} bytes)")
+            self.check_size(size)
             parts.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(parts)
 
 
-class WsgiRestPublish:
+class WsgiRestPublish(_RestPublish):
     """WSGI app: ``POST <prefix><channel>`` (PATH_INFO, below SCRIPT_NAME); other paths go to ``app`` (or 404)."""
-
-    def __init__(self, app: Callable[..., Any] | None = None, *, bus: Bus,
-                 authorize: Callable[[Any, str], Any], prefix: str = "/message/",
-                 max_body_size: int = MAX_BODY_SIZE) -> None:
-        _check_authorize(authorize)
-        self.app = app
-        self.bus = bus
-        self.authorize = authorize
-        self.prefix = _norm_prefix(prefix)
-        self.max_body_size = max_body_size
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         try:
@@ -223,20 +238,18 @@ class WsgiRestPublish:
                 path = environ.get("PATH_INFO", "").encode("latin-1").decode("utf-8")
             except (UnicodeEncodeError, UnicodeDecodeError):
                 raise ProtocolError(400, "request path is not valid UTF-8")
-            channel = route(environ.get("REQUEST_METHOD", "GET"), path, self.prefix)
+            channel = self.channel(environ.get("REQUEST_METHOD", "GET"), path)
             if channel is None:
                 if self.app is not None:
                     return self.app(environ, start_response)
                 raise ProtocolError(404, "not found")
-            if not self.authorize(environ, channel):
-                raise ProtocolError(403, f"not authorised to publish on {channel[:80]!r}")
-            _length(environ.get("CONTENT_LENGTH"), self.max_body_size)
+            self.check_authorized(self.authorize(environ, channel), channel)
+            self.check_length(environ.get("CONTENT_LENGTH"))
             body = self._body(environ)
-            req = parse_publish(channel, environ.get("QUERY_STRING", ""), environ.get("CONTENT_TYPE"), body)
-            return _respond(start_response, 200, publish(self.bus, req), JSON_TYPE)
+            answer = self.answer(channel, environ.get("QUERY_STRING", ""), environ.get("CONTENT_TYPE"), body)
+            return _respond(start_response, 200, answer, JSON_TYPE)
         except ProtocolError as exc:
-            extra = [("allow", "POST")] if exc.status == 405 else []
-            return _respond(start_response, exc.status, exc.reason.encode(), extra=extra)
+            return _respond(start_response, exc.status, exc.reason.encode(), extra=_allow(exc.status))
 
     def _body(self, environ: dict[str, Any]) -> bytes:
         stream = environ.get("wsgi.input")
@@ -245,8 +258,7 @@ class WsgiRestPublish:
         cl = environ.get("CONTENT_LENGTH")
         # unknown length (chunked): read at most one byte over the limit
         data = stream.read(int(cl)) if cl else stream.read(self.max_body_size + 1)
-        if len(data) > self.max_body_size:
-            raise ProtocolError(413, f"request body too large (limit {self.max_body_size} bytes)")
+        self.check_size(len(data))
         return bytes(data)
 
 
