@@ -24,7 +24,7 @@ from shmbus.message import Message
 from shmbus.patterns import compile_pattern
 
 from ._looptap import LoopTap
-from .protocol import MAX_CLIENT_ID_LENGTH, Client, Lookups, MessageBusProtocol, ProtocolError, log
+from .protocol import MAX_CLIENT_ID_LENGTH, Client, Lookups, MessageBusProtocol, ProtocolError, bus_or_default, log
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -466,12 +466,8 @@ class TransportApp:
 
     def __init__(self, app: Callable[..., Any] | None, bus: Bus | None, path: str, max_buffer: int,
                  max_subscriptions: int, lookups: dict[str, Any]) -> None:
-        if bus is None:
-            import shmbus
-
-            bus = shmbus.default_bus()
         self.app = app
-        self.bus = bus
+        self.bus = bus = bus_or_default(bus)
         self.path = path
         self.max_buffer = max_buffer
         self.max_subscriptions = max_subscriptions

@@ -40,15 +40,14 @@ from .protocol import (
     Client,
     MessageBusProtocol,
     Options,
-    PollRequest,
     ProtocolError,
     Response,
-    channels_override,
+    bus_or_default,
     form_params,
     match_route,
     null_lock,
-    parse_body,
-    parse_query_dlp,
+    poll_request,
+    triple_response,
 )
 
 __all__ = ["MessageBusMiddleware"]
@@ -161,12 +160,8 @@ class MessageBusMiddleware:
     """
 
     def __init__(self, app: Callable[..., Any] | None = None, *, bus: Bus | None = None, **options: Any) -> None:
-        if bus is None:
-            import shmbus
-
-            bus = shmbus.default_bus()
         self.app = app
-        self.bus = bus
+        self.bus = bus = bus_or_default(bus)
         self.options = Options.from_kwargs(options)
         self._loops: LoopTap[_LoopEngine] = LoopTap(
             bus, lambda loop: _LoopEngine(self.bus, self.options, loop), _queue_batch)
@@ -219,9 +214,7 @@ class MessageBusMiddleware:
         if handler is not None:
             result = await _maybe_await(handler(scope, exc))
             if result:
-                from .wsgi import _triple
-
-                await _send(send, _triple(result))
+                await _send(send, triple_response(result))
                 return
         if isinstance(exc, ProtocolError):
             resp = exc.response()
@@ -287,14 +280,10 @@ class MessageBusMiddleware:
         if route.kind == "broadcast":
             await _send(send, proto.broadcast(form_params(query, body, content_type)))
             return
-        override = scope.get("message_bus.channels")
-        if override is not None:
-            channels, seq = channels_override(override, scope.get("message_bus.seq"), opts)
-        else:
-            channels, seq = parse_body(content_type, body, opts)
-        req = PollRequest(route.client_id, channels, seq, dlp=parse_query_dlp(query),
-                          dont_chunk=b"dont-chunk" in headers,
-                          http11=scope.get("http_version", "1.1") not in ("1.0", "0.9"))
+        req = poll_request(route.client_id, content_type, body, query, opts,
+                           override=scope.get("message_bus.channels"), override_seq=scope.get("message_bus.seq"),
+                           dont_chunk=b"dont-chunk" in headers,
+                           http11=scope.get("http_version", "1.1") not in ("1.0", "0.9"))
         lk = proto.lookups(
             await _maybe_await(opts.user_id_lookup(scope)) if opts.user_id_lookup else None,
             await _maybe_await(opts.group_ids_lookup(scope)) if opts.group_ids_lookup else None,

@@ -181,7 +181,31 @@ def status_line(code: int) -> str:
     return f"{code} {reason}"
 
 
+def triple_response(result: Any) -> Response:
+    """``on_middleware_error``'s ``(status, headers, body)`` as a Response."""
+    status, headers, body = result
+    code = int(str(status).split(" ", 1)[0])
+    pairs = list(headers.items()) if hasattr(headers, "items") else list(headers or ())
+    if isinstance(body, str):
+        data = body.encode()
+    elif isinstance(body, (bytes, bytearray)):
+        data = bytes(body)
+    else:
+        data = b"".join(b if isinstance(b, bytes) else str(b).encode() for b in body)
+    pairs = [(str(k), str(v)) for k, v in pairs if str(k).lower() != "content-length"]
+    return Response(code, pairs, data)
+
+
 # ---------------------------------------------------------------------------------------------------- options
+def bus_or_default(bus: Bus | None) -> Bus:
+    """``bus``, or :func:`shmbus.default_bus` when None (the adapters' ``bus=None`` default)."""
+    if bus is None:
+        import shmbus
+
+        bus = shmbus.default_bus()
+    return bus
+
+
 def normalize_base_route(route: str) -> str:
     """The gem's normalisation: leading and trailing ``/``, runs of ``/`` collapsed (``"a//b"`` -> ``/a/b/``)."""
     if not isinstance(route, str):
@@ -428,6 +452,18 @@ def channels_override(value: Any, seq: Any, options: Options) -> tuple[dict[str,
         raise TypeError("message_bus.channels must be a mapping of channel -> last id")
     channels, _ = _channels_from_items(value.items(), options)
     return channels, _parse_seq(seq)
+
+
+def poll_request(client_id: str, content_type: str | None, body: bytes, query: str, options: Options, *,
+                 override: Any = None, override_seq: Any = None, dont_chunk: bool = False, http11: bool = True
+                 ) -> PollRequest:
+    """A poll's :class:`PollRequest`: channels from ``override`` (the gem's ``message_bus.channels``, with
+    ``message_bus.seq``) when set, else from the body; ``dlp`` from the query string."""
+    if override is not None:
+        channels, seq = channels_override(override, override_seq, options)
+    else:
+        channels, seq = parse_body(content_type, body, options)
+    return PollRequest(client_id, channels, seq, dlp=parse_query_dlp(query), dont_chunk=dont_chunk, http11=http11)
 
 
 def form_params(query: str, body: bytes, content_type: str | None) -> dict[str, str]:

@@ -62,6 +62,7 @@ from .protocol import (
     match_route,
     parse_body,
     parse_query_dlp,
+    triple_response,
 )
 
 try:
@@ -559,9 +560,7 @@ class HttpConnection(asyncio.Protocol):
                 log.exception("shmbus server: on_middleware_error failed")
                 result = None
             if result:
-                from .wsgi import _triple
-
-                resp = _triple(result)
+                resp = triple_response(result)
                 self._respond(req, resp.status, resp.headers, resp.body)
                 return
         if isinstance(exc, ProtocolError):

@@ -60,15 +60,14 @@ from shmbus.message import Message
 from .protocol import (
     MessageBusProtocol,
     Options,
-    PollRequest,
     ProtocolError,
     Response,
-    channels_override,
+    bus_or_default,
     form_params,
     match_route,
-    parse_body,
-    parse_query_dlp,
+    poll_request,
     status_line,
+    triple_response,
 )
 
 __all__ = ["MessageBusMiddleware", "configure_server", "server_threads"]
@@ -160,12 +159,8 @@ class MessageBusMiddleware:
     """
 
     def __init__(self, app: Callable[..., Any] | None = None, *, bus: Bus | None = None, **options: Any) -> None:
-        if bus is None:
-            import shmbus
-
-            bus = shmbus.default_bus()
         self.app = app
-        self.bus = bus
+        self.bus = bus = bus_or_default(bus)
         self.options = Options.from_kwargs(options)
         self._engine: _Engine | None = None
         self._lock = threading.Lock()
@@ -214,7 +209,7 @@ class MessageBusMiddleware:
         if handler is not None:
             result = handler(environ, exc)
             if result:
-                return _send(start_response, _triple(result))
+                return _send(start_response, triple_response(result))
         if isinstance(exc, ProtocolError):
             resp = exc.response()
             try:
@@ -285,15 +280,10 @@ class MessageBusMiddleware:
         proto = eng.proto
         if route.kind == "broadcast":
             return _send(start_response, proto.broadcast(form_params(query, body, environ.get("CONTENT_TYPE"))))
-        override = environ.get("message_bus.channels")
-        if override is not None:
-            channels, seq = channels_override(override, environ.get("message_bus.seq"), opts)
-        else:
-            channels, seq = parse_body(environ.get("CONTENT_TYPE"), body, opts)
         version = environ.get("SERVER_PROTOCOL", "HTTP/1.0")
-        req = PollRequest(route.client_id, channels, seq, dlp=parse_query_dlp(query),
-                          dont_chunk="HTTP_DONT_CHUNK" in environ,
-                          http11=version not in ("HTTP/1.0", "HTTP/0.9"))
+        req = poll_request(route.client_id, environ.get("CONTENT_TYPE"), body, query, opts,
+                           override=environ.get("message_bus.channels"), override_seq=environ.get("message_bus.seq"),
+                           dont_chunk="HTTP_DONT_CHUNK" in environ, http11=version not in ("HTTP/1.0", "HTTP/0.9"))
         lk = proto.lookups(
             opts.user_id_lookup(environ) if opts.user_id_lookup else None,
             opts.group_ids_lookup(environ) if opts.group_ids_lookup else None,
@@ -373,18 +363,3 @@ def _base(extra: list[tuple[str, str]]) -> list[tuple[str, str]]:
 def _send(start_response: StartResponse, resp: Response) -> list[bytes]:
     start_response(status_line(resp.status), [*resp.headers, ("content-length", str(len(resp.body)))])
     return [resp.body]
-
-
-def _triple(result: Any) -> Response:
-    """``on_middleware_error``'s ``(status, headers, body)`` as a Response."""
-    status, headers, body = result
-    code = int(str(status).split(" ", 1)[0])
-    pairs = list(headers.items()) if hasattr(headers, "items") else list(headers or ())
-    if isinstance(body, str):
-        data = body.encode()
-    elif isinstance(body, (bytes, bytearray)):
-        data = bytes(body)
-    else:
-        data = b"".join(b if isinstance(b, bytes) else str(b).encode() for b in body)
-    pairs = [(str(k), str(v)) for k, v in pairs if str(k).lower() != "content-length"]
-    return Response(code, pairs, data)
