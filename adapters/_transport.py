@@ -12,10 +12,8 @@ message filters; site rules are the middleware's (``/global/`` channels reach ev
 from __future__ import annotations
 
 import asyncio
-import inspect
-import re
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,12 +21,21 @@ from shmbus.bus import KEEPALIVE_CHANNEL, MAX_CHANNEL_BYTES, Bus
 from shmbus.message import Message
 from shmbus.patterns import compile_pattern
 
+from ._asgi_util import Receive, Send, lifespan, maybe_await
 from ._looptap import LoopTap
-from .protocol import MAX_CLIENT_ID_LENGTH, Client, Lookups, MessageBusProtocol, ProtocolError, bus_or_default, log
+from .protocol import (
+    CLIENT_ID_RE,
+    INVALID_CLIENT_ID,
+    Client,
+    Lookups,
+    MessageBusProtocol,
+    ProtocolError,
+    bus_or_default,
+    filter_allows,
+    log,
+)
 
 Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 Lookup = Callable[[Any], Any]
 
 #: Default bytes queued for one connection that is not reading before it is dropped.
@@ -37,7 +44,6 @@ DEFAULT_MAX_BUFFER = 1 << 20
 MAX_SUBSCRIPTIONS = 200
 PATTERN_KINDS = ("prefix", "glob")
 
-_CLIENT_ID_RE = re.compile(rf"[A-Za-z0-9._~-]{{1,{MAX_CLIENT_ID_LENGTH}}}\Z")
 _INTERNAL_PREFIX = "/__"  # /__mb_keepalive__/, /__status: bus-internal, never delivered
 
 
@@ -64,14 +70,8 @@ def check_channel(ch: Any, what: str = "channel") -> str:
 def check_client_id(value: Any) -> str | None:
     if value is None or value == "":
         return None
-    if not isinstance(value, str) or not _CLIENT_ID_RE.match(value):
-        raise ProtocolError(400, f"invalid client id (1-{MAX_CLIENT_ID_LENGTH} characters of A-Z a-z 0-9 . _ ~ -)")
-    return value
-
-
-async def maybe_await(value: Any) -> Any:
-    if inspect.isawaitable(value):
-        return await value
+    if not isinstance(value, str) or not CLIENT_ID_RE.match(value):
+        raise ProtocolError(400, INVALID_CLIENT_ID)
     return value
 
 
@@ -139,16 +139,6 @@ async def send_simple(send: Send, status: int, body: bytes, content_type: str = 
     headers = [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode()), *extra]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
-
-
-async def lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
 
 
 async def fallback(app: Callable[..., Any] | None, scope: Scope, receive: Receive, send: Send) -> None:
@@ -294,11 +284,7 @@ class Sink:
         if not self.checker.allowed(msg):
             return False
         if self.bus.client_message_filters:
-            try:
-                return bool(self.bus.allowed_by_filters(msg))
-            except Exception:
-                log.exception("shmbus: client message filter failed on %r; message withheld", msg.channel)
-                return False
+            return filter_allows(self.bus, msg)
         return True
 
     # -- output

@@ -26,14 +26,14 @@ shared-memory reads (microseconds) done on the loop. A streaming client that sto
 from __future__ import annotations
 
 import asyncio
-import inspect
 import threading
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 from shmbus.bus import Bus
 from shmbus.message import Message
 
+from ._asgi_util import Receive, Send, lifespan, maybe_await, until_disconnect
 from ._looptap import LoopTap
 from .protocol import (
     BASE_HEADERS,
@@ -53,8 +53,6 @@ from .protocol import (
 __all__ = ["MessageBusMiddleware"]
 
 Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 _NOT_FOUND = Response(404, [("content-type", "text/plain")], b"not found")
 
@@ -183,7 +181,7 @@ class MessageBusMiddleware:
             if self.app is not None:
                 await self.app(scope, receive, send)
             elif scope["type"] == "lifespan":
-                await _lifespan(receive, send)
+                await lifespan(receive, send)
             return
         path = scope["path"]
         root = scope.get("root_path") or ""
@@ -212,7 +210,7 @@ class MessageBusMiddleware:
     async def _error(self, scope: Scope, send: Send, exc: Exception) -> None:
         handler = self.options.on_middleware_error
         if handler is not None:
-            result = await _maybe_await(handler(scope, exc))
+            result = await maybe_await(handler(scope, exc))
             if result:
                 await _send(send, triple_response(result))
                 return
@@ -230,7 +228,7 @@ class MessageBusMiddleware:
         lookup = self.options.extra_response_headers_lookup
         if lookup is None:
             return []
-        return MessageBusProtocol.extra_headers(await _maybe_await(lookup(scope)))
+        return MessageBusProtocol.extra_headers(await maybe_await(lookup(scope)))
 
     async def _read_body(self, scope: Scope, receive: Receive, headers: dict[bytes, bytes]) -> bytes:
         limit = self.options.max_body_size
@@ -285,9 +283,9 @@ class MessageBusMiddleware:
                            dont_chunk=b"dont-chunk" in headers,
                            http11=scope.get("http_version", "1.1") not in ("1.0", "0.9"))
         lk = proto.lookups(
-            await _maybe_await(opts.user_id_lookup(scope)) if opts.user_id_lookup else None,
-            await _maybe_await(opts.group_ids_lookup(scope)) if opts.group_ids_lookup else None,
-            await _maybe_await(opts.site_id_lookup(scope)) if opts.site_id_lookup else None,
+            await maybe_await(opts.user_id_lookup(scope)) if opts.user_id_lookup else None,
+            await maybe_await(opts.group_ids_lookup(scope)) if opts.group_ids_lookup else None,
+            await maybe_await(opts.site_id_lookup(scope)) if opts.site_id_lookup else None,
         )
         extra = await self._extra(scope)
         loop = eng.loop
@@ -300,7 +298,7 @@ class MessageBusMiddleware:
         c = poll.client
         assert c is not None
         timer = loop.call_later(opts.long_polling_interval, _expire, c)
-        receiver = asyncio.ensure_future(_until_disconnect(receive))
+        receiver = asyncio.ensure_future(until_disconnect(receive))
         receiver.add_done_callback(lambda _t: _disconnected(c))
         try:
             if poll.mode == "long":
@@ -349,16 +347,6 @@ class _Disconnected(Exception):
     pass
 
 
-async def _until_disconnect(receive: Receive) -> None:
-    try:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-    except Exception:  # the server's receive failed: treat as gone
-        return
-
-
 def _disconnected(c: Client) -> None:
     if not c.done:
         c.dropped = True
@@ -367,23 +355,8 @@ def _disconnected(c: Client) -> None:
             w.fut.set_result(None)
 
 
-async def _maybe_await(value: Any) -> Any:
-    if inspect.isawaitable(value):
-        return await value
-    return value
-
-
 async def _send(send: Send, resp: Response) -> None:
     await send({"type": "http.response.start", "status": resp.status,
                 "headers": _enc_headers(resp.headers, len(resp.body))})
     await send({"type": "http.response.body", "body": resp.body})
 
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return

@@ -109,7 +109,9 @@ STREAM_HEADERS: list[tuple[str, str]] = [
 ]
 _TEXT = [("content-type", "text/plain; charset=utf-8")]
 
-_CLIENT_ID_RE = re.compile(rf"[A-Za-z0-9._~-]{{1,{MAX_CLIENT_ID_LENGTH}}}\Z")
+#: A valid client id (route segment, ``?client_id=``); :data:`INVALID_CLIENT_ID` is the 400 reason otherwise.
+CLIENT_ID_RE = re.compile(rf"[A-Za-z0-9._~-]{{1,{MAX_CLIENT_ID_LENGTH}}}\Z")
+INVALID_CLIENT_ID = f"invalid client id (1-{MAX_CLIENT_ID_LENGTH} characters of A-Z a-z 0-9 . _ ~ -)"
 _INT_RE = re.compile(r"[ \t]*-?[0-9]{1,20}[ \t]*\Z")
 _STATUS_HEAD = b'{"global_id":-1,"message_id":-1,"channel":"/__status","data":'
 _OPTION_NAMES: frozenset[str]
@@ -304,9 +306,8 @@ def match_route(method: str, path: str, options: Options) -> Route:
         return Route("error", error=ProtocolError(404, "missing client id"))
     if tail not in ("", "poll"):
         return Route("error", error=ProtocolError(404, "unknown message-bus route"))
-    if not _CLIENT_ID_RE.match(cid):
-        return Route("error", error=ProtocolError(
-            400, f"invalid client id (1-{MAX_CLIENT_ID_LENGTH} characters of A-Z a-z 0-9 . _ ~ -)"))
+    if not CLIENT_ID_RE.match(cid):
+        return Route("error", error=ProtocolError(400, INVALID_CLIENT_ID))
     return Route("poll", client_id=cid)
 
 
@@ -593,6 +594,15 @@ class Client:
         return f"Client({self.client_id!r}, seq={self.seq}, streaming={self.streaming})"
 
 
+def filter_allows(bus: Bus, msg: Message) -> bool:
+    """The bus's client message filters on ``msg``; a filter that raises withholds the message (logged)."""
+    try:
+        return bool(bus.allowed_by_filters(msg))
+    except Exception:
+        log.exception("shmbus: client message filter failed on %r; message withheld", msg.channel)
+        return False
+
+
 class _Group:
     """Messages of one (site, channel) in one batch, encoded lazily and once for every recipient."""
 
@@ -729,14 +739,7 @@ class Registry:
         bus = self.bus
         if not bus.client_message_filters:
             return None
-        out = []
-        for m in msgs:
-            try:
-                out.append(bool(bus.allowed_by_filters(m)))
-            except Exception:
-                log.exception("shmbus: client message filter failed on %r; message withheld", m.channel)
-                out.append(False)
-        return out
+        return [filter_allows(bus, m) for m in msgs]
 
     def dispatch(self, msgs: list[Message]) -> list[Client]:
         """Hand a batch from the bus listener to the waiting clients; return the clients to wake.
@@ -992,7 +995,7 @@ class MessageBusProtocol:
             for m in bl:
                 if m.message_id > top:
                     c.last[ch] = top = m.message_id
-                if c.allowed(m) and (not filters or self._filter_allows(m)):
+                if c.allowed(m) and (not filters or filter_allows(self.bus, m)):
                     items.append(encode_message(m, is_json))
                 else:
                     status[ch] = top
@@ -1001,13 +1004,6 @@ class MessageBusProtocol:
             if ch in status:
                 status[ch] = c.last[ch]
         return items, status
-
-    def _filter_allows(self, m: Message) -> bool:
-        try:
-            return bool(self.bus.allowed_by_filters(m))
-        except Exception:
-            log.exception("shmbus: client message filter failed on %r; message withheld", m.channel)
-            return False
 
     # -- ends of waiting requests
     def long_poll_response(self, c: Client) -> bytes:

@@ -25,7 +25,8 @@ from urllib.parse import parse_qs
 from shmbus.bus import Bus
 from shmbus.errors import InvalidChannel, InvalidMessage, PayloadTooLarge
 
-from ._transport import Receive, Scope, Send, check_channel, fallback, maybe_await, relative_path, send_simple
+from ._asgi_util import maybe_await
+from ._transport import Receive, Scope, Send, check_channel, fallback, relative_path, send_simple
 from .protocol import MAX_BODY_SIZE, MAX_CLIENT_ID_LENGTH, ProtocolError, status_line
 
 __all__ = ["AsgiRestPublish", "PublishRequest", "WsgiRestPublish", "parse_publish"]

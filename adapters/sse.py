@@ -30,6 +30,7 @@ from urllib.parse import parse_qs
 from shmbus.bus import Bus
 from shmbus.message import Message
 
+from ._asgi_util import until_disconnect
 from ._transport import (
     DEFAULT_MAX_BUFFER,
     MAX_SUBSCRIPTIONS,
@@ -183,7 +184,7 @@ class SSEApp(TransportApp):
                 task.cancel()  # stuck in send() to a client that does not read
 
         sink.wake = wake
-        gone = asyncio.ensure_future(_until_disconnect(receive))
+        gone = asyncio.ensure_future(until_disconnect(receive))
 
         def on_gone(_t: object) -> None:
             sink.closed = True
@@ -239,12 +240,3 @@ class SSEApp(TransportApp):
             if not gone.done():
                 gone.cancel()
 
-
-async def _until_disconnect(receive: Receive) -> None:
-    try:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-    except Exception:
-        return

@@ -33,6 +33,7 @@ from urllib.parse import parse_qs
 from shmbus.bus import Bus
 from shmbus.errors import ShmbusError
 
+from ._asgi_util import maybe_await
 from ._transport import (
     DEFAULT_MAX_BUFFER,
     MAX_SUBSCRIPTIONS,
@@ -44,7 +45,6 @@ from ._transport import (
     TransportApp,
     check_channel,
     fallback,
-    maybe_await,
     relative_path,
     replay_since,
 )
