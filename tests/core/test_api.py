@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 import pytest
-from core_util import wait_for
+from harness.wait import wait_for
 
 import shmbus
 from shmbus import Bus, Message

@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
+
+from harness.wait import wait_for as harness_wait_for
 
 from shmbus import Bus
 
 
 def wait_for(pred: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    """Poll ``pred`` until truthy (generous deadline, never a bare sleep as synchronisation)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = pred()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
+    """:func:`harness.wait.wait_for` with the bridge tests' generous default deadline."""
+    return harness_wait_for(pred, timeout, what)
 
 
 def wait_relaying(*buses: Bus, timeout: float = 20.0) -> None:

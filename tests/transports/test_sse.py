@@ -11,8 +11,9 @@ from typing import Any
 
 import httpx
 import pytest
+from harness.wait import wait_for
 from shmbus.adapters.sse import SSEApp, format_event, parse_event_id
-from transport_util import Recorder, http_scope, wait_for
+from transport_util import Recorder, http_scope
 
 from shmbus import Bus
 
@@ -237,7 +238,8 @@ def test_slow_client_dropped_by_real_server(bus: Bus, server: Any, publisher: An
             st = _stats(srv.url)["sse"]
             if st["dropped"]:
                 break
-        wait_for(lambda: _stats(srv.url)["sse"] == {"connections": 0, "dropped": 1}, what="the drop")
+        wait_for(lambda: _stats(srv.url)["sse"] == {"connections": 0, "dropped": 1}, 20.0, what="the drop",
+                 interval=0.02)
     finally:
         s.close()
     # the server keeps serving others

@@ -8,7 +8,6 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,17 +113,6 @@ class SSEClient:
                 pass
         self._thread.join(10)
         self.client.close()
-
-
-def wait_for(pred: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 class Recorder:

@@ -45,17 +45,6 @@ def web_apps_dir() -> Path:
     return WEB_DIR
 
 
-def wait_for(pred: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
-
-
 class Call:
     """One in-flight request: ``status``/``headers`` once started, body pieces in arrival order."""
 

@@ -11,7 +11,8 @@ import time
 from typing import Any
 
 import pytest
-from conftest import split_stream, wait_for
+from conftest import split_stream
+from harness.wait import wait_for
 from shmbus.adapters import protocol as P
 
 from shmbus import Bus
