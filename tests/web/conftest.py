@@ -4,6 +4,7 @@
 ``driver``         factory ``driver(kind, **options) -> Driver`` for kind "wsgi" or "asgi": runs requests against
                    the real middleware in-process (WSGI: one thread per request, like a threaded server; ASGI: one
                    event loop thread) and exposes status, headers and body pieces as they are produced.
+``wsgi_driver_class`` the WSGI driver class, for a test that wraps a middleware of its own
 ``web_apps_dir``   directory holding ``webapps.py`` (apps served by real gunicorn/uvicorn in the smoke tests)
 Raw HTTP helpers for real servers live in ``rawhttp.py``.
 """
@@ -21,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rawhttp import split_stream
 from shmbus.adapters.asgi import MessageBusMiddleware as AsgiMiddleware
-from shmbus.adapters.protocol import SEPARATOR
 from shmbus.adapters.wsgi import MessageBusMiddleware as WsgiMiddleware
 
 from shmbus import Bus
@@ -108,12 +109,6 @@ class Call:
 
     def is_finished(self) -> bool:
         return self.finished.is_set()
-
-
-def split_stream(data: bytes) -> list[bytes]:
-    parts = data.split(SEPARATOR)
-    assert parts[-1] == b"", f"stream does not end with the separator: {data!r}"
-    return parts[:-1]
 
 
 class Driver:
@@ -310,6 +305,13 @@ class AsgiDriver(Driver):
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
         self.loop.close()
+
+
+@pytest.fixture
+def wsgi_driver_class() -> type[WsgiDriver]:
+    """The WSGI driver class, for a test that wraps its own middleware (test modules cannot import it: several
+    directories have a ``conftest`` module)."""
+    return WsgiDriver
 
 
 @pytest.fixture

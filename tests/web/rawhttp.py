@@ -89,6 +89,13 @@ class RawResponse:
         self.sock.close()
 
 
+def split_stream(data: bytes) -> list[bytes]:
+    """A message_bus stream body -> its pieces (each ends with the separator, the last one included)."""
+    parts = data.split(SEP)
+    assert parts[-1] == b"", f"stream does not end with the separator: {data!r}"
+    return parts[:-1]
+
+
 def dechunk(data: bytes) -> bytes:
     out = []
     while True:

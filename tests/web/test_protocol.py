@@ -11,8 +11,8 @@ import time
 from typing import Any
 
 import pytest
-from conftest import split_stream
 from harness.wait import wait_for
+from rawhttp import split_stream
 from shmbus.adapters import protocol as P
 
 from shmbus import Bus
@@ -565,14 +565,13 @@ def test_encode_message_splices_raw_json(bus: Bus) -> None:
     assert P.encode_message(m) == b'{"global_id":1,"message_id":1,"channel":"/c\\"h","data":{"k":[1,2]}}'
 
 
-def test_msgpack_codec_bus_is_served_as_json(bus_name: str, driver: Any) -> None:
+def test_msgpack_codec_bus_is_served_as_json(bus_name: str, wsgi_driver_class: Any) -> None:
     b = Bus(bus_name + "m", codec="msgpack", keepalive_interval=0, ring_size=1 << 20, max_channels=64)
     try:
         b.publish("/foo", {"bin": b"\x00ab", "n": 1})
-        from conftest import WsgiDriver
         from shmbus.adapters.wsgi import MessageBusMiddleware
 
-        d = WsgiDriver(MessageBusMiddleware(bus=b))
+        d = wsgi_driver_class(MessageBusMiddleware(bus=b))
         got = J(d.poll("a", {"/foo": 0}, dlp=True).body())
         assert got == [msg(1, 1, "/foo", {"bin": "\x00ab", "n": 1})]
         d.close()
