@@ -73,7 +73,7 @@ try:
     _ParserUpgrade: Any = _httptools.HttpParserUpgrade
     PARSER = "httptools"
 except ImportError:  # pragma: no cover - exercised with SHMBUS_SERVER_PARSER=pure
-    _httptools = None  # type: ignore[assignment]
+    _httptools = None  # type: ignore[assignment,unused-ignore]
     PARSER = "pure"
 
 if _httptools is None or os.environ.get("SHMBUS_SERVER_PARSER") == "pure":

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import harness
 import pytest
 from harness import skip_or_fail
 from harness.browser import E2E_DIR, require_browser, run_page
@@ -67,7 +68,7 @@ def start_server(procs: Any, bus_name: str, shell: str, log_path: Path) -> Any:
         env["PYTHONPATH"] = str(E2E_DIR)  # e2e_native (in app_dir) imports e2e_app
         return procs.gunicorn_server(spec, workers=2, worker_class=worker_class, env=env, app_dir=SERVER_DIR,
                                      health_path="/page")
-    pytest.importorskip("uvicorn" if worker_class.startswith("uvicorn") else worker_class)
+    harness.require_module("uvicorn" if worker_class.startswith("uvicorn") else worker_class)
     return procs.gunicorn_server(spec, workers=2, worker_class=worker_class, config=GUNICORN_CONFIG,
                                  env=env, app_dir=E2E_DIR, health_path="/page")
 

@@ -13,22 +13,23 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import harness.procs
 import pytest
-from conftest import SERVER_DIR
 from wire import Conn, poll, request
 
 from shmbus import Bus
 
+SERVER_DIR = Path(__file__).resolve().parent  # not "from conftest import": tests/web has a conftest too
 pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("parser", ["httptools", "pure"])
 def test_bad_input_precise_4xx_and_worker_keeps_serving(start: Any, shared_bus: Bus, parser: str) -> None:
     if parser == "httptools":
-        pytest.importorskip("httptools")
+        harness.require_module("httptools")
     server = start(workers=1, parser=None if parser == "httptools" else "pure", max_body_size=1000)
     port = server.port
     shared_bus.publish("/ok", "fine")
@@ -136,6 +137,7 @@ def test_other_routes_reach_the_asgi_app(start: Any) -> None:
 
 CONFIG = """
 import os
+
 shmbus_options = {"bus": os.environ["SHMBUS_TEST_BUS"], "long_polling_interval": 20, "base_route": "/mb"}
 max_requests = 30
 keepalive = 1

@@ -15,6 +15,7 @@ import signal
 import time
 from typing import Any
 
+import harness
 import pytest
 from wire import Conn, poll, request, wire_chunk
 
@@ -40,7 +41,7 @@ def publish_elsewhere(procs: Any, bus_name: str, channel: str, data: str, n: int
 
 def parser_env(parser: str) -> str | None:
     if parser == "httptools":
-        pytest.importorskip("httptools")
+        harness.require_module("httptools")
         return None
     return "pure"
 

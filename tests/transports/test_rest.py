@@ -7,6 +7,7 @@ import json
 from typing import Any
 from urllib.parse import unquote
 
+import harness
 import httpx
 import pytest
 from shmbus.adapters.rest import AsgiRestPublish, WsgiRestPublish
@@ -128,7 +129,7 @@ def test_authorize_is_mandatory(bus: Bus) -> None:
 @pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient`")
 def test_mounts_in_starlette_and_wraps_falcon_asgi(bus: Bus) -> None:
     """The documented compositions: a Starlette ``Mount`` (root_path) and wrapping a Falcon ASGI app."""
-    starlette = pytest.importorskip("starlette")
+    starlette = harness.require_module("starlette")
     from starlette.applications import Starlette
     from starlette.responses import PlainTextResponse
     from starlette.routing import Mount, Route
@@ -144,7 +145,7 @@ def test_mounts_in_starlette_and_wraps_falcon_asgi(bus: Bus) -> None:
         assert client.get("/").text == "home"
     assert bus.backlog("/ok/1", 0)[0].data == {"a": 1}
 
-    falcon_asgi = pytest.importorskip("falcon.asgi")
+    falcon_asgi = harness.require_module("falcon.asgi")
 
     class Hello:
         async def on_get(self, req: Any, resp: Any) -> None:

@@ -6,13 +6,15 @@ Run in-process over both shells, and through real servers (gunicorn gthread, uvi
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 import rawhttp
-from conftest import WEB_DIR
 
 from shmbus import Bus
+
+WEB_DIR = Path(__file__).resolve().parent  # not "from conftest import": tests/server has a conftest too
 
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
 JSONH = {"Content-Type": "application/json"}

@@ -12,12 +12,14 @@ import http.client
 import json
 import secrets
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import WEB_DIR
 
 from shmbus import Bus
+
+WEB_DIR = Path(__file__).resolve().parent  # not "from conftest import": tests/server has a conftest too
 
 pytestmark = pytest.mark.slow
 SEP = b"\r\n|\r\n"

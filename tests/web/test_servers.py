@@ -9,14 +9,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import harness
 import pytest
 import rawhttp
-from conftest import WEB_DIR
 
 from shmbus import Bus
+
+WEB_DIR = Path(__file__).resolve().parent  # not "from conftest import": tests/server has a conftest too
 
 pytestmark = pytest.mark.slow
 

@@ -10,16 +10,18 @@ import json
 import os
 import shutil
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 import rawhttp
-from conftest import WEB_DIR
 from harness import skip_or_fail
 from harness.procs import free_port, wait_http
 from test_servers import env_for, publish_elsewhere
 
 from shmbus import Bus
+
+WEB_DIR = Path(__file__).resolve().parent  # not "from conftest import": tests/server has a conftest too
 
 pytestmark = pytest.mark.slow
 

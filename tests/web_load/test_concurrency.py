@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import harness
 import pytest
 from harness import REPO_ROOT, skip_or_fail
 
@@ -81,7 +82,7 @@ def test_uvicorn_asgi_10k(bus: Bus, procs: Any) -> None:
 
 
 def test_gunicorn_gevent_wsgi_2k(bus: Bus, procs: Any) -> None:
-    pytest.importorskip("gevent")
+    harness.require_module("gevent")
     n = 2_000
     need_fds(n)
     server = procs.gunicorn_server("_http_apps:wsgi_app", workers=2, worker_class="gevent",
