@@ -614,9 +614,9 @@ class _BusWriterBase:
     """
 
     def __init__(self, opts: Options, schema: StructType) -> None:
-        if not opts.location.bus:
-            raise ValueError("the shmbus sink needs .option('bus', NAME); publishing through redis_url is not "
-                             "supported (publish to a bus on the Redis bridge's host instead)")
+        if not opts.location.bus and not opts.location.redis_url:
+            raise ValueError("the shmbus sink needs .option('bus', NAME) (same host) or .option('redis_url', URL) "
+                             "(a cluster: rows go to Redis, and every host's bridge relay copies them into its bus)")
         names = schema.fieldNames()
         if "data" not in names:
             raise ValueError(f"the shmbus sink needs a 'data' column; got {names}")
@@ -675,14 +675,32 @@ class _BusWriterBase:
         meta = b""
         if any(k in kw for k in ("user_ids", "group_ids", "client_ids")):
             meta = encode_meta(kw.get("client_ids"), kw.get("user_ids"), kw.get("group_ids"))
-        bus._append(Envelope(channel, kw.get("site_id"), payload, meta,
-                             kw.get("max_backlog_size", bus.max_backlog_size),
-                             kw.get("max_backlog_age", bus.max_backlog_age)))
+        # through the bus's engine: the segment itself, or Redis when the sink writes through the bridge
+        bus.default.publish(bus, Envelope(channel, kw.get("site_id"), payload, meta,
+                                          kw.get("max_backlog_size", bus.max_backlog_size),
+                                          kw.get("max_backlog_age", bus.max_backlog_age)))
 
     def _open_bus(self) -> Any:
-        from ._spark_io import ShmReader
+        loc = self.opts.location
+        if loc.bus:
+            from ._spark_io import ShmReader
 
-        return ShmReader(self.opts.location).bus
+            return ShmReader(loc).bus
+        return _RedisSinkBus(loc.redis_url or "")
+
+    def _sink_markers(self, bus: Any, sink: str) -> list[Any]:
+        """The sink channel's progress records, oldest first (from Redis when writing through it)."""
+        if isinstance(bus, _RedisSinkBus):
+            from ._spark_io import RedisReader
+
+            reader = RedisReader(self.opts.location)
+            try:
+                last = reader.last_ids([sink])[sink]
+                chunk = reader.read(sink, 0, last)
+                return [reader.decode(p) for p in chunk.payloads]
+            finally:
+                reader.close()
+        return [m.data for m in bus.backlog(sink, 0)]
 
 
 class BusBatchWriter(_BusWriterBase, DataSourceWriter):
@@ -719,7 +737,8 @@ class BusStreamWriter(_BusWriterBase, DataSourceStreamWriter):
         bus = self._open_bus()
         try:
             sink = sink_channel(self.opts.sink_id) if self.opts.sink_id else None
-            if sink is not None and batch_id is not None and _already_done(bus, sink, batch_id, partition):
+            if sink is not None and batch_id is not None and _already_done(self._sink_markers(bus, sink), batch_id,
+                                                                         partition):
                 for _ in iterator:  # drain: Spark expects the input consumed
                     pass
                 return SinkCommit(partition, 0, skipped=True)
@@ -749,10 +768,9 @@ class BusStreamWriter(_BusWriterBase, DataSourceStreamWriter):
                     self.opts.sink_id, batchId)
 
 
-def _already_done(bus: Any, sink: str, batch_id: int, partition: int) -> bool:
+def _already_done(markers: list[Any], batch_id: int, partition: int) -> bool:
     """True when ``batch_id`` was committed, or this partition of it finished, according to the sink channel."""
-    for msg in reversed(bus.backlog(sink, 0)):
-        d = msg.data
+    for d in reversed(markers):
         if not isinstance(d, dict):
             continue
         b = int(d.get("batch_id", -1))
@@ -765,6 +783,34 @@ def _already_done(bus: Any, sink: str, batch_id: int, partition: int) -> bool:
         elif d.get("kind") == "task" and b == batch_id and d.get("partition") == partition:
             return True
     return False
+
+
+class _RedisSinkBus:
+    """What an executor publishes through when the sink writes via ``redis_url`` (a cluster): a private, throwaway
+    segment whose engine is the Redis bridge with relaying off, so rows go to Redis with Redis-assigned ids (the
+    gem's layout) and each bus host's relay copies them into its own segment. Destroyed when the task ends."""
+
+    def __init__(self, url: str) -> None:
+        import uuid
+
+        from shmbus import Bus
+
+        from .redis_bridge import RedisBridge
+
+        self.bridge = RedisBridge(url, relay=False, local_wait=0)
+        self.bus = Bus(f"spark-sink-{os.getpid()}-{uuid.uuid4().hex[:8]}", ring_size=1 << 20, max_channels=1024,
+                       keepalive_interval=0, engine=self.bridge)
+        self._batch = self.bridge.batch()
+        self._batch.__enter__()  # pipelined: rows are sent in round trips of up to 1000, in order
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.bus, name)
+
+    def close(self) -> None:
+        try:
+            self._batch.__exit__(None, None, None)  # sends what is queued; raises if Redis refused it
+        finally:
+            self.bus.destroy()
 
 
 def last_committed_batch(bus: Any, sink_id: str) -> int | None:

@@ -320,3 +320,52 @@ def test_redis_backlog_read_path(spark: Any, redis_url: str) -> None:
     finally:
         r.delete(*keys)
         r.close()
+
+
+def test_sink_through_redis_reaches_bridged_hosts_once(spark: Any, bus: Bus, redis_server: Any,
+                                                       tmp_path: Path) -> None:
+    """The cluster path of the sink: executors publish through Redis (the bridge, relay off, ids from Redis), and a
+    web host whose bus is bridged to the same Redis gets every row once, with the same ids; a replayed batch is
+    skipped using the sink records kept in Redis."""
+    from pyspark.sql import functions as F
+    from shmbus.adapters.redis_bridge import RedisBridge
+
+    web = Bus(f"{bus.name}w", ring_size=1 << 20, keepalive_interval=0, engine=RedisBridge(redis_server.url))
+    try:
+        deadline = time.monotonic() + 20
+        while not web.health()["engine_health"]["relay"]:  # the web host's relay is up before anything is sent
+            assert time.monotonic() < deadline, "no relay on the web host"
+            time.sleep(0.05)
+        for i in range(1, 31):
+            bus.publish("/in", {"n": i})
+        ckpt = tmp_path / "ckpt"
+
+        def run() -> Any:
+            df = _source(spark, bus, "/in", startingOffsets="earliest", maxRecordsPerTrigger="10")
+            return _run(df.select(F.lit("/out").alias("channel"), F.col("data")).writeStream.format("shmbus")
+                        .option("redis_url", redis_server.url).option("sinkId", "agg")
+                        .option("checkpointLocation", str(ckpt)))
+
+        q = run()
+        assert [n for _, n in _batches(q)] == [10, 10, 10]
+
+        def out() -> list[Any]:
+            return [(m.message_id, m.data) for m in web.backlog("/out", 0)]
+
+        deadline = time.monotonic() + 20
+        while len(out()) < 30:
+            assert time.monotonic() < deadline, f"rows did not reach the web host: {out()}"
+            time.sleep(0.05)
+        assert out() == [(i, {"n": i}) for i in range(1, 31)]  # Redis's ids, in order, once
+
+        replayed = _drop_last_commit(ckpt)
+        q = run()
+        assert _batches(q)[0] == (replayed, 10), "Spark did not replay the batch: the test would prove nothing"
+        time.sleep(0.5)
+        assert web.last_id("/out") == 30, "a replayed batch was published twice"
+        import redis
+
+        assert redis.Redis.from_url(redis_server.url).get("__mb_backlog_id_n_/out") == b"30"
+        assert not [f for f in os.listdir("/dev/shm") if f.startswith("shmbus.spark-sink-")], "sink bus left"
+    finally:
+        web.destroy()
