@@ -580,20 +580,6 @@ class Segment:
             return None
         return hdr
 
-    def _read_record(self, pos: int) -> tuple[Record, int] | None:
-        """Copy the record at ``pos`` and its chain link; None if it was overwritten (or is being) meanwhile."""
-        mm = self.mm
-        start = self.ring_off + pos % self.ring_size
-        length, kind, gid, mid, prev, ts, cl, sl, ml, pl = _REC.unpack_from(mm, start)
-        if kind != KIND_MSG or length > self.max_record:
-            return None
-        b = start + REC_HDR
-        raw = mm[b:b + cl + sl + ml + pl]
-        if _U64.unpack_from(mm, _OFF_TAIL)[0] > pos:
-            return None
-        a, c = cl + sl, cl + sl + ml
-        return Record(pos, gid, mid, ts, raw[:cl], raw[cl:a], raw[a:c], raw[c:]), prev
-
     def read_since(self, pos: int, limit: int = 4096) -> tuple[list[Record], int, bool]:
         """Records committed at or after ``pos`` (the listener's cursor).
 
@@ -665,38 +651,23 @@ class Segment:
         Returns ``(records, last_id, first_available)``. ``first_available`` is the oldest id still readable
         (``last_id + 1`` when none is); ``first_available > after_id + 1`` means the messages in between are gone
         (trimmed by the channel's backlog limit, or overwritten by the ring): reported, never a silent hole.
+        The records' ``pos`` is -1 (not tracked for backlog reads). Built on :meth:`channel_columns`.
         """
-        last_id, newest, trim_below, since_gid = self.channel_state(key)
-        lowest = max(after_id, trim_below)
-        hi = last_id if upto is None else min(upto, last_id)
-        out: list[Record] = []
-        reached = last_id + 1
-        pos = newest - 1
-        while pos >= 0:
-            got = self._read_record(pos)
-            if got is None:
-                break  # overwritten: everything older is gone too
-            rec, prev = got
-            if rec.message_id <= lowest or rec.global_id < since_gid:
-                reached = lowest + 1
-                break
-            reached = rec.message_id
-            if rec.message_id <= hi:
-                out.append(rec)
-            pos = prev - 1
-        out.reverse()
-        if limit is not None and len(out) > limit:
-            del out[limit:]
-        return out, last_id, max(reached, 1) if last_id > after_id else after_id + 1
+        mids, gids, stamps, payloads, metas, last_id, first = self.channel_columns(key, after_id, upto)
+        channel, _, site = key.partition(b"$|$")
+        n = len(mids) if limit is None else min(limit, len(mids))
+        out = [Record(-1, gids[i], mids[i], stamps[i], channel, site, metas[i], payloads[i]) for i in range(n)]
+        return out, last_id, first
 
     def channel_columns(
         self, key: bytes, after_id: int, upto: int | None = None
     ) -> tuple[list[int], list[int], list[float], list[bytes], list[bytes], int, int]:
-        """Like :meth:`channel_backlog`, as columns, for bulk readers (the Spark source): about 2.5x faster.
+        """The walk behind :meth:`channel_backlog`, as columns (bulk readers such as the Spark source use it
+        directly: no object per message).
 
         Returns ``(message_ids, global_ids, timestamps, payloads, metas, last_id, first_available)``, oldest
-        first, with the same range and ``first_available`` meaning as :meth:`channel_backlog`. It copies only
-        payload and meta bytes (no :class:`Record` per message) and skips records above ``upto`` unread.
+        first, with the range and ``first_available`` meaning of :meth:`channel_backlog`. It walks the channel's
+        chain back from its newest record, copies only payload and meta bytes, and skips records above ``upto``.
         """
         last_id, newest, trim_below, since_gid = self.channel_state(key)
         lowest = max(after_id, trim_below)
