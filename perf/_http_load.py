@@ -274,3 +274,23 @@ class Uvicorn:
 
 if __name__ == "__main__":  # python perf/_http_load.py NOFILE cmd args...: exec with a raised fd limit
     exec_with_nofile(sys.argv[2:], int(sys.argv[1]))
+
+
+def bench_server(prefix: str, clients: int, native: bool = False) -> tuple[Any, Uvicorn]:
+    """A fresh bus and a 2-worker server holding ``clients`` streams on it: the middleware under uvicorn, or
+    (``native``) shmbus.adapters.server.GunicornWorker. The caller stops the server and destroys the bus."""
+    import json
+
+    import _common as c
+    import _http_apps as apps
+
+    from shmbus import Bus
+
+    name = c.unique_name(prefix)
+    bus = Bus(name, keepalive_interval=0)
+    bus.publish("/bench/warm", 0)
+    opts = {"max_active_clients": clients + 1000, "long_polling_interval": 300}
+    env = {"SHMBUS_LOAD_BUS": name, "SHMBUS_LOAD_OPTS": json.dumps(opts)}
+    server = (Uvicorn("_http_apps:native_app", env=env, extra=["-k", apps.SERVER_WORKER]) if native
+              else Uvicorn("_http_apps:asgi_app", env=env))
+    return bus, server

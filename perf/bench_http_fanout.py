@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -29,7 +28,6 @@ import sys
 import time
 
 import _common as c
-import _http_apps as apps
 import _http_load as load
 
 from shmbus import Bus
@@ -129,13 +127,8 @@ async def measure(port: int, n: int, m: int, go_w: int) -> tuple[float, int]:
 
 def run_shmbus(n: int, m: int, burst: int, native: bool = False) -> tuple[float, int]:
     """The middleware under uvicorn, or (``native``) served by shmbus.adapters.server.GunicornWorker."""
-    name = c.unique_name("bench-http-fanout")
-    bus = Bus(name, keepalive_interval=0)
-    bus.publish("/bench/warm", 0)
-    opts = {"max_active_clients": n + 1000, "long_polling_interval": 300}
-    env = {"SHMBUS_LOAD_BUS": name, "SHMBUS_LOAD_OPTS": json.dumps(opts)}
-    server = (load.Uvicorn("_http_apps:native_app", env=env, extra=["-k", apps.SERVER_WORKER]) if native
-              else load.Uvicorn("_http_apps:asgi_app", env=env))
+    bus, server = load.bench_server("bench-http-fanout", n, native)
+    name = bus.name
     go_r, go_w = os.pipe()
     pub = fork(publisher, name, m, burst, go_r)
     try:

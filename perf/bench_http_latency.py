@@ -16,14 +16,12 @@ Baselines: published figures only (not measured here): the gem p99 45-72 ms, Sta
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import sys
 import time
 
 import _common as c
-import _http_apps as apps
 import _http_load as load
 from bench_http_fanout import fork, reap
 
@@ -77,13 +75,8 @@ async def measure(port: int, n: int, count: int, go_w: int) -> tuple[list[int], 
 
 def run(n: int, seconds: float, native: bool = False) -> tuple[list[int], int]:
     """The middleware under uvicorn, or (``native``) served by shmbus.adapters.server.GunicornWorker."""
-    name = c.unique_name("bench-http-latency")
-    bus = Bus(name, keepalive_interval=0)
-    bus.publish("/bench/warm", 0)
-    opts = {"max_active_clients": n + 1000, "long_polling_interval": 300}
-    env = {"SHMBUS_LOAD_BUS": name, "SHMBUS_LOAD_OPTS": json.dumps(opts)}
-    server = (load.Uvicorn("_http_apps:native_app", env=env, extra=["-k", apps.SERVER_WORKER]) if native
-              else load.Uvicorn("_http_apps:asgi_app", env=env))
+    bus, server = load.bench_server("bench-http-latency", n, native)
+    name = bus.name
     count = int(seconds * RATE)
     go_r, go_w = os.pipe()
     pub = fork(publisher, name, count, go_r)
