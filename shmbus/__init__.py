@@ -19,6 +19,7 @@ from .engines import Engine, Envelope, SharedMemoryEngine
 from .errors import (
     BusClosed,
     BusDestroyed,
+    BusLockTimeout,
     ChannelTableFull,
     EngineError,
     InvalidChannel,
@@ -27,6 +28,7 @@ from .errors import (
     LayoutMismatch,
     NotASegment,
     PayloadTooLarge,
+    SegmentCorrupt,
     ShmbusError,
     UnsupportedPlatform,
 )
@@ -35,9 +37,9 @@ from .message import Message
 __version__ = "0.1.0"
 
 __all__ = [
-    "Backlog", "Bus", "BusClosed", "BusDestroyed", "ChannelTableFull", "Codec", "DistributedCache", "Engine",
+    "Backlog", "Bus", "BusClosed", "BusDestroyed", "BusLockTimeout", "ChannelTableFull", "Codec", "DistributedCache", "Engine",
     "EngineError", "Envelope", "InvalidChannel", "InvalidMessage", "InvalidMessageTarget", "JsonCodec",
-    "LayoutMismatch", "Message", "MsgpackCodec", "NotASegment", "PayloadTooLarge", "SharedMemoryEngine",
+    "LayoutMismatch", "Message", "MsgpackCodec", "NotASegment", "PayloadTooLarge", "SegmentCorrupt", "SharedMemoryEngine",
     "ShmbusError", "Subscription", "UnsupportedPlatform", "after_fork", "backlog", "configure", "default_bus",
     "global_backlog", "last_id", "last_ids", "local_subscribe", "off", "on", "publish",
     "register_client_message_filter", "subscribe", "unsubscribe",

@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "BusClosed",
     "BusDestroyed",
+    "BusLockTimeout",
     "ChannelTableFull",
     "EngineError",
     "InvalidChannel",
@@ -13,6 +14,7 @@ __all__ = [
     "LayoutMismatch",
     "NotASegment",
     "PayloadTooLarge",
+    "SegmentCorrupt",
     "ShmbusError",
     "UnsupportedPlatform",
 ]
@@ -52,6 +54,24 @@ class LayoutMismatch(ShmbusError):
 
 class NotASegment(ShmbusError):
     """The named shared-memory object exists but is not a shmbus segment."""
+
+
+class SegmentCorrupt(NotASegment):
+    """A segment whose header, sizes or record chains are damaged (a foreign writer or a tampered file).
+
+    Readers raise it instead of looping or reading past the mapping; the message says what was found where.
+    """
+
+
+class BusLockTimeout(ShmbusError, TimeoutError):
+    """The writer lock was not acquired within ``lock_timeout`` (its holder is stopped or stuck).
+
+    ``holder_pid`` is the pid the mutex names as its owner (0 if unknown).
+    """
+
+    def __init__(self, message: str, holder_pid: int = 0) -> None:
+        super().__init__(message)
+        self.holder_pid = holder_pid
 
 
 class ChannelTableFull(ShmbusError):
