@@ -30,6 +30,7 @@ from .errors import (
     PayloadTooLarge,
     SegmentCorrupt,
     ShmbusError,
+    UnsafeSegment,
     UnsupportedPlatform,
 )
 from .message import Message
@@ -37,12 +38,13 @@ from .message import Message
 __version__ = "0.1.0"
 
 __all__ = [
-    "Backlog", "Bus", "BusClosed", "BusDestroyed", "BusLockTimeout", "ChannelTableFull", "Codec", "DistributedCache", "Engine",
-    "EngineError", "Envelope", "InvalidChannel", "InvalidMessage", "InvalidMessageTarget", "JsonCodec",
-    "LayoutMismatch", "Message", "MsgpackCodec", "NotASegment", "PayloadTooLarge", "SegmentCorrupt", "SharedMemoryEngine",
-    "ShmbusError", "Subscription", "UnsupportedPlatform", "after_fork", "backlog", "configure", "default_bus",
-    "global_backlog", "last_id", "last_ids", "local_subscribe", "off", "on", "publish",
-    "register_client_message_filter", "subscribe", "unsubscribe",
+    "Backlog", "Bus", "BusClosed", "BusDestroyed", "BusLockTimeout", "ChannelTableFull", "Codec",
+    "DistributedCache", "Engine", "EngineError", "Envelope", "InvalidChannel", "InvalidMessage",
+    "InvalidMessageTarget", "JsonCodec", "LayoutMismatch", "Message", "MsgpackCodec", "NotASegment",
+    "PayloadTooLarge", "SegmentCorrupt", "SharedMemoryEngine", "ShmbusError", "Subscription", "UnsafeSegment",
+    "UnsupportedPlatform", "after_fork", "backlog", "configure", "default_bus", "global_backlog", "last_id",
+    "last_ids", "local_subscribe", "off", "on", "publish", "register_client_message_filter", "subscribe",
+    "unsubscribe",
 ]
 
 _default: Bus | None = None

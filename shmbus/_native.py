@@ -16,20 +16,24 @@ import ctypes.util
 import errno
 import os
 import platform
+import time
+
+from .errors import BusLockTimeout
 
 __all__ = [
     "MUTEX_SIZE",
     "RobustMutex",
     "futex_wait",
+    "futex_wake",
+    "mutex_holder_pid",
     "mutex_lock",
     "mutex_unlock",
-    "futex_wake",
     "supported",
 ]
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
-# glibc: sizeof(pthread_mutex_t) is 40 on x86_64, 48 on aarch64; reserve 64 for both.
+# glibc: sizeof(pthread_mutex_t) is 40 on x86_64; 64 bytes are reserved.
 MUTEX_SIZE = 64
 _MUTEXATTR_SIZE = 8
 _PTHREAD_PROCESS_SHARED = 1
@@ -42,27 +46,76 @@ _INT_MAX = 0x7FFFFFFF
 
 
 def supported() -> bool:
-    """Whether this platform has what the segment needs (Linux, glibc robust mutexes, a known futex number)."""
-    return os.name == "posix" and _SYS_FUTEX is not None and hasattr(_libc, "pthread_mutex_consistent")
+    """Whether this platform has what the segment needs.
+
+    Linux with glibc (robust mutexes, ``pthread_mutex_timedlock``, futexes) on x86-64: the lock-free readers rely
+    on x86-64's total store order (see :mod:`shmbus.segment`); weaker memory models (aarch64, POWER) would need
+    explicit barriers that pure Python cannot issue, so they are refused rather than silently trusted.
+    """
+    return (
+        os.name == "posix"
+        and platform.machine() in ("x86_64", "AMD64")
+        and _SYS_FUTEX is not None
+        and hasattr(_libc, "pthread_mutex_consistent")
+        and hasattr(_libc, "pthread_mutex_timedlock")
+    )
 
 
 class _Timespec(ctypes.Structure):
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
 
-_lock = _libc.pthread_mutex_lock
+_trylock = _libc.pthread_mutex_trylock
+_timedlock = _libc.pthread_mutex_timedlock
 _unlock = _libc.pthread_mutex_unlock
 _consistent = _libc.pthread_mutex_consistent
 _syscall = _libc.syscall
 _syscall.restype = ctypes.c_long
 
 
-def mutex_lock(ptr: ctypes.c_void_p) -> bool:
-    """The publish fast path's lock: one ctypes call; True if the previous owner died (repair, then go on)."""
-    rc = _lock(ptr)
+def mutex_lock(ptr: ctypes.c_void_p, timeout: float) -> bool:
+    """Lock within ``timeout`` seconds; True if the previous owner died (the caller repairs, then goes on).
+
+    The uncontended path is one ``trylock`` call (as cheap as ``lock``); only a busy mutex pays for the clock
+    read and ``pthread_mutex_timedlock`` (which sleeps in the kernel with the GIL released). A holder that is
+    stopped (SIGSTOP, a debugger) or stuck makes this raise :class:`~shmbus.errors.BusLockTimeout` naming it,
+    instead of freezing every publisher.
+    """
+    rc = _trylock(ptr)
     if rc == 0:
         return False
+    if rc == errno.EBUSY:
+        deadline = time.time() + timeout
+        sec = int(deadline)
+        rc = _timedlock(ptr, ctypes.byref(_Timespec(sec, int((deadline - sec) * 1e9))))
+        if rc == 0:
+            return False
+        if rc == errno.ETIMEDOUT:
+            pid = mutex_holder_pid(ptr)
+            raise BusLockTimeout(
+                f"the bus's writer lock was not free within {timeout:g} s; it is held by pid {pid or '?'} "
+                "(stopped or stuck?). Resume or kill that process; a killed holder is repaired automatically",
+                holder_pid=pid)
     return _owner_died(ptr, rc)
+
+
+def mutex_holder_pid(ptr: ctypes.c_void_p) -> int:
+    """The process (thread group) id of the mutex's owner, 0 if free or unknown.
+
+    glibc stores the owner's thread id in the mutex (``__data.__owner``, a 32-bit int at offset 8 on x86-64);
+    ``/proc/<tid>/status`` maps a thread id to its process.
+    """
+    tid = ctypes.c_int.from_address((ptr.value or 0) + 8).value & 0x3FFFFFFF
+    if tid <= 0:
+        return 0
+    try:
+        with open(f"/proc/{tid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Tgid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return tid
 
 
 mutex_unlock = _unlock
@@ -103,9 +156,9 @@ class RobustMutex:
         finally:
             _libc.pthread_mutexattr_destroy(attr)
 
-    def acquire(self) -> bool:
-        """Lock; return True if the previous owner died holding it (the caller must repair, then carry on)."""
-        return mutex_lock(self._ptr)
+    def acquire(self, timeout: float) -> bool:
+        """Lock within ``timeout`` s; True if the previous owner died holding it (the caller repairs, then goes on)."""
+        return mutex_lock(self._ptr, timeout)
 
     def release(self) -> None:
         _unlock(self._ptr)

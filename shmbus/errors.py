@@ -16,6 +16,7 @@ __all__ = [
     "PayloadTooLarge",
     "SegmentCorrupt",
     "ShmbusError",
+    "UnsafeSegment",
     "UnsupportedPlatform",
 ]
 
@@ -60,6 +61,14 @@ class SegmentCorrupt(NotASegment):
     """A segment whose header, sizes or record chains are damaged (a foreign writer or a tampered file).
 
     Readers raise it instead of looping or reading past the mapping; the message says what was found where.
+    """
+
+
+class UnsafeSegment(ShmbusError, PermissionError):
+    """The named segment belongs to another user or grants group/other more than this process allows.
+
+    Such a file could have been planted to read targeted messages or inject forged ones; pass a matching ``mode=``
+    (e.g. ``0o660``) to share a bus with a group on purpose.
     """
 
 
