@@ -9,6 +9,7 @@ live subscriber see after it.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -174,7 +175,7 @@ def test_a_writer_killed_after_any_store_leaves_committed_or_not(scenario: str, 
             r, w = os.pipe()
             reader = os.fdopen(r, "rb")
             with os.fdopen(w, "wb") as out:
-                code = _in_child(lambda: _verify(name, options, channel, data, before, out))
+                code = _in_child(functools.partial(_verify, name, options, channel, data, before, out))
             report = json.loads(reader.read() or b"{}")
             reader.close()
             assert code == 0, f"kill after store {k}: the fresh process found an inconsistent bus"
