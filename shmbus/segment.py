@@ -124,11 +124,14 @@ KIND_MSG = 1
 KIND_PAD = 2
 _PAD = struct.Struct("<II")
 _U32 = struct.Struct("<I")
+_STATE = struct.Struct("<QQQQ")  # head, global_id, tail, table_gen: read in bulk only under the lock
+_WAKE = struct.Struct("<II")  # futex word, sleeper count: likewise
 _ZEROS = [bytes(n) for n in range(ALIGN)]
 
 # channel slots: state u32, name_len u32, hash u64, version u64, reserved u64, copy 0 (48 B), copy 1 (48 B), name
 _SLOT_KEY = struct.Struct("<IIQ")
 _SLOT_BODY = struct.Struct("<QQQQdd")  # last_id, newest (pos+1), trim_below, since_gid, last publish ts, ttl
+_BODY = _SLOT_BODY.size
 _OFF_SLOT_VERSION = 16
 _OFF_SLOT_COPY = 32
 _ZERO_COPIES = bytes(2 * _SLOT_BODY.size)
@@ -219,16 +222,19 @@ class Segment:
          self.max_channels, _slot_size, _procs_off, _max_procs, _ready, _codec_raw) = _H_STATIC.unpack_from(mm, 0)
         self.codec_name = _codec_raw.rstrip(b"\x00").decode("ascii", "replace")
         self.max_record = self.ring_size // 4
+        # Every store of the append path goes through _buf (byte ranges, the mapping itself: slice assignment on
+        # an mmap is cheaper than on a memoryview), _u64 or _u32 (single aligned stores); see _kill_after_store.
+        self._buf: Any = mm
         view = memoryview(mm)
-        self._buf: Any = view  # bytes; every store of the append path goes through _buf, _u64 or _u32
         self._u64: Any = view.cast("Q")
         self._u32: Any = view.cast("I")
+        view.release()
         self._anchor = ctypes.c_char.from_buffer(mm)
         base = ctypes.addressof(self._anchor)
         self._futex_addr = base + _OFF_FUTEX
         self.mutex = _native.RobustMutex(base + _OFF_MUTEX)
         self._mutex_ptr = ctypes.c_void_p(base + _OFF_MUTEX)
-        self._slot_cache: dict[bytes, int] = {}
+        self._slot_cache: dict[bytes, int] = {}  # key -> byte offset of its slot (valid for _table_gen)
         self._table_gen = -1
         self._proc_index = -1
         self._closed = False
@@ -392,7 +398,7 @@ class Segment:
         self._closed = True
         del self._anchor
         self.mutex = None  # type: ignore[assignment]
-        for view in (self._u64, self._u32, self._buf):
+        for view in (self._u64, self._u32):
             with contextlib.suppress(Exception):
                 view.release()
         try:
@@ -512,8 +518,10 @@ class Segment:
         if _native.mutex_lock(self._mutex_ptr, self.lock_timeout):  # EOWNERDEAD: the last writer died holding it
             self._repair()
         try:
-            u64, buf = self._u64, self._buf
-            gid = u64[_Q_GID]
+            # Under the lock no other writer runs, so the fields only writers change can be read in bulk with
+            # struct; every store below that a reader may race with is a single typed-view store.
+            mm, u64, buf = self.mm, self._u64, self._buf
+            head, gid, tail, table_gen = _STATE.unpack_from(mm, _OFF_HEAD)
             if expect_global_id is not None and gid != expect_global_id:
                 return 0, 0
             if global_id is None:
@@ -522,18 +530,15 @@ class Segment:
                 return 0, 0
             else:
                 new_gid = global_id
-            head, tail = u64[_Q_HEAD], u64[_Q_TAIL]
-            table_gen = u64[_Q_TABLE_GEN]
             if table_gen != self._table_gen:
                 self._slot_cache.clear()
                 self._table_gen = table_gen
-            slot = self._slot_cache.get(key)
-            if slot is None:
-                slot = self._find_slot(key, insert=True, now=ts, tail=tail)
-            soff = self.table_off + slot * SLOT_SIZE
+            soff = self._slot_cache.get(key)
+            if soff is None:
+                soff = self._find_slot(key, insert=True, now=ts, tail=tail)
             version = u64[(soff + _OFF_SLOT_VERSION) >> 3]
-            cur = soff + _OFF_SLOT_COPY + (version & 1) * _SLOT_BODY.size
-            last_id, newest, trim_below, since_gid, last_ts, ttl = _SLOT_BODY.unpack_from(self.mm, cur)
+            copy = soff + _OFF_SLOT_COPY + (version & 1) * _BODY
+            last_id, newest, trim_below, since_gid, last_ts, ttl = _SLOT_BODY.unpack_from(mm, copy)
             if last_id and ts - last_ts > ttl:  # expired like the gem's Redis TTL: ids restart at 1
                 last_id = newest = trim_below = 0
             new_mid = last_id + 1 if message_id is None else message_id
@@ -560,14 +565,13 @@ class Segment:
                 channel, site, meta, payload, _ZEROS[rec_len - total], _U32.pack(rec_len)))
             if clear_every <= 1 or new_mid % clear_every == 0:
                 trim_below = max(trim_below, new_mid - max_backlog_size)
-            nxt = soff + _OFF_SLOT_COPY + ((version + 1) & 1) * _SLOT_BODY.size
-            buf[nxt:nxt + _SLOT_BODY.size] = body_pack(new_mid, pos + 1, trim_below, since_gid, ts, max_backlog_age)
+            other = copy + _BODY if version & 1 == 0 else copy - _BODY  # the copy no reader is told to read
+            buf[other:other + _BODY] = body_pack(new_mid, pos + 1, trim_below, since_gid, ts, max_backlog_age)
             u64[(soff + _OFF_SLOT_VERSION) >> 3] = version + 1
             u64[_Q_HEAD] = pos + rec_len  # the commit
             u64[_Q_GID] = new_gid
-            u32 = self._u32
-            u32[_I_FUTEX] = (u32[_I_FUTEX] + 1) & 0xFFFFFFFF
-            sleepers = u32[_I_SLEEPERS]
+            word, sleepers = _WAKE.unpack_from(mm, _OFF_FUTEX)
+            self._u32[_I_FUTEX] = (word + 1) & 0xFFFFFFFF
         finally:
             _native.mutex_unlock(self._mutex_ptr)
         if sleepers:
@@ -594,7 +598,7 @@ class Segment:
 
     # ------------------------------------------------------------------ channel table
     def _find_slot(self, key: bytes, *, insert: bool, now: float = 0.0, tail: int = 0) -> int:
-        """Index of ``key``'s slot (caller holds the lock when ``insert``); -1 when absent and not inserting."""
+        """Byte offset of ``key``'s slot (caller holds the lock when ``insert``); -1 when absent and not inserting."""
         mm, n, base = self.mm, self.max_channels, self.table_off
         h = zlib.crc32(key)
         i = h % n
@@ -611,8 +615,8 @@ class Segment:
                 if first_free < 0:
                     first_free = i
             elif sh == h and nlen == klen and mm[off + SLOT_HDR:off + SLOT_HDR + klen] == key:
-                self._slot_cache[key] = i
-                return i
+                self._slot_cache[key] = off
+                return off
             i = (i + 1) % n
         if not insert:
             return -1
@@ -629,8 +633,8 @@ class Segment:
         buf[off + _OFF_SLOT_COPY:off + _OFF_SLOT_COPY + len(_ZERO_COPIES)] = _ZERO_COPIES
         self._u32[off >> 2] = SLOT_USED
         self._u32[_I_CHANNELS] = used + 1
-        self._slot_cache[key] = first_free
-        return first_free
+        self._slot_cache[key] = off
+        return off
 
     def _evict(self, now: float, tail: int) -> int:
         """Free the least recently published slot whose messages are all gone (expired or overwritten)."""
@@ -682,10 +686,10 @@ class Segment:
         if gen != self._table_gen:
             self._slot_cache.clear()
             self._table_gen = gen
-        slot = self._slot_cache.get(key)
-        if slot is None:
-            slot = self._find_slot(key, insert=False)
-        return slot
+        off = self._slot_cache.get(key)
+        if off is None:
+            off = self._find_slot(key, insert=False)
+        return off
 
     # ------------------------------------------------------------------ reading (lock-free)
     def head(self) -> int:
@@ -760,10 +764,10 @@ class Segment:
         The state is the slot's committed copy, read untorn (see the module docstring).
         """
         for _ in range(1000):
-            slot = self._lookup(key)
-            if slot < 0:
+            off = self._lookup(key)
+            if off < 0:
                 return 0, 0, 0, 0
-            body = self._read_slot(self.table_off + slot * SLOT_SIZE)
+            body = self._read_slot(off)
             if body is None:  # the table changed under us: look the channel up again
                 self._slot_cache.clear()
                 continue
