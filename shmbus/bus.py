@@ -19,6 +19,7 @@ from .errors import (
     InvalidChannel,
     InvalidMessage,
     InvalidMessageTarget,
+    SegmentCorrupt,
 )
 from .message import Message, encode_meta
 from .patterns import compile_pattern
@@ -653,6 +654,16 @@ class Bus:
                 if stop.is_set():
                     break
                 seg.wait(word, 1.0)
+            except SegmentCorrupt as exc:  # damage in the ring: skip past it (reported), never stall on it
+                if stop.is_set() or self._seg is None:
+                    break
+                head = seg.head()
+                skipped = max(seg.global_id() - self._last_gid, 0)
+                self._lost += skipped
+                log.error("shmbus: bus %r is damaged (%s); the listener skips to the newest record, up to %d "
+                          "messages are lost", self.name, exc, skipped)
+                self._cursor, self._last_gid = head, seg.global_id()
+                time.sleep(0.05)
             except Exception:  # never let the listener die: log and carry on
                 if stop.is_set() or self._seg is None:
                     break
