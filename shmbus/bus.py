@@ -16,6 +16,7 @@ from .codecs import Codec, get_codec
 from .engines import Engine, Envelope, SharedMemoryEngine
 from .errors import (
     BusDestroyed,
+    BusLockTimeout,
     InvalidChannel,
     InvalidMessage,
     InvalidMessageTarget,
@@ -654,6 +655,10 @@ class Bus:
                 if stop.is_set():
                     break
                 seg.wait(word, 1.0)
+            except BusLockTimeout as exc:  # a stopped lock holder: say so, keep trying (reads go on meanwhile)
+                if stop.is_set() or self._seg is None:
+                    break
+                log.warning("shmbus: listener of bus %r: %s", self.name, exc)
             except SegmentCorrupt as exc:  # damage in the ring: skip past it (reported), never stall on it
                 if stop.is_set() or self._seg is None:
                     break
