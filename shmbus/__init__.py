@@ -22,6 +22,7 @@ from .errors import (
     BusLockTimeout,
     ChannelTableFull,
     EngineError,
+    InvalidArgument,
     InvalidChannel,
     InvalidMessage,
     InvalidMessageTarget,
@@ -39,7 +40,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Backlog", "Bus", "BusClosed", "BusDestroyed", "BusLockTimeout", "ChannelTableFull", "Codec",
-    "DistributedCache", "Engine", "EngineError", "Envelope", "InvalidChannel", "InvalidMessage",
+    "DistributedCache", "Engine", "EngineError", "Envelope", "InvalidArgument", "InvalidChannel", "InvalidMessage",
     "InvalidMessageTarget", "JsonCodec", "LayoutMismatch", "Message", "MsgpackCodec", "NotASegment",
     "PayloadTooLarge", "SegmentCorrupt", "SharedMemoryEngine", "ShmbusError", "Subscription", "UnsafeSegment",
     "UnsupportedPlatform", "after_fork", "backlog", "configure", "default_bus", "global_backlog", "last_id",

@@ -15,8 +15,10 @@ from . import segment as _segment
 from .codecs import Codec, get_codec
 from .engines import Engine, Envelope, SharedMemoryEngine
 from .errors import (
+    BusClosed,
     BusDestroyed,
     BusLockTimeout,
+    InvalidArgument,
     InvalidChannel,
     InvalidMessage,
     InvalidMessageTarget,
@@ -80,6 +82,11 @@ class Subscription:
         return f"Subscription({self.channel!r}, kind={self.kind!r}, site_id={self.site_id!r})"
 
 
+#: Integer ids (targets, message ids) travel as signed 64-bit integers (msgpack in the segment, the gem's JSON).
+MIN_WIRE_INT = -(1 << 63)
+MAX_WIRE_INT = (1 << 63) - 1
+
+
 def _check_targets(name: str, ids: Any) -> list[Any] | None:
     if ids is None:
         return None
@@ -91,7 +98,23 @@ def _check_targets(name: str, ids: Any) -> list[Any] | None:
     for v in out:
         if isinstance(v, bool) or not isinstance(v, (int, str)):
             raise InvalidMessageTarget(f"{name} entries must be int or str, got {v!r}")
+        if isinstance(v, int) and not MIN_WIRE_INT <= v <= MAX_WIRE_INT:
+            raise InvalidMessageTarget(f"{name} entry {v} does not fit the wire's signed 64-bit integers")
     return out
+
+
+def check_count(name: str, value: Any, minimum: int = 1, error: type[InvalidArgument] = InvalidArgument) -> int:
+    """An ``int`` (not a bool) in ``[minimum, 2**63)``: backlog sizes, ``clear_every``, ids."""
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_WIRE_INT:
+        raise error(f"{name} must be an int from {minimum} to 2**63-1, got {value!r}")
+    return value
+
+
+def check_seconds(name: str, value: Any, error: type[InvalidArgument] = InvalidArgument) -> float:
+    """A finite number of seconds above 0: backlog ages."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise error(f"{name} must be a finite number of seconds above 0, got {value!r}")
+    return float(value)
 
 
 class Bus:
@@ -106,7 +129,11 @@ class Bus:
     ``max_global_backlog_size`` (2000), ``max_backlog_age`` (7 days without a publish expires a channel and
     restarts its ids), ``clear_every`` (1); ``site_id_lookup`` (zero-argument callable giving the current site);
     ``keepalive_interval`` (60; 0 or anything <= 20 disables it); ``engine`` (the default engine); ``create``
-    (False: attach only, ``FileNotFoundError`` if the bus does not exist yet).
+    (False: attach only, ``FileNotFoundError`` if the bus does not exist yet); ``mode`` (permission bits of a new
+    segment and the most an existing one may grant: ``0o600``, or ``0o660`` to share the bus with a group);
+    ``lock_timeout`` (seconds a publish or attach waits for the writer lock before
+    :class:`~shmbus.errors.BusLockTimeout`, 5). Bad values raise :class:`~shmbus.errors.InvalidArgument` here,
+    not at first use.
     """
 
     def __init__(
@@ -125,9 +152,20 @@ class Bus:
         keepalive_interval: float = 60,
         engine: Engine | None = None,
         create: bool = True,
+        mode: int = 0o600,
+        lock_timeout: float = 5.0,
     ) -> None:
         if not isinstance(name, str) or not name or "/" in name or "\x00" in name or len(name) > 200:
-            raise ValueError(f"bus name must be a non-empty string without '/' or NUL, got {name!r}")
+            raise InvalidArgument(f"bus name must be a non-empty string without '/' or NUL, got {name!r}")
+        check_count("max_backlog_size", max_backlog_size)
+        check_count("max_global_backlog_size", max_global_backlog_size)
+        max_backlog_age = check_seconds("max_backlog_age", max_backlog_age)
+        check_count("clear_every", clear_every)
+        check_count("ring_size", ring_size, _segment.MIN_RING)
+        check_count("max_channels", max_channels, 16)
+        lock_timeout = check_seconds("lock_timeout", lock_timeout)
+        if isinstance(mode, bool) or not isinstance(mode, int) or mode & ~0o666 or (mode & 0o600) != 0o600:
+            raise InvalidArgument(f"mode must be permission bits within 0o666 including 0o600, got {mode!r}")
         self.name = name
         self.ring_size = ring_size
         self.max_channels = max_channels
@@ -140,6 +178,9 @@ class Bus:
         self.site_id_lookup = site_id_lookup
         self.keepalive_interval = keepalive_interval
         self.create = create
+        self.mode = mode
+        self.lock_timeout = lock_timeout
+        self._closed = False
         self.client_message_filters: list[tuple[str, Callable[[Message], bool]]] = []
         self._shm_engine = SharedMemoryEngine()
         self._default_engine: Engine = engine or self._shm_engine
@@ -183,9 +224,12 @@ class Bus:
         with self._lock:
             if self._destroyed:
                 raise BusDestroyed(f"bus {self.name!r} was destroyed; call on() to use it again")
+            if self._closed:
+                raise BusClosed(f"bus {self.name!r} was closed in this process; call on() to attach again")
             if self._seg is None:
                 seg = Segment.open(self.name, ring_size=self.ring_size, max_channels=self.max_channels,
-                                   codec_name=self.codec.name, path=self.path, create=self.create)
+                                   codec_name=self.codec.name, path=self.path, create=self.create,
+                                   mode=self.mode, lock_timeout=self.lock_timeout)
                 if seg.codec_name and seg.codec_name != self.codec.name:
                     seg.close()
                     raise ValueError(f"bus {self.name!r} was created with codec {seg.codec_name!r}, "
@@ -202,11 +246,12 @@ class Bus:
 
     # ------------------------------------------------------------------ validation
     def _channel_key(self, channel: Any) -> bytes:
+        """The channel's UTF-8 name, validated once and cached (the one channel validator)."""
+        if not isinstance(channel, str):
+            raise InvalidChannel(f"channel must be a str, got {type(channel).__name__}: {channel!r}")
         b = self._channel_cache.get(channel)
         if b is not None:
             return b
-        if not isinstance(channel, str):
-            raise InvalidChannel(f"channel must be a str, got {type(channel).__name__}: {channel!r}")
         if not channel:
             raise InvalidChannel("channel must not be empty")
         if "\x00" in channel:
@@ -225,10 +270,12 @@ class Bus:
         return b
 
     def _site_key(self, site_id: Any) -> bytes:
+        if not isinstance(site_id, str):
+            raise InvalidChannel(f"site_id must be a str, got {type(site_id).__name__}: {site_id!r}")
         b = self._site_cache.get(site_id)
         if b is not None:
             return b
-        if not isinstance(site_id, str) or "\x00" in site_id or "$|$" in site_id:
+        if "\x00" in site_id or "$|$" in site_id:
             raise InvalidChannel(f"site_id must be a str without NUL or '$|$', got {site_id!r}")
         b = site_id.encode()
         if len(b) > MAX_SITE_BYTES:
@@ -239,6 +286,7 @@ class Bus:
         return b
 
     def _resolve_site(self, channel: str, site_id: str | None) -> str | None:
+        self._channel_key(channel)  # a typed InvalidChannel for None, lists, NUL, ... (cached once valid)
         if channel.startswith("/global/"):
             return None
         if site_id is None and self.site_id_lookup is not None:
@@ -274,7 +322,10 @@ class Bus:
             return None
         if self._destroyed:
             raise BusDestroyed(f"bus {self.name!r} was destroyed; call on() to use it again")
-        ch = self._channel_cache.get(channel) or self._channel_key(channel)
+        try:
+            ch = self._channel_cache[channel]
+        except (KeyError, TypeError):  # not seen yet, or not even hashable: validate (typed errors)
+            ch = self._channel_key(channel)
         if client_ids is None and user_ids is None and group_ids is None:
             meta = b""
         else:
@@ -290,8 +341,10 @@ class Bus:
         except (TypeError, ValueError, OverflowError) as exc:
             raise TypeError(f"cannot encode data published on {channel!r} with the {self.codec.name} codec: "
                             f"{exc}") from None
-        size = self.max_backlog_size if max_backlog_size is None else max_backlog_size
-        age = self.max_backlog_age if max_backlog_age is None else max_backlog_age
+        size = self.max_backlog_size if max_backlog_size is None else check_count(
+            "max_backlog_size", max_backlog_size, error=InvalidMessage)
+        age = self.max_backlog_age if max_backlog_age is None else check_seconds(
+            "max_backlog_age", max_backlog_age, error=InvalidMessage)
         if engine is None:
             engine = self._default_engine
         if engine is self._shm_engine:  # the fast path: straight into the segment
@@ -310,6 +363,14 @@ class Bus:
         ``expect_global_id`` appends only if the segment's global id is exactly that; 0 when skipped)."""
         ch = self._channel_key(env.channel)
         site = self._site_key(env.site_id) if env.site_id else b""
+        check_count("max_backlog_size", env.max_backlog_size, error=InvalidMessage)
+        check_seconds("max_backlog_age", env.max_backlog_age, error=InvalidMessage)
+        for name, value in (("global_id", global_id), ("message_id", message_id),
+                            ("expect_global_id", expect_global_id)):
+            if value is not None:
+                check_count(name, value, 0 if name == "expect_global_id" else 1, error=InvalidMessage)
+        if not isinstance(env.payload, bytes) or not isinstance(env.meta, bytes):
+            raise InvalidMessage("an envelope's payload and meta must be bytes")
         return self.segment.append(ch, site, env.payload, env.meta, max_backlog_size=env.max_backlog_size,
                                    max_backlog_age=env.max_backlog_age, clear_every=self.clear_every,
                                    global_id=global_id, message_id=message_id, timestamp=timestamp,
@@ -349,13 +410,18 @@ class Bus:
         ``channel=None`` reads the global backlog. ``limit`` caps the count from the oldest end (guble's replay
         with start id and count). The result is a :class:`Backlog`: a list that also reports any gap.
         """
+        for name, value in (("last_id", last_id), ("upto", upto), ("limit", limit)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise InvalidArgument(f"backlog {name} must be an int or None, got {value!r}")
+        if limit is not None and limit < 0:
+            raise InvalidArgument(f"backlog limit must be >= 0, got {limit}")
         if channel is None:
             msgs = self.global_backlog(last_id)
             return Backlog(msgs, after_id=last_id or 0, last_id=self.segment.global_id(),
                            first_available=msgs[0].global_id if msgs else (last_id or 0) + 1)
         after = last_id or 0
         if after < 0:
-            raise ValueError("last_id must be >= 0 (use subscribe(..., last_id=-n) to look back)")
+            raise InvalidArgument("last_id must be >= 0 (use subscribe(..., last_id=-n) to look back)")
         seg = self.segment
         epoch = seg.read_epoch()
         site = self._resolve_site(channel, site_id)
@@ -384,6 +450,8 @@ class Bus:
     def global_backlog(self, last_id: int | None = None) -> list[Message]:
         """Messages of every channel and site with global id above ``last_id`` (at most
         ``max_global_backlog_size``, the newest), oldest first; per-channel trimming and expiry apply."""
+        if last_id is not None and (isinstance(last_id, bool) or not isinstance(last_id, int)):
+            raise InvalidArgument(f"global_backlog last_id must be an int or None, got {last_id!r}")
         seg = self.segment
         epoch = seg.read_epoch()
         floor = max(last_id or 0, seg.global_id() - self.max_global_backlog_size)
@@ -762,10 +830,11 @@ class Bus:
         self._publish_off = disable_publish
 
     def on(self) -> None:
-        """Undo ``off()`` and ``destroy()``."""
+        """Undo ``off()``, ``close()`` and ``destroy()`` (the next use attaches again, creating the bus if needed)."""
         self._off = False
         self._publish_off = False
         self._destroyed = False
+        self._closed = False
 
     def after_fork(self) -> None:
         """Re-arm this bus in a forked child: a new listener thread (threads do not survive fork), a process-
@@ -814,7 +883,12 @@ class Bus:
         self._watchdog = None
 
     def close(self) -> None:
-        """Detach this process: stop the listener, close engines, unmap the segment (others keep it)."""
+        """Detach this process: stop the listener, close engines, unmap the segment (others keep it).
+
+        Afterwards every operation that needs the segment raises :class:`~shmbus.errors.BusClosed` (it used to
+        re-attach silently) until :meth:`on` is called.
+        """
+        self._closed = True
         self.stop_listener()
         for e in [self._default_engine, *self._engines]:
             try:

@@ -8,6 +8,7 @@ __all__ = [
     "BusLockTimeout",
     "ChannelTableFull",
     "EngineError",
+    "InvalidArgument",
     "InvalidChannel",
     "InvalidMessage",
     "InvalidMessageTarget",
@@ -25,11 +26,15 @@ class ShmbusError(Exception):
     """Base class of every error shmbus raises on purpose."""
 
 
-class InvalidChannel(ShmbusError, ValueError):
+class InvalidArgument(ShmbusError, ValueError):
+    """An argument of the wrong type or out of range (an option, an id, a count); nothing was written."""
+
+
+class InvalidChannel(InvalidArgument):
     """A channel name that is not a non-empty string, is too long, or contains NUL."""
 
 
-class InvalidMessage(ShmbusError, ValueError):
+class InvalidMessage(InvalidArgument):
     """A publish that message_bus would refuse (e.g. ``user_ids`` on a ``/global/`` channel)."""
 
 
