@@ -540,7 +540,7 @@ class Client:
 
     __slots__ = ("bytes_pending", "channels", "client_id", "done", "dropped", "epoch", "group_ids", "held", "keys",
                  "last", "pending", "ready", "registered", "reset", "seq", "signal", "site_id", "status_due",
-                 "streaming", "superseded", "user_id", "waker")
+                 "stale", "streaming", "superseded", "user_id", "waker")
 
     def __init__(self, client_id: str, seq: int, lk: Lookups, channels: Iterable[str], streaming: bool,
                  epoch: int, waker: Callable[[Client], Any] | None = None, signal: Any = None) -> None:
@@ -564,6 +564,7 @@ class Client:
         self.dropped = False
         self.superseded = False
         self.reset = False
+        self.stale = False  # rejected at once (a newer __seq is parked): its first chunk is the whole answer
         #: called (on the registry's thread) when the client has something to send or must end
         self.waker = waker
         #: the shell's wake-up object (an Event, a Future, ...), for the waker's use
@@ -947,8 +948,8 @@ class MessageBusProtocol:
             if other is not c:
                 self.wake(other)
         if not accepted:  # a newer request of this client id is parked: answer at once
-            if streaming:
-                c.done = True
+            if streaming:  # the gem: one chunk (the backlog or []) and the terminator, no closing []
+                c.done = c.stale = True
                 return Poll("stream", client=c, headers=STREAM_HEADERS + extra, first_chunk=first)
             return Poll("immediate", Response(200, self.headers(extra), EMPTY))
         if streaming:
@@ -1025,7 +1026,7 @@ class MessageBusProtocol:
         pending, st = self.registry.finish(c)
         if c.dropped:
             return []
-        if c.reset:  # the reset status was already queued
+        if c.reset or c.stale:  # the reset status was already queued / the first chunk was the whole answer
             return pending
         pending.append(frame_chunk(b"[" + st + b"]") if st is not None else EMPTY_CHUNK)
         return pending

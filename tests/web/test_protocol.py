@@ -245,6 +245,17 @@ def test_stale_seq_timer_does_not_unregister_newer_request(bus: Bus, driver: Any
     assert J(dd.body())[0]["data"] == "for-d"
 
 
+def test_c8_a_stale_streaming_poll_gets_one_empty_chunk_then_the_end(bus: Bus, driver: Any, kind: str) -> None:
+    """The gem answers a stream rejected for its lower ``__seq`` with one ``[]`` and the terminator (we sent two)."""
+    d = driver(kind, long_polling_interval=5.0)
+    a = d.poll("cid", {"/foo": 0}, seq=6, chunk=True)
+    wait_for(lambda: d.parked() == 1, what="A parked")
+    stale = d.poll("cid", {"/foo": 0}, seq=4, chunk=True)
+    assert stale.body(5) == b"[]\r\n|\r\n"  # exactly one framed [] (the server adds the final 0-chunk)
+    bus.publish("/foo", "to-a")
+    assert J(split_stream(a.next_piece(5) + a.next_piece(5))[-1])[0]["data"] == "to-a"
+
+
 def test_t14_max_active_clients_fallback(bus: Bus, driver: Any, kind: str) -> None:
     d = driver(kind, max_active_clients=1, long_polling_interval=20)
     a = d.poll("one", {"/foo": 0})
