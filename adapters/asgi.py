@@ -37,6 +37,7 @@ from ._asgi_util import Receive, Send, lifespan, maybe_await, until_disconnect
 from ._looptap import LoopTap
 from .protocol import (
     BASE_HEADERS,
+    CHUNKED_BODY_REFUSED,
     Client,
     MessageBusProtocol,
     Options,
@@ -232,6 +233,8 @@ class MessageBusMiddleware:
 
     async def _read_body(self, scope: Scope, receive: Receive, headers: dict[bytes, bytes]) -> bytes:
         limit = self.options.max_body_size
+        if b"chunked" in headers.get(b"transfer-encoding", b"").lower():
+            raise ProtocolError(411, CHUNKED_BODY_REFUSED)
         cl = headers.get(b"content-length")
         if cl is not None:
             try:
@@ -240,8 +243,30 @@ class MessageBusMiddleware:
                 raise ProtocolError(400, "invalid Content-Length")
             if n > limit:
                 raise ProtocolError(413, f"request body too large (limit {limit} bytes)")
-        parts = []
+        parts: list[bytes] = []
         size = 0
+        # A body that never ends (a stalled client) must not hold the request forever: one timer for the whole
+        # body (cheaper than wait_for, which makes a task per receive()) cancels this task at the deadline.
+        task = asyncio.current_task()
+        expired = [False]
+
+        def expire() -> None:
+            expired[0] = True
+            if task is not None:
+                task.cancel()
+
+        timer = asyncio.get_running_loop().call_later(self.options.body_timeout, expire)
+        try:
+            return await self._receive_body(receive, limit, parts, size)
+        except asyncio.CancelledError:
+            if expired[0]:
+                raise ProtocolError(408, f"request body not received within {self.options.body_timeout:g} s")
+            raise
+        finally:
+            timer.cancel()
+
+    @staticmethod
+    async def _receive_body(receive: Receive, limit: int, parts: list[bytes], size: int) -> bytes:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":

@@ -153,8 +153,14 @@ class ProtocolError(Exception):
         self.status = status
         self.reason = reason
 
+    #: Statuses sent before the request body was read: the connection cannot carry another request.
+    UNREAD_BODY = frozenset({408, 411, 413})
+
     def response(self) -> Response:
-        return Response(self.status, list(_TEXT), self.reason.encode())
+        headers = list(_TEXT)
+        if self.status in self.UNREAD_BODY:
+            headers.append(("connection", "close"))
+        return Response(self.status, headers, self.reason.encode())
 
 
 @dataclass
@@ -167,7 +173,12 @@ class Response:
 
 
 _REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
-            413: "Content Too Large", 415: "Unsupported Media Type", 500: "Internal Server Error"}
+            408: "Request Timeout", 411: "Length Required", 413: "Content Too Large", 415: "Unsupported Media Type",
+            500: "Internal Server Error"}
+
+#: The answer to a chunked request body on a message-bus route: its chunk sizes are the client's word (one of
+#: ``ffffffffffffffff`` would make the server wait for it), and no message_bus client sends one.
+CHUNKED_BODY_REFUSED = "message-bus requests must send Content-Length, not a chunked body"
 
 
 def status_line(code: int) -> str:
@@ -243,6 +254,9 @@ class Options:
     max_body_size: int = MAX_BODY_SIZE
     max_channels_per_poll: int = MAX_CHANNELS_PER_POLL
     max_stream_buffer: int = MAX_STREAM_BUFFER
+    #: ASGI only: seconds to wait for the rest of a request body once its head arrived (``408`` after). WSGI
+    #: servers read bodies themselves; their own timeouts apply.
+    body_timeout: float = 30.0
     #: WSGI only: allow parking on a worker that serves one request at a time (gunicorn ``sync``, uwsgi without
     #: threads). Off by default: such workers answer long polls at once (as ``dlp=t``); see ``wsgi.py``.
     long_polling_on_sync_workers: bool = False
@@ -253,6 +267,9 @@ class Options:
         self.prefix = self.base_route + "message-bus/"
         if not self.long_polling_interval > 0:
             raise ValueError("long_polling_interval must be > 0 seconds")
+        if isinstance(self.body_timeout, bool) or not isinstance(self.body_timeout, (int, float)) \
+                or not self.body_timeout > 0:
+            raise ValueError(f"body_timeout must be > 0 seconds, got {self.body_timeout!r}")
         for name in ("max_active_clients", "max_body_size", "max_channels_per_poll", "max_stream_buffer"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -539,8 +556,8 @@ class Client:
     """
 
     __slots__ = ("bytes_pending", "channels", "client_id", "done", "dropped", "epoch", "group_ids", "held", "keys",
-                 "last", "pending", "ready", "registered", "reset", "seq", "signal", "site_id", "status_due",
-                 "stale", "streaming", "superseded", "user_id", "waker")
+                 "last", "pending", "ready", "registered", "reset", "seq", "signal", "site_id", "stale",
+                 "status_due", "streaming", "superseded", "user_id", "waker")
 
     def __init__(self, client_id: str, seq: int, lk: Lookups, channels: Iterable[str], streaming: bool,
                  epoch: int, waker: Callable[[Client], Any] | None = None, signal: Any = None) -> None:

@@ -23,7 +23,12 @@ answered before the body is read; refused with ``413`` and a close when the decl
 ``keepalive`` seconds. A client that disconnects is unregistered at once (``connection_lost``). A streaming
 client that stops reading: while the transport is paused nothing more is taken from the core, which drops the
 client once ``max_stream_buffer`` bytes are queued for it; the connection is then aborted. ``TCP_NODELAY`` is
-set on every accepted TCP socket. Parses with ``httptools`` when importable, else with a small strict parser
+set on every accepted TCP socket. Hostile clients are bounded by :class:`Limits` (a request head must arrive within
+``header_timeout``, a body within ``body_timeout``: ``408``; pipelined input is held to ``max_pipeline_bytes``
+while a request is answered, reading pauses beyond it; at most ``max_connections`` per worker: ``503``; bodies over
+``max_body_size``: ``413``; chunked bodies on message-bus routes: ``411``), and every error response is followed by
+a lingering close, so the client reads it instead of a connection reset. Parses with ``httptools`` when
+importable, else with a small strict parser
 (:mod:`shmbus.adapters._server_parser`). Limitations: no TLS, no WebSocket or other upgrades (an upgrade request
 is served as plain HTTP and the connection closed), lookups that are coroutine functions make every bus request
 go through the ASGI bridge (the middleware's own path: correct, not lean).
@@ -44,6 +49,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, MutableMapping, Sequence
+from dataclasses import dataclass, fields
 from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any
@@ -84,14 +90,60 @@ if _httptools is None or os.environ.get("SHMBUS_SERVER_PARSER") == "pure":
     _ParserUpgrade = _server_parser.HttpParserUpgrade
     PARSER = "pure"
 
-__all__ = ["PARSER", "GunicornWorker", "HttpConnection", "Request", "Server", "main", "serve"]
+__all__ = ["PARSER", "GunicornWorker", "HttpConnection", "Limits", "Request", "Server", "gunicorn_config_value", "main",
+           "serve"]
 
 log = logging.getLogger("shmbus.adapters.server")
 
 #: Largest request head (request line + headers) accepted; larger gets ``431`` and a close.
 MAX_HEAD_SIZE = 64 * 1024
-#: Request bytes buffered for one connection (pipelined requests, unread body) before reading pauses.
+#: Request body bytes buffered for a bridged (ASGI) request the app has not read yet before reading pauses.
 MAX_BUFFERED = 256 * 1024
+#: Input is fed to the parser in pieces of this size, so that pipelined requests stop being parsed (and queued)
+#: soon after one is waiting behind the request being answered, whatever one read delivers.
+FEED_STEP = 2048
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one connection, and one worker, may cost: the server's defence against hostile clients.
+
+    Every limit is per worker process. Exceeding one gets the status below, then a lingering close (the
+    response is written, the write side shut down, and input drained for ``linger`` seconds, so the client
+    reads the response rather than a reset).
+    """
+
+    #: Seconds from a request's first byte to the end of its head (slowloris): ``408``.
+    header_timeout: float = 15.0
+    #: Seconds from the end of a head to the end of its body, while the server is reading it: ``408``.
+    body_timeout: float = 30.0
+    #: Pipelined input held while a request is parked or answered; reading pauses beyond it.
+    max_pipeline_bytes: int = 64 * 1024
+    #: Open connections per worker; one more gets ``503`` and is closed.
+    max_connections: int = 10_000
+    #: Largest request body for routes served by the wrapped ASGI app (message-bus routes use the
+    #: middleware's ``max_body_size``): ``413``.
+    max_body_size: int = 64 << 20
+    #: Largest request head (request line and headers): ``431``.
+    max_head_size: int = MAX_HEAD_SIZE
+    #: Seconds an error response's connection keeps draining input before it is closed.
+    linger: float = 2.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise ValueError(f"server limit {f.name} must be a number > 0, got {v!r}")
+
+    @classmethod
+    def from_mapping(cls, values: MutableMapping[str, Any] | dict[str, Any] | None) -> Limits:
+        """From a config mapping (gunicorn's ``shmbus_server``): unknown names are an error, not ignored."""
+        values = dict(values or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise TypeError(f"unknown server limit(s) {unknown}; known: {sorted(known)}")
+        return cls(**values)
 
 _LONG, _STREAM = 1, 2
 _BAD_HEADER = re.compile(r"[\r\n\x00]")
@@ -109,8 +161,8 @@ _STREAM_BLOCK = _enc_headers(STREAM_HEADERS) + b"transfer-encoding: chunked\r\n"
 class Request:
     """One parsed request (head, buffered body) while it is read and answered; released when answered."""
 
-    __slots__ = ("body", "body_size", "bus", "complete", "cycle", "expect_continue", "headers", "keep", "method",
-                 "path", "query", "raw_path", "started", "too_large", "url", "version")
+    __slots__ = ("body", "body_size", "bus", "chunked", "complete", "cycle", "expect_continue", "head_done", "headers",
+                 "keep", "method", "path", "query", "raw_path", "refused", "started", "too_large", "url", "version")
 
     def __init__(self) -> None:
         self.url = b""
@@ -128,6 +180,9 @@ class Request:
         self.started = False
         self.too_large = False
         self.expect_continue = False
+        self.head_done = False
+        self.chunked = False
+        self.refused: tuple[int, str] | None = None  # answered with this error instead of being served
         self.cycle: Cycle | None = None
 
     def header(self, name: bytes) -> bytes | None:
@@ -150,8 +205,9 @@ def _expire(conn: HttpConnection) -> None:
 class HttpConnection(asyncio.Protocol):
     """One client connection; also the parked-poll state (``client``, ``timer``) when a poll waits."""
 
-    __slots__ = ("buffered", "client", "closing", "cur", "cycle", "drain_fut", "head", "idle", "kind", "parser",
-                 "paused_r", "paused_w", "pumping", "queue", "req", "srv", "timer", "transport")
+    __slots__ = ("buffered", "client", "closing", "cur", "cycle", "deadline", "drain_fut", "eof", "feeding", "head",
+                 "idle", "inbox", "kind", "linger_until", "parser", "paused_r", "paused_w", "phase", "pumping",
+                 "queue", "req", "srv", "timer", "transport")
 
     def __init__(self, srv: Server) -> None:
         self.srv = srv
@@ -172,6 +228,12 @@ class HttpConnection(asyncio.Protocol):
         self.pumping = False
         self.closing = False
         self.buffered = 0
+        self.inbox = bytearray()  # pipelined input held (not parsed) while a request is answered
+        self.feeding = False
+        self.deadline = 0.0  # when the request being read must be complete (0: none); the tick enforces it
+        self.phase = "request head"  # what the deadline waits for
+        self.linger_until = 0.0  # a lingering close ends then at the latest
+        self.eof = False  # the client half-closed: answer what it sent, then close
 
     # ------------------------------------------------------------------ asyncio.Protocol
     def connection_made(self, transport: Any) -> None:
@@ -181,18 +243,47 @@ class HttpConnection(asyncio.Protocol):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.parser = _Parser(self)
-        self.srv.connections.add(self)
-        if self.srv.stopping:
+        srv = self.srv
+        srv.connections.add(self)
+        if srv.stopping:
             transport.close()
             self.closing = True
+            return
+        if len(srv.connections) > srv.limits.max_connections:
+            log.warning("shmbus server: %d connections (max_connections): refusing one with 503",
+                        len(srv.connections) - 1)
+            self.fail(503, f"server busy: more than {srv.limits.max_connections} connections to this worker")
             return
         self._arm_idle()
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
+            return  # answered with an error (or closing): drain and discard
+        if self.inbox or self._must_hold():
+            self.inbox += data
+            self._update_reading()
+            if not self.feeding and not self._must_hold():
+                self._feed_inbox()
             return
+        self._feed(data)
+
+    def _must_hold(self) -> bool:
+        """Stop parsing: a request is being answered (its body read) and another one is already queued."""
+        cur = self.cur
+        return cur is not None and cur.complete and bool(self.queue)
+
+    def _feed(self, data: bytes | bytearray) -> None:
+        """Parse ``data`` piece by piece, holding what follows once a request waits behind the current one."""
+        self.feeding = True
+        pos, n = 0, len(data)
         try:
-            self.parser.feed_data(data)
+            while pos < n and not self.closing:
+                if self._must_hold():
+                    self.inbox += data[pos:]
+                    self.deadline = 0.0  # we stopped reading it: its clock restarts when we resume
+                    break
+                self.parser.feed_data(data[pos:pos + FEED_STEP] if n > FEED_STEP else data)
+                pos += FEED_STEP
         except _ParserUpgrade:
             # no upgrades: the request was handed over as plain HTTP; nothing after it is read
             if self.req is not None or self.cur is None:
@@ -200,12 +291,70 @@ class HttpConnection(asyncio.Protocol):
             else:
                 self.cur.keep = False
                 self.closing = True
-        except _ParserError:
+        except _ParserError as exc:
             if not self.closing:
-                self.fail(400, "malformed request")
+                if "head too large" in str(exc):
+                    self.fail(431, "request head too large")
+                else:
+                    self.fail(400, f"malformed request ({exc})" if str(exc) else "malformed request")
+        finally:
+            self.feeding = False
+        self._update_reading()
+
+    def _feed_inbox(self) -> None:
+        """Parse held input now that the current request is done (called when nothing is being fed)."""
+        if not self.inbox or self.feeding or self.closing:
+            return
+        data, self.inbox = bytes(self.inbox), bytearray()
+        req = self.req
+        if req is not None:  # its clock stopped while we held its bytes
+            limits = self.srv.limits
+            if req.head_done:
+                self._arm_deadline(limits.body_timeout, "request body")
+            else:
+                self._arm_deadline(limits.header_timeout, "request head")
+        self._feed(data)
+
+    def _update_reading(self) -> None:
+        """Pause reading while held input or an unread bridged body is over its limit; resume below it."""
+        if self.closing:
+            return
+        want = len(self.inbox) >= self.srv.limits.max_pipeline_bytes or self.buffered > MAX_BUFFERED
+        if want and not self.paused_r:
+            self.paused_r = True
+            self.transport.pause_reading()
+        elif not want and self.paused_r:
+            self.paused_r = False
+            self.transport.resume_reading()
+
+    def _arm_deadline(self, seconds: float, phase: str) -> None:
+        self.deadline = self.srv.now + seconds
+        self.phase = phase
+
+    def tick(self, now: float, idle_cutoff: float) -> None:
+        """The server's clock, once a second: idle keep-alive, head and body deadlines, lingering closes."""
+        if self.closing:
+            if self.linger_until and now >= self.linger_until:
+                self.linger_until = 0.0
+                self.transport.abort()  # the client neither read the response nor closed: enough
+            return
+        if self.idle:
+            self.idle_expired(idle_cutoff)
+        elif self.deadline and now >= self.deadline:
+            self.deadline = 0.0
+            self.fail(408, f"{self.phase} not received within {self._limit_for(self.phase):g} s")
+
+    def _limit_for(self, phase: str) -> float:
+        limits = self.srv.limits
+        return limits.body_timeout if phase == "request body" else limits.header_timeout
 
     def eof_received(self) -> bool | None:
-        return None  # close the transport: half-closed clients get no more than they asked for
+        if self.closing or self.client is not None:
+            return None  # closing anyway, or a parked poll whose client went away: unregister it at once
+        if self.cur is None and self.req is None and not self.queue and not self.inbox:
+            return None  # idle: close
+        self.eof = True  # half-closed after sending a request: answer what it sent, then close
+        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
@@ -235,13 +384,14 @@ class HttpConnection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self.req = Request()
         self.idle = 0.0
+        self._arm_deadline(self.srv.limits.header_timeout, "request head")
 
     def on_url(self, url: bytes) -> None:
         req = self.req
         if req is None or self.closing:
             return
         req.url += url
-        if len(req.url) > self.srv.max_head_size:
+        if len(req.url) > self.srv.limits.max_head_size:
             self.fail(431, "request head too large")
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -250,7 +400,7 @@ class HttpConnection(asyncio.Protocol):
             return
         req.headers.append((name.lower(), value))
         req.body_size += len(name) + len(value) + 4  # head size until the head is complete
-        if req.body_size + len(req.url) > self.srv.max_head_size:
+        if req.body_size + len(req.url) > self.srv.limits.max_head_size:
             self.fail(431, "request head too large")
 
     def on_headers_complete(self) -> None:
@@ -290,11 +440,17 @@ class HttpConnection(asyncio.Protocol):
                 self.fail(417, "unsupported Expect")
                 return
             req.expect_continue = req.version == "1.1"
+        req.head_done = True
+        self._arm_deadline(srv.limits.body_timeout, "request body")
+        te = req.header(b"transfer-encoding")
+        req.chunked = te is not None and b"chunked" in te.lower()
         req.bus = srv.native and req.path.startswith(srv.prefix)
-        if req.bus:
-            cl = req.header(b"content-length")
-            if cl is not None and cl.isdigit() and int(cl) > srv.options.max_body_size:
-                req.too_large = True
+        cl = req.header(b"content-length")
+        limit = srv.options.max_body_size if req.bus else srv.limits.max_body_size
+        if cl is not None and cl.isdigit() and int(cl) > limit:
+            req.too_large = True
+            if not req.bus:
+                req.refused = (413, f"request body too large (limit {limit} bytes)")
         q = self.queue
         if q is None:
             self.queue = [req]
@@ -318,6 +474,10 @@ class HttpConnection(asyncio.Protocol):
             return
         if req.cycle is None and req is not self.cur and req.started:
             return  # answered before its body was read: dropped (the connection closes)
+        req.body_size += len(body)
+        if req.body_size > self.srv.limits.max_body_size:
+            self.fail(413, f"request body too large (limit {self.srv.limits.max_body_size} bytes)")
+            return
         req.body.append(body)
         self.buffered += len(body)
         if self.buffered > MAX_BUFFERED and not self.paused_r:
@@ -332,6 +492,7 @@ class HttpConnection(asyncio.Protocol):
             return
         self.req = None
         req.complete = True
+        self.deadline = 0.0
         if req is self.cur:
             if req.bus:
                 if not req.started:
@@ -358,8 +519,11 @@ class HttpConnection(asyncio.Protocol):
 
     def _start(self, req: Request) -> None:
         self.cur = req
+        if req.refused is not None:
+            self.fail(*req.refused)
+            return
         if req.bus:
-            if req.too_large:
+            if req.too_large or req.chunked:
                 req.keep = False  # the body is not read: the connection cannot be reused
                 self._bus(req)
             elif req.complete:
@@ -388,16 +552,18 @@ class HttpConnection(asyncio.Protocol):
             cb, srv.on_max_requests = srv.on_max_requests, None
             srv.loop.call_soon(cb)
         if not keep or srv.stopping:
-            self.closing = True
-            self.transport.close()
+            self._linger_close()
             return
-        if self.paused_r:
-            self.paused_r = False
-            self.buffered = 0
-            self.transport.resume_reading()
+        self.buffered = 0
         self._pump()
-        if self.cur is None and self.req is None and not self.queue and not self.closing:
-            self._arm_idle()
+        if self.cur is None and not self.queue:
+            self._feed_inbox()  # requests held while this one was answered
+        self._update_reading()
+        if self.cur is None and self.req is None and not self.queue and not self.inbox and not self.closing:
+            if self.eof:
+                self._linger_close()
+            else:
+                self._arm_idle()
 
     def _arm_idle(self) -> None:
         if not self.idle:
@@ -412,9 +578,7 @@ class HttpConnection(asyncio.Protocol):
     def body_taken(self) -> None:
         """The bridge consumed buffered body bytes: reading may resume."""
         self.buffered = 0
-        if self.paused_r and not self.closing:
-            self.paused_r = False
-            self.transport.resume_reading()
+        self._update_reading()
 
     def cycle_done(self, cycle: Cycle, keep: bool) -> None:
         if self.cycle is cycle:
@@ -444,17 +608,48 @@ class HttpConnection(asyncio.Protocol):
                 fut.set_result(None)
 
     def fail(self, status: int, reason: str) -> None:
-        """A request we cannot parse or accept: answer (if nothing else is being answered) and close."""
+        """A request we cannot parse or accept: answer (unless another response is under way) and close."""
         if self.closing:
             return
-        self.closing = True
         self.req = None
-        if self.cur is None or (not self.cur.started and self.cycle is None):
+        cur, cycle = self.cur, self.cycle
+        answer = cur is None or cur.refused is not None or (not cur.started and cycle is None)
+        if cycle is not None and not cycle.started:
+            answer = True
+            cycle.started = True  # the app's own response, if it still sends one, is discarded
+            cycle.lost()
+        if self.client is not None:  # a parked poll: unregister it
+            c, self.client = self.client, None
+            self.srv.proto.abandon(c)
+            answer = False  # its response head is already out (a stream) or it is mid-wait: just close
+        if answer:
             body = reason.encode()
             self.transport.write(b"%scontent-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n"
                                  b"connection: close\r\n%s\r\n%s" % (self.srv.status_line(status), len(body),
                                                                      self.srv.date, body))
-        self.transport.close()
+        self._linger_close()
+
+    def _linger_close(self) -> None:
+        """Close after the response: shut the write side, drain (discard) input until the client closes or
+        ``linger`` passes. Closing with unread input would make the kernel send a reset, which can destroy the
+        response before the client reads it."""
+        self.closing = True
+        self.deadline = 0.0
+        self.inbox = bytearray()
+        t = self.transport
+        if t.is_closing():
+            return
+        if self.paused_r:
+            self.paused_r = False
+            t.resume_reading()
+        try:
+            if not t.can_write_eof():
+                raise OSError("no half-close")
+            t.write_eof()
+        except (OSError, RuntimeError, NotImplementedError):
+            t.close()
+            return
+        self.linger_until = self.srv.now + self.srv.limits.linger
 
     def scope(self, req: Request) -> MutableMapping[str, Any]:
         """The ASGI scope of ``req`` (for the bridge, and for the middleware's lookups)."""
@@ -497,6 +692,8 @@ class HttpConnection(asyncio.Protocol):
                 raise route.error
             if req.too_large:
                 raise ProtocolError(413, f"request body too large (limit {opts.max_body_size} bytes)")
+            if req.chunked:  # its chunk sizes are the client's word: bus bodies must declare their length
+                raise ProtocolError(411, "message-bus requests must send Content-Length, not a chunked body")
             body = b"".join(req.body) if len(req.body) != 1 else req.body[0]
             ct = req.header(b"content-type")
             ctype = ct.decode("latin-1") if ct is not None else None
@@ -648,7 +845,7 @@ class Server:
 
     def __init__(self, app: Any, loop: asyncio.AbstractEventLoop, *, options: dict[str, Any] | None = None,
                  keepalive: float = 5.0, max_requests: int = 0, on_max_requests: Callable[[], Any] | None = None,
-                 max_head_size: int = MAX_HEAD_SIZE) -> None:
+                 limits: Limits | None = None) -> None:
         self.loop = loop
         self.root_app = app
         mw: MessageBusMiddleware | None = None
@@ -693,7 +890,7 @@ class Server:
         self.keepalive = keepalive
         self.max_requests = max_requests
         self.on_max_requests = on_max_requests
-        self.max_head_size = max_head_size
+        self.limits = limits or Limits()
         self.connections: set[HttpConnection] = set()
         self.requests = 0
         self.stopping = False
@@ -718,8 +915,7 @@ class Server:
         self.now = now = self.loop.time()
         cutoff = now - self.keepalive
         for conn in list(self.connections):
-            if conn.idle:
-                conn.idle_expired(cutoff)
+            conn.tick(now, cutoff)
         if not self.loop.is_closed():
             self.loop.call_at(now + 1.0, self._tick)
 
@@ -845,12 +1041,12 @@ class _Lifespan:
 async def serve(app: Any, sockets: Sequence[socket.socket], *, options: dict[str, Any] | None = None,
                 keepalive: float = 5.0, max_requests: int = 0, graceful_timeout: float = 5.0,
                 stop: asyncio.Event | None = None, heartbeat: Callable[[], Any] | None = None,
-                heartbeat_interval: float = 1.0, backlog: int = 2048) -> None:
+                heartbeat_interval: float = 1.0, backlog: int = 2048, limits: Limits | None = None) -> None:
     """Serve ``app`` on already-bound listening ``sockets`` until ``stop`` is set (or ``max_requests``)."""
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
     srv = Server(app, loop, options=options, keepalive=keepalive, max_requests=max_requests,
-                 on_max_requests=stop.set)
+                 on_max_requests=stop.set, limits=limits)
     await srv.startup()
     servers = [await loop.create_server(srv.protocol_factory, sock=s, backlog=backlog) for s in sockets]
     try:
@@ -865,6 +1061,28 @@ async def serve(app: Any, sockets: Sequence[socket.socket], *, options: dict[str
         await srv.shutdown(graceful_timeout)
         if srv.mw is not None:
             srv.mw.close()
+
+
+def gunicorn_config_value(worker: Any, name: str) -> Any:
+    """A shmbus setting (``shmbus_options``, ``shmbus_server``) from the worker's gunicorn config file, or None.
+
+    gunicorn refuses unknown settings on its command line but keeps a config file's other names to itself; this
+    reads them back (a ``python:module`` config too).
+    """
+    path = getattr(worker.cfg, "config", None)
+    if not path:
+        return None
+    try:
+        if path.startswith("python:"):
+            ns = vars(importlib.import_module(path[len("python:"):]))
+        elif not os.path.exists(path):
+            return None  # gunicorn's default ./gunicorn.conf.py, absent
+        else:
+            ns = worker.app.get_config_from_filename(path)
+    except Exception:
+        log.exception("shmbus server: could not read %s from %s", name, path)
+        return None
+    return ns.get(name)
 
 
 def _gunicorn_base() -> Any:
@@ -891,21 +1109,12 @@ class GunicornWorker(_gunicorn_base()):  # type: ignore[misc]
         signal.siginterrupt(signal.SIGUSR1, False)
 
     def _shmbus_options(self) -> dict[str, Any] | None:
-        path = getattr(self.cfg, "config", None)
-        if not path:
-            return None
-        try:
-            if path.startswith("python:"):
-                ns = vars(importlib.import_module(path[len("python:"):]))
-            elif not os.path.exists(path):
-                return None  # gunicorn's default ./gunicorn.conf.py, absent
-            else:
-                ns = self.app.get_config_from_filename(path)
-        except Exception:
-            log.exception("shmbus server: could not read shmbus_options from %s", path)
-            return None
-        opts = ns.get("shmbus_options")
+        opts = gunicorn_config_value(self, "shmbus_options")
         return dict(opts) if opts else None
+
+    def _limits(self) -> Limits:
+        """``shmbus_server = {"header_timeout": 10, ...}`` in the gunicorn config file (see :class:`Limits`)."""
+        return Limits.from_mapping(gunicorn_config_value(self, "shmbus_server"))
 
     def run(self) -> None:
         loop = asyncio.new_event_loop()
@@ -941,7 +1150,7 @@ class GunicornWorker(_gunicorn_base()):  # type: ignore[misc]
                 max_requests=int(self.max_requests or 0) if self.cfg.max_requests else 0,
                 graceful_timeout=float(self.cfg.graceful_timeout), stop=stop, heartbeat=beat,
                 heartbeat_interval=min(1.0, max(self.timeout / 4, 0.1)) if self.timeout else 1.0,
-                backlog=int(self.cfg.backlog)))
+                backlog=int(self.cfg.backlog), limits=self._limits()))
         except Exception:
             log.exception("shmbus server: worker failed")
             sys.exit(1)
@@ -999,7 +1208,7 @@ def _child(spec: str, sock: socket.socket, args: argparse.Namespace) -> int:
     try:
         loop.run_until_complete(serve(app, [sock], options=options, keepalive=args.keepalive,
                                       max_requests=args.max_requests, graceful_timeout=args.graceful_timeout,
-                                      stop=stop, heartbeat=beat, backlog=args.backlog))
+                                      stop=stop, heartbeat=beat, backlog=args.backlog, limits=args.limits))
     finally:
         loop.close()
     return 0
@@ -1016,7 +1225,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--graceful-timeout", type=float, default=5.0)
     ap.add_argument("--backlog", type=int, default=2048)
     ap.add_argument("--options", default="", help="JSON middleware options for a plain ASGI app ({'bus': name,...})")
+    defaults = Limits()
+    for f in fields(Limits):
+        ap.add_argument(f"--{f.name.replace('_', '-')}", type=type(getattr(defaults, f.name)), dest=f.name,
+                        default=getattr(defaults, f.name),
+                        help=f"server limit (default {getattr(defaults, f.name)}; see shmbus.adapters.server.Limits)")
     args = ap.parse_args(argv)
+    args.limits = Limits(**{f.name: getattr(args, f.name) for f in fields(Limits)})
     logging.basicConfig(level=logging.INFO, format="[%(process)d] %(levelname)s %(name)s: %(message)s")
     sys.path.insert(0, os.getcwd())
     sock = _bind(args.bind, args.backlog)

@@ -58,6 +58,7 @@ from shmbus.bus import Bus
 from shmbus.message import Message
 
 from .protocol import (
+    CHUNKED_BODY_REFUSED,
     MessageBusProtocol,
     Options,
     ProtocolError,
@@ -69,6 +70,9 @@ from .protocol import (
     status_line,
     triple_response,
 )
+
+#: Largest single ``wsgi.input.read()``: bodies are read in bounded pieces, never all at once.
+READ_PIECE = 16 * 1024
 
 __all__ = ["MessageBusMiddleware", "configure_server", "server_threads"]
 
@@ -226,8 +230,11 @@ class MessageBusMiddleware:
         return MessageBusProtocol.extra_headers(lookup(environ))
 
     def _read_body(self, environ: Environ) -> bytes:
+        """The request body, read in pieces of at most ``READ_PIECE`` bytes and never beyond ``max_body_size``."""
         limit = self.options.max_body_size
         stream = environ.get("wsgi.input")
+        if "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
+            raise ProtocolError(411, CHUNKED_BODY_REFUSED)
         cl = environ.get("CONTENT_LENGTH")
         if cl:
             try:
@@ -242,18 +249,23 @@ class MessageBusMiddleware:
                 return b""
             parts = []
             while n > 0:
-                chunk = stream.read(n)
+                chunk = stream.read(min(n, READ_PIECE))
                 if not chunk:
                     break
                 parts.append(chunk)
                 n -= len(chunk)
             return b"".join(parts)
-        if stream is not None and (environ.get("wsgi.input_terminated")
-                                   or "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()):
-            data: bytes = stream.read(limit + 1)
-            if len(data) > limit:
+        if stream is not None and environ.get("wsgi.input_terminated"):
+            parts, size = [], 0
+            while size <= limit:
+                chunk = stream.read(min(limit + 1 - size, READ_PIECE))
+                if not chunk:
+                    break
+                parts.append(chunk)
+                size += len(chunk)
+            if size > limit:
                 raise ProtocolError(413, f"request body too large (limit {limit} bytes)")
-            return data
+            return b"".join(parts)
         return b""
 
     def _can_park(self, eng: _Engine, environ: Environ) -> bool:

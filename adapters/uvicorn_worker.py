@@ -1,0 +1,119 @@
+"""uvicorn with the request-head and body deadlines it lacks.
+
+Use: ``gunicorn -k shmbus.adapters.uvicorn_worker.UvicornWorker -c conf.py app:app``.
+
+Why: uvicorn (0.2x-0.5x) times out only idle keep-alive connections. A client that sends half a request head, or a
+body that never ends (a chunk size of ``ffffffffffffffff``), holds its connection and its request task forever;
+500 such connections are a cheap denial of service. This worker runs uvicorn with :class:`GuardedHttpToolsProtocol`,
+which answers ``408`` and closes when a head is not complete within ``header_timeout`` or a body within
+``body_timeout``, and caps open connections per worker at ``max_connections`` (uvicorn's ``limit_concurrency``:
+``503`` beyond it). Limits come from ``shmbus_server = {...}`` in the gunicorn config file, with the names and
+defaults of :class:`shmbus.adapters.server.Limits` (``max_pipeline_bytes`` does not apply: uvicorn already stops
+reading while a request is answered). Body size limits on message-bus routes are the middleware's
+(``max_body_size``, ``411`` for chunked bodies).
+
+Plain ``uvicorn`` can use the protocol too (default limits):
+``uvicorn app:app --http shmbus.adapters.uvicorn_worker:GuardedHttpToolsProtocol``.
+Needs ``httptools`` (in the ``web`` extra).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.workers import UvicornWorker as _UvicornWorker
+
+from .server import Limits, gunicorn_config_value
+
+__all__ = ["GuardedHttpToolsProtocol", "UvicornWorker"]
+
+log = logging.getLogger("shmbus.adapters.uvicorn_worker")
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol plus head and body deadlines (``408``, then a lingering close)."""
+
+    limits = Limits()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._guard: asyncio.TimerHandle | None = None
+        self._lingering = False
+
+    def _arm(self, seconds: float, phase: str) -> None:
+        self._disarm()
+        self._guard = self.loop.call_later(seconds, self._expired, phase, seconds)
+
+    def _disarm(self) -> None:
+        if self._guard is not None:
+            self._guard.cancel()
+            self._guard = None
+
+    def _expired(self, phase: str, seconds: float) -> None:
+        self._guard = None
+        transport = self.transport
+        if transport is None or transport.is_closing() or self._lingering:
+            return
+        cycle = self.cycle
+        if cycle is None or not cycle.response_started:
+            body = f"{phase} not received within {seconds:g} s".encode()
+            transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+        if cycle is not None:
+            cycle.disconnected = True  # the app's receive() sees http.disconnect; its response is discarded
+            cycle.message_event.set()
+        self._linger_close()
+
+    def _linger_close(self) -> None:
+        """Half-close and drain input for ``linger`` s, so the client reads the 408 instead of a reset."""
+        self._lingering = True
+        transport = self.transport
+        try:
+            if self.flow is not None:
+                self.flow.resume_reading()
+            transport.write_eof()
+        except (OSError, RuntimeError, NotImplementedError):
+            transport.close()
+            return
+        self.loop.call_later(self.limits.linger, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return  # drained and discarded
+        super().data_received(data)
+
+    def eof_received(self) -> None:
+        if self._lingering:
+            self.transport.close()
+            return
+        super().eof_received()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm(self.limits.header_timeout, "request head")
+
+    def on_headers_complete(self) -> None:
+        self._arm(self.limits.body_timeout, "request body")
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        super().on_message_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+
+class UvicornWorker(_UvicornWorker):
+    """gunicorn's uvicorn worker with :class:`GuardedHttpToolsProtocol` and ``limit_concurrency``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        limits = Limits.from_mapping(gunicorn_config_value(self, "shmbus_server"))
+        self.config.http = type("ConfiguredGuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,),
+                                {"limits": limits})
+        self.config.limit_concurrency = limits.max_connections
