@@ -353,6 +353,10 @@ class HttpConnection(asyncio.Protocol):
             return None  # closing anyway, or a parked poll whose client went away: unregister it at once
         if self.cur is None and self.req is None and not self.queue and not self.inbox:
             return None  # idle: close
+        if self.cur is None and not self.queue and not self.inbox and self.req is not None:
+            self.eof = True
+            self.fail(400, "the client closed its side in the middle of a request")  # it can never complete
+            return True  # the lingering close ends the connection
         self.eof = True  # half-closed after sending a request: answer what it sent, then close
         return True
 
@@ -638,6 +642,9 @@ class HttpConnection(asyncio.Protocol):
         self.inbox = bytearray()
         t = self.transport
         if t.is_closing():
+            return
+        if self.eof:  # the client already closed its side: nothing left to drain
+            t.close()
             return
         if self.paused_r:
             self.paused_r = False

@@ -8,8 +8,9 @@ body that never ends (a chunk size of ``ffffffffffffffff``), holds its connectio
 which answers ``408`` and closes when a head is not complete within ``header_timeout`` or a body within
 ``body_timeout``, and caps open connections per worker at ``max_connections`` (uvicorn's ``limit_concurrency``:
 ``503`` beyond it). Limits come from ``shmbus_server = {...}`` in the gunicorn config file, with the names and
-defaults of :class:`shmbus.adapters.server.Limits` (``max_pipeline_bytes`` does not apply: uvicorn already stops
-reading while a request is answered). Body size limits on message-bus routes are the middleware's
+defaults of :class:`shmbus.adapters.server.Limits`: pipelined input is held to ``max_pipeline_bytes`` while
+requests are queued (uvicorn itself resumes reading after every response, so a pipelining client could queue
+requests without bound). Body size limits on message-bus routes are the middleware's
 (``max_body_size``, ``411`` for chunked bodies).
 
 Plain ``uvicorn`` can use the protocol too (default limits):
@@ -26,7 +27,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.workers import UvicornWorker as _UvicornWorker
 
-from .server import Limits, gunicorn_config_value
+from .server import FEED_STEP, Limits, gunicorn_config_value
 
 __all__ = ["GuardedHttpToolsProtocol", "UvicornWorker"]
 
@@ -41,7 +42,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._guard: asyncio.TimerHandle | None = None
+        self._phase_open = False  # between a request's first byte and its last
         self._lingering = False
+        self._eof = False
+        self._held = bytearray()  # pipelined input not parsed yet (see _feed)
 
     def _arm(self, seconds: float, phase: str) -> None:
         self._disarm()
@@ -83,16 +87,68 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._lingering:
             return  # drained and discarded
-        super().data_received(data)
-
-    def eof_received(self) -> None:
-        if self._lingering:
-            self.transport.close()
+        if self._held or self.pipeline:
+            self._hold(data)
             return
-        super().eof_received()
+        self._feed(data)
+
+    def _feed(self, data: bytes) -> None:
+        """Parse in small steps and stop once a request waits behind the one being answered. uvicorn parses
+        whole reads and resumes reading after every response even while requests are queued, so a client
+        that pipelines faster than it is answered grows the queue without bound (measured: 585 MB of RSS for
+        1 GB offered on one connection)."""
+        pos, n = 0, len(data)
+        while pos < n:
+            if self.pipeline:
+                self._hold(data[pos:])
+                return
+            super().data_received(data[pos:pos + FEED_STEP] if n > FEED_STEP else data)
+            pos += FEED_STEP
+            if self.transport is None or self.transport.is_closing() or self._lingering:
+                return
+
+    def _hold(self, data: bytes) -> None:
+        self._held += data
+        if len(self._held) >= self.limits.max_pipeline_bytes:
+            self.flow.pause_reading()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._held and not self.pipeline and not self._lingering:
+            data, self._held = bytes(self._held), bytearray()
+            self._feed(data)
+        if self.pipeline or len(self._held) >= self.limits.max_pipeline_bytes:
+            self.flow.pause_reading()  # uvicorn just resumed reading although requests are still queued
+        self._close_after_eof()
+
+    def eof_received(self) -> bool | None:  # type: ignore[override]
+        """The client half-closed. A request cut short gets ``400`` (uvicorn closed it silently); one still
+        being answered is answered before the close (uvicorn dropped its response)."""
+        if self._lingering:
+            return None
+        if self._guard is not None and self._phase_open:
+            self._disarm()
+            body = b"the client closed its side in the middle of a request"
+            self.transport.write(b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                                 b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+            if self.cycle is not None:
+                self.cycle.disconnected = True
+                self.cycle.message_event.set()
+            return None
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            self._eof = True
+            return True  # keep the write side: close once the response is out (on_response_complete)
+        return None
+
+    def _close_after_eof(self) -> None:
+        if self._eof and not self.pipeline and not self._held and self.transport is not None \
+                and not self.transport.is_closing():
+            self.transport.close()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._phase_open = True
         self._arm(self.limits.header_timeout, "request head")
 
     def on_headers_complete(self) -> None:
@@ -100,6 +156,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
+        self._phase_open = False
         self._disarm()
         super().on_message_complete()
 

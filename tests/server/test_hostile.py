@@ -1,0 +1,126 @@
+"""Hostile clients against real servers: the lean gunicorn worker and gunicorn's uvicorn worker (with the
+middleware). No wall-clock assertion: timeouts are set small in the servers' config and only bound the waits.
+
+* a flood: one connection parks a long poll and pipelines 60 KB requests behind it (up to 1 GB offered);
+* slowloris: 200 connections send half a request head;
+* a corpus of 2,000+ generated malformed, oversized, pipelined and half-closed requests;
+* bodies: a chunk size of ffffffffffffffff, a 10 MB body (413, never a reset), a stalled body (408).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import hostile  # tests/web/hostile.py (tests/server/conftest.py puts tests/web on sys.path)
+import pytest
+from wire import Conn, poll, request
+
+SERVER_DIR = Path(__file__).resolve().parent
+LIMITS = {"header_timeout": 2, "body_timeout": 2, "max_pipeline_bytes": 65536, "linger": 1}
+SERVERS = {
+    "lean": "shmbus.adapters.server.GunicornWorker",
+    "uvicorn": "shmbus.adapters.uvicorn_worker.UvicornWorker",
+}
+
+
+@pytest.fixture(params=sorted(SERVERS))
+def server(request: pytest.FixtureRequest, procs: Any, bus_name: str, shared_bus: Any, tmp_path: Path) -> Any:
+    """One worker of each kind, serving ``server_apps:mw_app`` with small timeouts (``shmbus_server``)."""
+    limits = dict(LIMITS, **getattr(request, "param_limits", {}))
+    conf = tmp_path / "conf.py"
+    conf.write_text(f"shmbus_server = {limits!r}\nkeepalive = 5\n")
+    env = {"SHMBUS_TEST_BUS": bus_name, "SHMBUS_TEST_OPTS": json.dumps({"long_polling_interval": 1.0,
+                                                                        "body_timeout": 2})}
+    srv = procs.gunicorn_server("server_apps:mw_app", workers=1, worker_class=SERVERS[request.param], config=conf,
+                                env=env, app_dir=SERVER_DIR, health_path="/pid")
+    srv.kind = request.param
+    return srv
+
+
+def worker_pid(port: int) -> int:
+    status, body = hostile.http_get(port, "/pid")
+    assert status == 200
+    return int(body)
+
+
+def test_a_pipelined_flood_behind_a_parked_poll_keeps_memory_bounded(server: Any, procs: Any) -> None:
+    pid = worker_pid(server.port)
+    before = hostile.rss_kb(pid)
+    res = hostile.flood(server.port, pid, seconds=12, max_bytes=1 << 30)
+    growth_mb = (res.peak_rss_kb - before) / 1024
+    assert growth_mb < 50, f"{server.kind}: RSS grew {growth_mb:.0f} MB while {res.offered >> 20} MB were offered"
+    assert res.normal_polls_ok >= 5 and res.normal_polls_failed == 0, (res.normal_polls_ok, res.errors[:3])
+    assert worker_pid(server.port) == pid, "the worker was restarted"
+
+
+def test_slowloris_connections_get_408_and_are_closed(server: Any) -> None:
+    pid = worker_pid(server.port)
+    statuses, closed = hostile.slowloris(server.port, 200, wait=LIMITS["header_timeout"] + 10)
+    assert closed == 200, f"{server.kind}: {200 - closed} half-sent heads still open after the header timeout"
+    assert statuses.count(408) == 200, sorted(set(statuses))
+    assert worker_pid(server.port) == pid
+
+
+def test_a_generated_corpus_of_hostile_requests_gets_no_5xx_and_no_silent_close(server: Any) -> None:
+    pid = worker_pid(server.port)
+    before = hostile.rss_kb(pid)
+    cases = hostile.generate(2000)
+    res = hostile.run_corpus(server.port, cases)
+    assert res.requests == 2000
+    assert not res.server_errors, f"{server.kind}: {len(res.server_errors)} 5xx, e.g. {res.server_errors[:3]}"
+    assert not res.no_response, f"{server.kind}: {len(res.no_response)} without a response: {res.no_response[:5]}"
+    assert worker_pid(server.port) == pid, "a worker died and was restarted"
+    assert (hostile.rss_kb(pid) - before) / 1024 < 50
+
+
+def test_an_endless_chunk_size_on_a_bus_route_gets_411_at_once(server: Any) -> None:
+    c = Conn(server.port).send(b"POST /message-bus/cid/poll HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                               b"ffffffffffffffff\r\nabc")
+    r = c.read_response(timeout=1.5)  # well before the 2 s body timeout: refused from the head alone
+    assert r.status == 411 and b"Content-Length" in r.body
+    assert c.closed_by_peer()
+
+
+def test_a_10_mb_body_gets_413_not_a_reset(server: Any) -> None:
+    for _ in range(3):
+        c = Conn(server.port)
+        body = b"x" * (10 << 20)
+        head = request("POST", "/message-bus/cid/poll", b"", {"Content-Length": str(len(body)),
+                                                               "Content-Type": "application/x-www-form-urlencoded"})
+        c.sock.sendall(head)
+        try:
+            c.sock.sendall(body)  # the server may stop reading after its answer; that must not reset the answer
+        except OSError:
+            pass
+        r = c.read_response()
+        assert r.status == 413, r
+        c.close()
+
+
+def test_a_stalled_body_gets_408(server: Any) -> None:
+    c = Conn(server.port).send(b"POST /message-bus/cid/poll HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"
+                               b"Content-Type: application/x-www-form-urlencoded\r\n\r\n/a=0")
+    r = c.read_response(timeout=LIMITS["body_timeout"] + 5)
+    assert r.status == 408
+
+
+def test_max_connections_refuses_the_surplus_with_503(procs: Any, bus_name: str, shared_bus: Any,
+                                                      tmp_path: Path) -> None:
+    conf = tmp_path / "conf.py"
+    conf.write_text(f"shmbus_server = {dict(LIMITS, max_connections=20)!r}\n")
+    env = {"SHMBUS_TEST_BUS": bus_name}
+    srv = procs.gunicorn_server("server_apps:mw_app", workers=1, worker_class=SERVERS["lean"], config=conf, env=env,
+                                app_dir=SERVER_DIR, health_path="/pid")
+    held = [Conn(srv.port) for _ in range(20)]  # idle keep-alive connections (5 s idle limit)
+    time.sleep(0.3)
+    extra = Conn(srv.port)
+    r = extra.read_response(timeout=5)
+    assert r.status == 503 and b"more than 20 connections" in r.body
+    for c in held:
+        c.close()
+    time.sleep(0.5)
+    c = Conn(srv.port).send(poll("ok", {"/foo": 0}, dlp=True))
+    assert c.read_response().status == 200
