@@ -1,4 +1,8 @@
-"""``shmbus`` command line: inspect and poke a bus from a shell (stats, tail, publish, list, destroy)."""
+"""``shmbus`` command line: inspect and poke a bus from a shell (stats, tail, publish, list, destroy).
+
+Every subcommand attaches to an existing bus only (``publish --create`` may create one), and never counts
+itself among the bus's processes.
+"""
 
 from __future__ import annotations
 
@@ -22,13 +26,36 @@ def _open_existing(args: argparse.Namespace) -> Segment:
     try:
         return Segment.open(_bus_name(args), create=False, path=args.path)
     except FileNotFoundError:
-        sys.exit(f"shmbus: no bus named {_bus_name(args)!r} ({args.path or segment_path(_bus_name(args))})")
+        sys.exit(_no_such_bus(args))
+
+
+def _no_such_bus(args: argparse.Namespace) -> str:
+    name = _bus_name(args)
+    known = _bus_names()
+    hint = f"; buses on this host: {', '.join(known)}" if known else "; there is no bus on this host"
+    return f"shmbus: no bus named {name!r} ({args.path or segment_path(name)}){hint}"
+
+
+def _bus_names() -> list[str]:
+    """Names of the buses in /dev/shm (not the temporary files of a bus being created)."""
+    try:
+        files = os.listdir("/dev/shm")
+    except FileNotFoundError:
+        return []
+    return sorted(f[len("shmbus."):] for f in files if f.startswith("shmbus.") and ".init-" not in f)
+
+
+def _others(pids: list[int]) -> list[int]:
+    """The attached processes other than this command itself."""
+    me = os.getpid()
+    return [p for p in pids if p != me]
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
     seg = _open_existing(args)
     try:
         st = seg.stats()
+        st.processes = _others(st.processes)
         channels: list[dict[str, Any]] = []
         for info in seg.iter_channels():
             key = info.key.decode(errors="replace")
@@ -146,8 +173,12 @@ def cmd_publish(args: argparse.Namespace) -> int:
             data = json.loads(args.data)
         except ValueError as exc:
             sys.exit(f"shmbus: DATA is not valid JSON: {exc}")
-    bus = Bus(_bus_name(args), path=args.path, codec=args.codec, keepalive_interval=0)
+    bus = Bus(_bus_name(args), path=args.path, codec=args.codec, keepalive_interval=0, create=args.create)
     try:
+        try:
+            _ = bus.segment  # attach first: a mistyped name must not silently create a 34 MiB bus
+        except FileNotFoundError:
+            sys.exit(_no_such_bus(args) + " (pass --create to create it)")
         mid = bus.publish(args.channel, data, site_id=args.site,
                           user_ids=args.user_id or None, group_ids=args.group_id or None,
                           client_ids=args.client_id or None)
@@ -158,13 +189,28 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    names = sorted(f[len("shmbus."):] for f in os.listdir("/dev/shm") if f.startswith("shmbus."))
+    names = _bus_names()
     print(json.dumps(names) if args.json else "\n".join(names))
     return 0
 
 
 def cmd_destroy(args: argparse.Namespace) -> int:
     name = _bus_name(args)
+    try:
+        seg = Segment.open(name, create=False, path=args.path)
+    except FileNotFoundError:
+        seg = None
+    except Exception as exc:  # damaged or foreign: removing it is what the user asked for
+        print(f"shmbus: {exc}", file=sys.stderr)
+        seg = None
+    if seg is not None:
+        try:
+            attached = _others(seg.processes())
+        finally:
+            seg.close()
+        if attached and not args.force:
+            sys.exit(f"shmbus: bus {name!r} is in use by process(es) {' '.join(map(str, attached))}: they would "
+                     "go on with a segment nobody else can attach (a split bus). Stop them first, or pass --force")
     if args.path:
         gone = os.path.exists(args.path)
         if gone:
@@ -181,38 +227,57 @@ def _ids(value: str) -> int | str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="shmbus", description="Inspect and use a shmbus bus from the shell.")
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--bus", help="bus name (default: $SHMBUS_NAME or 'default')")
-    common.add_argument("--path", help="file of a file-backed bus")
-    common.add_argument("--json", action="store_true", help="machine-readable output")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("stats", parents=[common], help="segment, ids, channels, history, processes")
+    p = argparse.ArgumentParser(
+        prog="shmbus", description="Inspect and use a shmbus bus from the shell.",
+        epilog="Run 'shmbus COMMAND --help' for a command's options. Bus names come from --bus, else $SHMBUS_NAME, "
+               "else 'default'.")
+    out = argparse.ArgumentParser(add_help=False)
+    out.add_argument("--json", action="store_true", help="machine-readable output (one JSON document)")
+    common = argparse.ArgumentParser(add_help=False, parents=[out])
+    common.add_argument("--bus", help="bus name (default: $SHMBUS_NAME, else 'default')")
+    common.add_argument("--path", help="the file of a file-backed bus (Bus(path=...)) instead of /dev/shm")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    def add(name: str, summary: str, description: str, parents: list[argparse.ArgumentParser]) -> Any:
+        return sub.add_parser(name, parents=parents, help=summary, description=description)
+
+    s = add("stats", "segment, ids, channels, history, processes",
+            "Show a bus: its segment and ring, global ids, how many seconds of history the ring holds, the "
+            "attached processes (this command excluded) and every channel with its ids.", [common])
     s.add_argument("--redis", help="Redis URL of a bridged bus: show Redis's role, ids and the relay "
                                    "(default: $SHMBUS_REDIS_URL)")
     s.set_defaults(fn=cmd_stats)
-    t = sub.add_parser("tail", parents=[common], help="print messages as they are published")
+    t = add("tail", "print messages as they are published",
+            "Print messages of a channel (or of all channels) as they are published, optionally after the last "
+            "N retained ones. Stop with Ctrl-C, --count or --timeout.", [common])
     t.add_argument("channel", nargs="?", default=None, help="channel (or pattern with --pattern); all if omitted")
-    t.add_argument("--pattern", choices=["glob", "prefix"])
-    t.add_argument("--last", type=int, default=0, help="first show the last N messages")
-    t.add_argument("--count", type=int, default=0, help="exit after N messages")
-    t.add_argument("--timeout", type=float, default=0, help="exit after SECONDS")
-    t.add_argument("--site", default=None)
-    t.add_argument("--codec", default="json")
+    t.add_argument("--pattern", choices=["glob", "prefix"], help="treat CHANNEL as a glob or a prefix")
+    t.add_argument("--last", type=int, default=0, help="first show the last N retained messages (default 0)")
+    t.add_argument("--count", type=int, default=0, help="exit after N messages (default: never)")
+    t.add_argument("--timeout", type=float, default=0, help="exit after SECONDS (default: never)")
+    t.add_argument("--site", default=None, help="only messages of this site id (multisite buses)")
+    t.add_argument("--codec", default="json", help="the bus's codec: json or msgpack (default json)")
     t.set_defaults(fn=cmd_tail)
-    pb = sub.add_parser("publish", parents=[common], help="publish one message")
-    pb.add_argument("channel")
-    pb.add_argument("data")
+    pb = add("publish", "publish one message",
+             "Publish DATA on CHANNEL and print its message id. The bus must exist unless --create is given.",
+             [common])
+    pb.add_argument("channel", help="the channel, e.g. /chat")
+    pb.add_argument("data", help="the message (a string, or JSON with --json-data)")
     pb.add_argument("--json-data", action="store_true", help="parse DATA as JSON")
-    pb.add_argument("--site", default=None)
-    pb.add_argument("--user-id", action="append", type=_ids)
-    pb.add_argument("--group-id", action="append", type=_ids)
-    pb.add_argument("--client-id", action="append")
-    pb.add_argument("--codec", default="json")
+    pb.add_argument("--create", action="store_true", help="create the bus if it does not exist (default: refuse)")
+    pb.add_argument("--site", default=None, help="the site id (multisite buses)")
+    pb.add_argument("--user-id", action="append", type=_ids, help="deliver only to this user (repeatable)")
+    pb.add_argument("--group-id", action="append", type=_ids, help="deliver only to this group (repeatable)")
+    pb.add_argument("--client-id", action="append", help="deliver only to this client id (repeatable)")
+    pb.add_argument("--codec", default="json", help="the bus's codec: json or msgpack (default json)")
     pb.set_defaults(fn=cmd_publish)
-    ls = sub.add_parser("list", parents=[common], help="list buses on this host")
+    ls = add("list", "list the buses on this host", "List the names of the shared-memory buses in /dev/shm.",
+             [out])
     ls.set_defaults(fn=cmd_list)
-    d = sub.add_parser("destroy", parents=[common], help="remove a bus segment (all its history)")
+    d = add("destroy", "remove a bus segment (all its history)",
+            "Remove a bus's segment and all its history. Refused while other processes are attached (they would "
+            "keep serving a segment nobody else can attach) unless --force is given.", [common])
+    d.add_argument("--force", action="store_true", help="remove it even while processes are attached")
     d.set_defaults(fn=cmd_destroy)
     args = p.parse_args(argv)
     from .errors import ShmbusError
@@ -221,6 +286,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.fn(args))
     except ShmbusError as exc:
         sys.exit(f"shmbus: {exc}")
+    except BrokenPipeError:  # `shmbus stats --json | head`: the reader left; that is not an error
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
