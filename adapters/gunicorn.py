@@ -10,7 +10,10 @@ Settings given on the command line override the ones here. What this module prov
   the bus itself lives on for the other processes).
 * defaults: ``worker_class = "gthread"`` with ``threads = 32`` (each parked long poll holds one thread; at most
   28 park at once per worker, the rest are answered at once), ``timeout = 60`` (> the 25 s long-poll
-  interval), ``graceful_timeout = 30``, ``keepalive = 5``. ``SHMBUS_WORKER_CLASS`` and ``SHMBUS_THREADS``
+  interval), ``graceful_timeout = 10`` (parked polls end at once on a graceful stop: the lean worker and
+  :class:`shmbus.adapters.uvicorn_worker.UvicornWorker` answer them and exit within it, instead of gunicorn
+  killing a worker that still waits for 25 s polls and logging "Perhaps out of memory?"), ``keepalive = 5``.
+  ``SHMBUS_WORKER_CLASS`` and ``SHMBUS_THREADS``
   override the defaults.
 
 Worker classes and their limits:
@@ -25,6 +28,10 @@ Worker classes and their limits:
 ``gevent``                                 One greenlet per parked poll (``worker_connections``, default
                                            1000, bounds them); needs ``gevent`` installed. The bus listener
                                            stays a real OS thread (handled by shmbus).
+``shmbus.adapters.uvicorn_worker.``        Use with :mod:`shmbus.adapters.asgi`; parked polls cost a
+``UvicornWorker`` (ASGI)                   coroutine, no thread. uvicorn with request-head and body
+                                           deadlines and bounded pipelining; exits within
+                                           ``graceful_timeout``. Best for many clients.
 ``uvicorn.workers.UvicornWorker`` (ASGI)   Use with :mod:`shmbus.adapters.asgi`; parked polls cost a
                                            coroutine, no thread. Best for many clients. (The
                                            ``uvicorn-worker`` package provides ``uvicorn_worker.UvicornWorker``
@@ -45,7 +52,7 @@ from typing import Any
 worker_class = os.environ.get("SHMBUS_WORKER_CLASS", "gthread")
 threads = int(os.environ.get("SHMBUS_THREADS", "32"))
 timeout = 60
-graceful_timeout = 30
+graceful_timeout = 10
 keepalive = 5
 
 

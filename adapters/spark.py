@@ -335,7 +335,8 @@ def _plan(opts: Options, start_ids: dict[str, int], end_ids: dict[str, int], epo
 
 def _loss(opts: Options, message: str) -> None:
     if opts.fail_on_data_loss:
-        raise BusDataLossError(message + " (set failOnDataLoss=false to skip lost messages instead)")
+        raise BusDataLossError(message + " (set failOnDataLoss=false to skip lost messages instead, or delete the "
+                               "query's checkpoint directory to start over from the bus as it is now)")
     log.warning("shmbus spark source: %s; skipping (failOnDataLoss=false)", message)
 
 

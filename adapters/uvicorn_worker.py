@@ -174,3 +174,6 @@ class UvicornWorker(_UvicornWorker):
         self.config.http = type("ConfiguredGuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,),
                                 {"limits": limits})
         self.config.limit_concurrency = limits.max_connections
+        # uvicorn waits for every open request on shutdown, parked 25 s polls included, and gunicorn kills the
+        # worker at graceful_timeout ("Perhaps out of memory?"): cancel them a second before that instead.
+        self.config.timeout_graceful_shutdown = max(int(self.cfg.graceful_timeout) - 1, 1)

@@ -8,6 +8,7 @@ functions act on a default bus (name from ``SHMBUS_NAME``, else ``"default"``), 
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from typing import Any
@@ -67,14 +68,22 @@ def configure(**options: Any) -> Bus:
 
 
 def default_bus() -> Bus:
-    """The module-level bus, created on first use."""
+    """The module-level bus, created on first use: ``configure(name=...)``, else ``$SHMBUS_NAME``, else "default".
+
+    The last case is logged once as a warning: two apps that both forget ``configure()`` would share one bus.
+    """
     global _default
     bus = _default
     if bus is None:
         with _default_lock:
             if _default is None:
                 opts = dict(_default_options)
-                name = opts.pop("name", os.environ.get("SHMBUS_NAME", "default"))
+                name = opts.pop("name", None) or os.environ.get("SHMBUS_NAME")
+                if not name:
+                    name = "default"
+                    logging.getLogger("shmbus").warning(
+                        "shmbus: no bus name configured; using the bus named 'default' (call "
+                        "shmbus.configure(name=...) or set SHMBUS_NAME)")
                 _default = Bus(name, **opts)
             bus = _default
     return bus

@@ -1,6 +1,6 @@
 """Example Spark pipeline: click events from the bus -> running counts per page -> back to the bus, live.
 
-    python examples/spark_pipeline/pipeline.py --bus demo --checkpoint /tmp/clicks-ckpt
+    .venv/bin/python examples/spark_pipeline/pipeline.py --bus demo --checkpoint /tmp/clicks-ckpt
 
 Reads ``/events/clicks`` (see generate_events.py) with ``readStream.format("shmbus")``, keeps a running count
 of clicks and distinct users per page, and publishes every changed count to ``/dashboard/clicks`` as
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from typing import Any
 
@@ -54,31 +55,59 @@ def build_query(spark: Any, bus: str, checkpoint: str, *, available_now: bool = 
     return writer.start()
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bus", default="demo")
+    ap.add_argument("--bus", default="demo", help="bus name (default demo)")
     ap.add_argument("--checkpoint", default="/tmp/shmbus-clicks-checkpoint",
-                    help="Spark checkpoint directory (delete it to start over)")
+                    help="Spark checkpoint directory: where the job continues from after a restart")
+    ap.add_argument("--reset-checkpoint", action="store_true",
+                    help="delete the checkpoint directory first and start over (needed after the bus was reset or "
+                         "recreated, e.g. when scripts/demo restarted)")
     ap.add_argument("--trigger", type=float, default=1.0, help="seconds between micro-batches (0: back to back)")
     ap.add_argument("--available-now", action="store_true", help="process what is there, then exit")
-    ap.add_argument("--master", default=os.environ.get("SPARK_MASTER", "local[2]"))
+    ap.add_argument("--master", default=os.environ.get("SPARK_MASTER", "local[2]"), help="Spark master")
     args = ap.parse_args()
 
+    if args.reset_checkpoint and os.path.isdir(args.checkpoint):
+        shutil.rmtree(args.checkpoint)
+        print(f"removed the checkpoint {args.checkpoint}")
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     from shmbus.adapters.spark import spark_session
 
     spark = spark_session("shmbus-clicks-dashboard", args.master)
     query = build_query(spark, args.bus, args.checkpoint, available_now=args.available_now,
                         trigger_seconds=args.trigger)
-    print(f"streaming {EVENTS_CHANNEL} -> {DASHBOARD_CHANNEL} on bus {args.bus!r}; ^C to stop")
+    print(f"streaming {EVENTS_CHANNEL} -> {DASHBOARD_CHANNEL} on bus {args.bus!r}"
+          + ("" if args.available_now else "; Ctrl-C to stop"), flush=True)
     try:
         query.awaitTermination()
-    except KeyboardInterrupt:
-        pass
+    except KeyboardInterrupt:  # a normal way to stop: no traceback from Spark's threads
+        print("stopping", flush=True)
+    except Exception as exc:  # Spark wraps the source's error in a page of JVM trace: say what matters
+        text = str(exc)
+        if "BusDataLossError" in text:
+            reason = next((line.strip() for line in text.splitlines() if "BusDataLossError" in line), text[:300])
+            print(f"pipeline.py: {reason}\n\nThe checkpoint {args.checkpoint} refers to messages this bus no longer "
+                  "has (the bus was reset or recreated since). Start over with --reset-checkpoint.",
+                  file=sys.stderr)
+            return 2
+        raise
     finally:
-        query.stop()
-        spark.stop()
+        _quiet_stop(query, spark)
+    return 0
+
+
+def _quiet_stop(query: Any, spark: Any) -> None:
+    """Stop the query and the session without the py4j tracebacks an interrupted JVM call prints."""
+    import logging
+
+    logging.getLogger("py4j").setLevel(logging.CRITICAL)
+    for step in (query.stop, spark.stop):
+        try:
+            step()
+        except Exception:  # already stopping: Ctrl-C also reached the JVM
+            pass
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
