@@ -1,6 +1,9 @@
 """``scripts/demo`` end to end: the command starts, serves the page and the vendored client, chat messages
 published by both workers reach a streaming poll (the npm client's default mode) held by one of them, and
-Ctrl-C (SIGINT to the process group, as a terminal sends it) stops everything and destroys the bus."""
+Ctrl-C (SIGINT to the process group, as a terminal sends it) stops everything and destroys the bus. And the
+same in a real browser: Chromium opens the demo page, whose npm client receives chats from both workers, then
+``kill <pid>`` (SIGTERM to the script alone) stops gunicorn first and the bus last, leaving no process, port or
+segment behind."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from typing import Any
 
 import pytest
 from harness import REPO_ROOT
+from harness.browser import run_page
 from harness.procs import free_port, group_alive, wait_http
 from harness.shm import files_for_bus
 
@@ -81,4 +85,47 @@ def test_scripts_demo(bus_name: str, procs: Any) -> None:
     while group_alive(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not group_alive(proc.pid)
+    assert not files_for_bus(bus_name), "scripts/demo left its bus behind"
+
+
+def _post_until_both_workers(url: str, at_least: int) -> dict[int, int]:
+    """Post chats 8 at a time (each on its own connection) until both workers published and ``at_least`` went."""
+    pids: dict[int, int] = {}
+    sent = 0
+    with ThreadPoolExecutor(8) as pool:
+        while sent < 800 and (len(pids) < 2 or sent < at_least):
+            for r in pool.map(lambda k: post_chat(url, f"browser {k}"), range(sent, sent + 8)):
+                pids[r["pid"]] = max(pids.get(r["pid"], 0), r["id"])
+            sent += 8
+    return pids
+
+
+def test_scripts_demo_in_chromium_then_sigterm_leaves_nothing(bus_name: str, procs: Any) -> None:
+    port = free_port()
+    proc = procs.spawn([str(REPO_ROOT / "scripts" / "demo"), "--port", str(port), "--bus", bus_name],
+                       env={"SHMBUS_SKIP_INSTALL": "1"}, stdout=subprocess.DEVNULL, stderr=None)
+    url = f"http://127.0.0.1:{port}"
+    assert wait_http(url + "/whoami", timeout=60, proc=proc) == 200
+    want = 16  # within the page's look-behind of 20: chats posted before it subscribed arrive too
+    with ThreadPoolExecutor(1) as runner:
+        page = runner.submit(run_page, f"{url}/?report={want}", 60)
+        time.sleep(2)  # let the page load and subscribe
+        pids = _post_until_both_workers(url, want)
+        run = page.result(timeout=120)
+    assert run.done, f"the page did not receive {want} chats: {run.messages} {run.stderr[-2000:]}"
+    assert len(pids) == 2, f"only one worker published: {pids}"
+    ids = [m["id"] for m in run.messages]
+    assert ids == list(range(ids[0], ids[0] + want)), f"lost, duplicated or out of order: {ids}"
+    assert len({m["pid"] for m in run.messages}) == 2, "the browser did not get chats from both workers"
+
+    # kill <pid>: SIGTERM to the script alone (not its group): it must stop gunicorn, then remove the bus
+    os.kill(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=30)
+    assert proc.returncode == 0
+    deadline = time.monotonic() + 10
+    while group_alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not group_alive(proc.pid), "a gunicorn process outlived scripts/demo"
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
     assert not files_for_bus(bus_name), "scripts/demo left its bus behind"

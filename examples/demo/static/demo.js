@@ -21,8 +21,16 @@
 
   function time(ts) { return new Date(ts * 1000).toLocaleTimeString(); }
 
+  // ?report=N: log the first N chat messages to the console ("SHMBUS:" lines, then "SHMBUS:DONE"), which is
+  // what the automated browser test (tests/e2e/test_demo.py) reads. Nothing changes for a person.
+  var report = /[?&]report=(\d+)/.exec(location.search), reported = 0;
+
   // Chat: the last 20 messages first (lastId -21 = look-behind), then live.
   MB.subscribe("/chat", function (m, globalId, messageId) {
+    if (report && reported < +report[1]) {
+      console.log("SHMBUS:" + JSON.stringify({ id: messageId, pid: m.pid, text: m.text }));
+      if (++reported === +report[1]) console.log("SHMBUS:DONE");
+    }
     var li = el("li", m.user === $("user").value ? "mine" : "");
     li.appendChild(el("span", "", time(m.at) + " "));
     li.appendChild(el("b", "", m.user + ": "));

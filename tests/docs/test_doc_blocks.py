@@ -1,0 +1,84 @@
+"""Every shell block of README.md and docs/*.md runs as written, or says why it is not run.
+
+A fenced ``sh`` block runs from the repository root with ``.venv/bin`` first on PATH (the README's setup) and must
+exit 0. A block preceded by ``<!-- doc-blocks: not run (REASON) -->`` is skipped, and must give a reason
+(a server that runs until stopped, an install from PyPI, the whole test suite). A ``python`` block preceded by
+``<!-- doc-blocks: run -->`` runs too. Bus names the docs use (``myapp``, ``demo``) are replaced by one private
+to the test, so runs in parallel never meet, and the bus is destroyed afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+from harness import REPO_ROOT
+from harness.shm import files_for_bus
+
+DOCS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"^```(\w+)\s*$")
+MARK = re.compile(r"^<!-- doc-blocks: (not run \((?P<reason>[^)]+)\)|run) -->\s*$")
+BUS_NAMES = ("myapp", "demo")
+
+
+def blocks() -> list[tuple[str, int, str, str, str | None]]:
+    """``(file, line, language, code, mark)`` for every fenced block of the docs."""
+    out = []
+    for path in DOCS:
+        lines = path.read_text().splitlines()
+        i = 0
+        while i < len(lines):
+            m = FENCE.match(lines[i])
+            if not m:
+                i += 1
+                continue
+            lang, start = m.group(1), i
+            mark = MARK.match(lines[i - 1]) if i else None
+            j = i + 1
+            while j < len(lines) and not lines[j].startswith("```"):
+                j += 1
+            out.append((str(path.relative_to(REPO_ROOT)), start + 1, lang, "\n".join(lines[i + 1:j]),
+                        mark.group(1) if mark else None))
+            i = j + 1
+    return out
+
+
+ALL = blocks()
+SHELL = [b for b in ALL if b[2] in ("sh", "bash", "shell")]
+RUN = [b for b in ALL if (b[2] in ("sh", "bash", "shell") and b[4] is None) or (b[2] == "python" and b[4] == "run")]
+
+
+def test_the_docs_have_shell_blocks_and_each_is_run_or_says_why_not() -> None:
+    assert len(SHELL) >= 5
+    for file, line, _lang, _code, mark in SHELL:
+        if mark is not None:
+            assert mark == "run" or re.match(r"not run \(.{10,}\)", mark), f"{file}:{line}: give a reason"
+    assert len(RUN) >= 2, "no doc block is run at all"
+
+
+@pytest.mark.parametrize("block", RUN, ids=[f"{b[0]}:{b[1]}" for b in RUN])
+def test_a_doc_block_runs_as_written(block: tuple[str, int, str, str, str | None], bus_name: str) -> None:
+    file, line, lang, code, _ = block
+    for name in BUS_NAMES:
+        code = re.sub(rf"\b{name}\b", bus_name, code)
+    venv_bin = REPO_ROOT / ".venv" / "bin"
+    env = dict(os.environ, PATH=f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}", SHMBUS_NAME=bus_name)
+    argv = [sys.executable, "-c", code] if lang == "python" else ["bash", "-euo", "pipefail", "-c", code]
+    proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, f"{file}:{line} failed ({proc.returncode}):\n{code}\n{out}"
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"{file}:{line} did not finish in 120 s (mark it 'not run' with a reason?)") from None
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever the block started goes with it
+        proc.wait()
+        for leftover in files_for_bus(bus_name):
+            os.unlink(f"/dev/shm/{leftover}")
