@@ -7,6 +7,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -333,3 +334,37 @@ def test_cli_stats_publish_tail(make_bus: Any, bus_name: str) -> None:
     r = subprocess.run([sys.executable, "-m", "shmbus", "stats", "--bus", bus_name + "nope"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "no bus named" in r.stderr
+
+
+def test_cli_for_newcomers(make_bus: Any, bus_name: str) -> None:
+    """publish never creates a bus by accident, stats never counts itself, destroy refuses a bus in use,
+    list takes no --bus, a closed pipe is not a traceback, every option has help."""
+    def run(*a: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+        r = subprocess.run([sys.executable, "-m", "shmbus", *a], capture_output=True, text=True, timeout=60)
+        assert not check or r.returncode == 0, r.stderr
+        return r
+
+    r = run("publish", "/x", "1", "--bus", bus_name)
+    assert r.returncode != 0 and "no bus named" in r.stderr and "--create" in r.stderr
+    assert not os.path.exists(f"/dev/shm/shmbus.{bus_name}")  # a mistyped name creates nothing
+    run("publish", "/x", "1", "--bus", bus_name, "--create", check=True)
+    bus = make_bus()  # this test process attaches: stats must list it, and not the stats command itself
+    bus.last_id("/x")
+    st = json.loads(run("stats", "--bus", bus_name, "--json", check=True).stdout)
+    assert st["processes"] == [os.getpid()]
+    r = run("destroy", "--bus", bus_name)
+    assert r.returncode != 0 and str(os.getpid()) in r.stderr and "--force" in r.stderr
+    assert os.path.exists(f"/dev/shm/shmbus.{bus_name}")
+    assert run("list", "--bus", bus_name).returncode == 2  # argparse: list has no --bus
+    assert bus_name in run("list", check=True).stdout.split()
+    for i in range(1500):  # enough channels that stats --json outgrows the pipe, so head really closes it early
+        bus.publish(f"/many/{i}", i)
+    pipe = subprocess.run(f"{sys.executable} -m shmbus stats --bus {bus_name} --json | head -1", shell=True,
+                          capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in pipe.stderr and "BrokenPipe" not in pipe.stderr, pipe.stderr
+    for cmd in ("stats", "tail", "publish", "list", "destroy"):
+        text = run(cmd, "--help", check=True).stdout
+        options = re.findall(r"^  (-[-\w]+(?:, --[-\w]+)?)(.*)$", text, re.M)
+        assert options and all(rest.strip() for _, rest in options if _ != "-h, --help"), (cmd, text)
+    bus.close()
+    run("destroy", "--bus", bus_name, check=True)
