@@ -1,7 +1,7 @@
 """The gem's Redis wire format: key names, the ``gid|cid|chan|envelope`` line, the envelope, the Lua script.
 
 Kept apart from the bridge so the encoding can be read (and tested) on its own. Everything here follows
-message_bus's Redis backend (reference §2.1, §2.3) so a Ruby app and a Python app on one Redis share a bus.
+message_bus's Redis backend so a Ruby app and a Python app on one Redis share a bus.
 """
 
 from __future__ import annotations

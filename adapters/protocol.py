@@ -3,13 +3,13 @@
 In the style of h11: this module only turns request data into decisions and bytes; the shells
 (:mod:`shmbus.adapters.wsgi`, :mod:`shmbus.adapters.asgi`) read bodies, wait and write.
 
-Wire behaviour (see the gem reference, §3): ``POST <base_route>message-bus/<client_id>/poll`` with a JSON or
+Wire behaviour (written out in docs/protocol.md): ``POST <base_route>message-bus/<client_id>/poll`` with a JSON or
 form body mapping channel -> last seen id plus ``__seq``; ``?dlp=t`` disables long polling; a ``Dont-Chunk``
 header disables streaming. Replies are JSON arrays of ``{"global_id","message_id","channel","data"}`` objects,
 optionally ending with a ``/__status`` pseudo-message; streamed replies are ``text/plain`` chunks, each an array
 followed by ``\\r\\n|\\r\\n`` (any such sequence inside the array would be escaped as ``\\r\\n||\\r\\n``).
 
-Deliberate differences from the gem (its bugs, fixed; see reference §10):
+Deliberate differences from the gem (its bugs, fixed):
 
 * every bad request gets a precise 4xx with a short text reason instead of a 500 (malformed JSON/form, invalid
   UTF-8, ids that are not integers — including ``"abc"``, which the gem read as 0 —, ids beyond

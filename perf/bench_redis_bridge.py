@@ -189,7 +189,7 @@ def main() -> None:
         rep.target("bridge publish_many msgs/s >= 2x the gem's 12k", rows and sorted(rows["bb"])[len(rows["bb"]) // 2],
                    24000)
         rep.note("gem's Redis backend per long poll: 1 MGET (last_ids) + 1 ZRANGEBYSCORE per channel with news "
-                 "(reference §2.3), i.e. >= 1-2 commands per poll; shmbus: 0")
+                 "(its Redis backend's poll path), i.e. >= 1-2 commands per poll; shmbus: 0")
         rep.note("figures are for a publishing worker; the relay (helper process) shares the 2 vCPUs with it, "
                  "with Redis and with the publisher")
     finally:

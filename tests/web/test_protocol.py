@@ -1,4 +1,4 @@
-"""The message_bus HTTP protocol (reference §3, §4, §10), through both shells (WSGI and ASGI), in-process.
+"""The message_bus HTTP protocol (docs/protocol.md), through both shells (WSGI and ASGI), in-process.
 
 Transcripts T1-T19 of the reference are reproduced; where the gem has a bug (§10 rows 2, 3, 4, 5, 6, 8, 9, 12
 and the duplicate live delivery) the fixed behaviour is asserted instead.
@@ -228,7 +228,7 @@ def test_t13_seq_takeover(bus: Bus, driver: Any, kind: str) -> None:
 
 
 def test_stale_seq_timer_does_not_unregister_newer_request(bus: Bus, driver: Any, kind: str) -> None:
-    """Reference §3.7 bug: C (stale) is rejected; its timer must not remove D parked later."""
+    """The gem's stale-__seq bug: C (stale) is rejected; its timer must not remove D parked later."""
     d = driver(kind, long_polling_interval=1.0)
     a = d.poll("cid", {"/foo": 0}, seq=6)
     wait_for(lambda: d.parked() == 1, what="A parked")

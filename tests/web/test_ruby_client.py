@@ -1,4 +1,4 @@
-"""The gem's Ruby ``MessageBus::HTTPClient`` request pattern (reference §6.2) through real servers.
+"""The gem's Ruby ``MessageBus::HTTPClient`` request pattern through real servers.
 
 Reproduced: ``POST /message-bus/<hex>/poll`` with a JSON body ``{channel: last_id}`` and no ``__seq``,
 ``Content-Type: application/json``, ``X-Silence-logger: true``, ``Dont-Chunk: true`` when long polling or chunking
