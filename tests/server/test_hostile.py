@@ -124,3 +124,20 @@ def test_max_connections_refuses_the_surplus_with_503(procs: Any, bus_name: str,
     time.sleep(0.5)
     c = Conn(srv.port).send(poll("ok", {"/foo": 0}, dlp=True))
     assert c.read_response().status == 200
+
+
+def test_the_uvicorn_worker_stops_within_graceful_timeout_with_a_parked_poll(procs: Any, bus_name: str,
+                                                                             shared_bus: Any) -> None:
+    """Stock UvicornWorker waits for a parked 25 s poll until gunicorn kills it ("Perhaps out of memory?");
+    ours ends parked polls before graceful_timeout and exits by itself."""
+    env = {"SHMBUS_TEST_BUS": bus_name, "SHMBUS_TEST_OPTS": json.dumps({"long_polling_interval": 60})}
+    srv = procs.gunicorn_server("server_apps:mw_app", workers=1, worker_class=SERVERS["uvicorn"], env=env,
+                                app_dir=SERVER_DIR, health_path="/pid", graceful_timeout=3)
+    c = Conn(srv.port).send(poll("parked", {"/foo": 0}))  # long poll (Dont-Chunk): waits 60 s
+    time.sleep(0.5)
+    srv.proc.terminate()  # SIGTERM to the master: graceful stop
+    srv.proc.wait(timeout=30)
+    log = srv.log()
+    assert "Perhaps out of memory" not in log and "SIGKILL" not in log, log[-2000:]
+    assert "Finished server process" in log, f"the worker was killed, it did not stop by itself:\n{log[-2000:]}"
+    c.close()
