@@ -209,7 +209,9 @@ def test_a_garbage_record_raises_typed_errors_and_live_delivery_goes_on(make_bus
         _run_bounded(lambda: bus.global_backlog())
     writer.publish("/live", "after")
     assert arrived.wait(10), f"live delivery stopped after the damaged record: {got}"
-    assert bus.health()["lost_by_listener"] >= 1  # the skipped record is reported, not hidden
+    # The listener either read "damaged" before it was damaged, or met the damage: then it skipped it and
+    # counted it lost. Either way nothing vanished silently.
+    assert "damaged" in got or bus.health()["lost_by_listener"] >= 1, (got, bus.health())
     writer.close()
 
 

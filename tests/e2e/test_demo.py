@@ -35,12 +35,18 @@ def post_chat(url: str, text: str) -> dict[str, Any]:
         return dict(json.loads(resp.read()))
 
 
-def test_scripts_demo(bus_name: str, procs: Any) -> None:
+def start_demo(bus_name: str, procs: Any) -> tuple[subprocess.Popen[bytes], int, str]:
+    """``scripts/demo`` on a free port and its own bus, once it answers: ``(process, port, url)``."""
     port = free_port()
     proc = procs.spawn([str(REPO_ROOT / "scripts" / "demo"), "--port", str(port), "--bus", bus_name],
                        env={"SHMBUS_SKIP_INSTALL": "1"}, stdout=subprocess.DEVNULL, stderr=None)
     url = f"http://127.0.0.1:{port}"
     assert wait_http(url + "/whoami", timeout=60, proc=proc) == 200
+    return proc, port, url
+
+
+def test_scripts_demo(bus_name: str, procs: Any) -> None:
+    proc, port, url = start_demo(bus_name, procs)
     with _OPENER.open(url + "/", timeout=10) as resp:
         assert b"message-bus.js" in resp.read()
     with _OPENER.open(url + "/static/message-bus.js", timeout=10) as resp:
@@ -101,11 +107,7 @@ def _post_until_both_workers(url: str, at_least: int) -> dict[int, int]:
 
 
 def test_scripts_demo_in_chromium_then_sigterm_leaves_nothing(bus_name: str, procs: Any) -> None:
-    port = free_port()
-    proc = procs.spawn([str(REPO_ROOT / "scripts" / "demo"), "--port", str(port), "--bus", bus_name],
-                       env={"SHMBUS_SKIP_INSTALL": "1"}, stdout=subprocess.DEVNULL, stderr=None)
-    url = f"http://127.0.0.1:{port}"
-    assert wait_http(url + "/whoami", timeout=60, proc=proc) == 200
+    proc, port, url = start_demo(bus_name, procs)
     want = 16  # within the page's look-behind of 20: chats posted before it subscribed arrive too
     with ThreadPoolExecutor(1) as runner:
         page = runner.submit(run_page, f"{url}/?report={want}", 60)
