@@ -102,3 +102,37 @@ def test_bad_input_real_server_keeps_serving(procs: Any, bus_name: str, shared_b
         ok = rawhttp.poll(server.port, "fine", {"/foo": 0}, dlp=True).read_head()
         assert json.loads(ok.read_all())[0]["data"] == "ok"
     assert "Traceback" not in server.log()
+
+
+class _RecordingInput:
+    """A ``wsgi.input`` that records every read size (and would hand out endless bytes)."""
+
+    def __init__(self, total: int) -> None:
+        self.left = total
+        self.sizes: list[int | None] = []
+
+    def read(self, size: int | None = None) -> bytes:
+        self.sizes.append(size)
+        n = self.left if size is None or size < 0 else min(size, self.left)
+        self.left -= n
+        return b"a" * n
+
+
+@pytest.mark.parametrize(("headers", "status"), [
+    ({"CONTENT_LENGTH": "60000"}, "400"),  # within max_body_size: read, in pieces, then refused as a bad body
+    ({"wsgi.input_terminated": True}, "413"),  # no length, endless input: stops after max_body_size + 1
+    ({"HTTP_TRANSFER_ENCODING": "chunked"}, "411"),  # refused before reading anything
+])
+def test_wsgi_reads_bodies_in_bounded_pieces(bus: Bus, headers: dict[str, Any], status: str) -> None:
+    from shmbus.adapters.wsgi import READ_PIECE, MessageBusMiddleware
+
+    app = MessageBusMiddleware(lambda env, start: [], bus=bus)
+    stream = _RecordingInput(10 << 20)
+    environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/message-bus/abc/poll", "QUERY_STRING": "dlp=t",
+               "CONTENT_TYPE": "application/x-www-form-urlencoded", "wsgi.input": stream,
+               "wsgi.multithread": True, "SERVER_PROTOCOL": "HTTP/1.1", **headers}
+    got: list[str] = []
+    b"".join(app(environ, lambda s, h, exc=None: got.append(s)))
+    assert got and got[0].startswith(status), got
+    assert all(size is not None and 0 < size <= READ_PIECE for size in stream.sizes), stream.sizes
+    assert (10 << 20) - stream.left <= 64 * 1024 + 1  # never more than max_body_size (+1 to detect "too large")
