@@ -560,8 +560,8 @@ class HttpConnection(asyncio.Protocol):
             return
         self.buffered = 0
         self._pump()
-        if self.cur is None and not self.queue:
-            self._feed_inbox()  # requests held while this one was answered
+        if not self._must_hold():
+            self._feed_inbox()  # what was held while this one was answered (the next request's body, too)
         self._update_reading()
         if self.cur is None and self.req is None and not self.queue and not self.inbox and not self.closing:
             if self.eof:

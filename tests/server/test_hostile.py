@@ -141,3 +141,12 @@ def test_the_uvicorn_worker_stops_within_graceful_timeout_with_a_parked_poll(pro
     assert "Perhaps out of memory" not in log and "SIGKILL" not in log, log[-2000:]
     assert "Finished server process" in log, f"the worker was killed, it did not stop by itself:\n{log[-2000:]}"
     c.close()
+
+
+def test_a_request_pipelined_behind_a_parked_poll_is_answered_with_its_held_body(server: Any) -> None:
+    """Its head is parsed while the poll waits, its body held: both must be read when its turn comes."""
+    body = b"/x=0&pad=" + b"p" * 20_000  # more than one parser step: the body lands in the held input
+    c = Conn(server.port).send(poll("cid", {"/x": 0}) + hostile.poll_request("cid2", body))
+    first = c.read_response(timeout=10)  # the long poll, answered at its 1 s timeout
+    second = c.read_response(timeout=5)  # well before the 2 s body timeout would answer 408
+    assert (first.status, second.status) == (200, 400), (first, second)  # 400: "pad" is not an id
