@@ -161,7 +161,8 @@ class Bus:
         check_count("max_global_backlog_size", max_global_backlog_size)
         max_backlog_age = check_seconds("max_backlog_age", max_backlog_age)
         check_count("clear_every", clear_every)
-        check_count("ring_size", ring_size, _segment.MIN_RING)
+        if check_count("ring_size", ring_size, _segment.MIN_RING) % 4096:
+            raise InvalidArgument(f"ring_size must be a multiple of 4096 bytes, got {ring_size}")
         check_count("max_channels", max_channels, 16)
         lock_timeout = check_seconds("lock_timeout", lock_timeout)
         if isinstance(mode, bool) or not isinstance(mode, int) or mode & ~0o666 or (mode & 0o600) != 0o600:
