@@ -61,12 +61,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         transport = self.transport
         if transport is None or transport.is_closing() or self._lingering:
             return
-        cycle = self.cycle
-        if cycle is None or not cycle.response_started:
+        cycle = self.cycle  # on a kept-alive connection: the previous request's, possibly long complete
+        if cycle is None or cycle.response_complete or not cycle.response_started:
             body = f"{phase} not received within {seconds:g} s".encode()
             transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
                             b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
-        if cycle is not None:
+        if cycle is not None and not cycle.response_complete:
             cycle.disconnected = True  # the app's receive() sees http.disconnect; its response is discarded
             cycle.message_event.set()
         self._linger_close()

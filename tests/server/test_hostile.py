@@ -150,3 +150,12 @@ def test_a_request_pipelined_behind_a_parked_poll_is_answered_with_its_held_body
     first = c.read_response(timeout=10)  # the long poll, answered at its 1 s timeout
     second = c.read_response(timeout=5)  # well before the 2 s body timeout would answer 408
     assert (first.status, second.status) == (200, 400), (first, second)  # 400: "pad" is not an id
+
+
+def test_a_stalled_second_head_on_a_kept_alive_connection_gets_408(server: Any) -> None:
+    c = Conn(server.port).send(request("GET", "/pid"))
+    assert c.read_response().status == 200
+    c.send(b"GET /pid HTTP/1.1\r\nHost: x\r\nX-Slow: ")  # the second request never finishes its head
+    r = c.read_response(timeout=LIMITS["header_timeout"] + 5)
+    assert r.status == 408
+    assert c.closed_by_peer()
