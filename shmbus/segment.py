@@ -1100,10 +1100,17 @@ def _check_ownership(st: os.stat_result, fpath: str, mode: int) -> None:
     euid = os.geteuid()
     group_ok = bool(mode & 0o070) and (st.st_gid == os.getegid() or st.st_gid in os.getgroups())
     if st.st_uid not in (euid, 0) and not group_ok:
+        try:
+            import pwd
+
+            owner = pwd.getpwuid(st.st_uid).pw_name
+        except (KeyError, ImportError):
+            owner = str(st.st_uid)
         raise UnsafeSegment(
-            f"{fpath} belongs to uid {st.st_uid}, not to this user (uid {euid}): another user could read targeted "
-            "messages and inject forged ones. Remove it, or share it on purpose with a group: Bus(..., mode=0o660) "
-            "in every process of that group")
+            f"{fpath} belongs to {owner} (uid {st.st_uid}), not to this user (uid {euid}): a segment planted by "
+            "another user could read targeted messages and inject forged ones. If it is yours to use, run as its "
+            f"owner (sudo -u {owner} ...), or share it on purpose with a group: Bus(..., mode=0o660) in every "
+            "process of that group; otherwise remove it")
     extra = st.st_mode & 0o077 & ~mode
     if extra:
         raise UnsafeSegment(
