@@ -45,6 +45,17 @@ def start_demo(bus_name: str, procs: Any) -> tuple[subprocess.Popen[bytes], int,
     return proc, port, url
 
 
+def assert_stopped_cleanly(proc: subprocess.Popen[bytes], bus_name: str) -> None:
+    """The demo exited 0, no process of its group (gunicorn and its workers) is left, and its bus is gone."""
+    proc.wait(timeout=30)
+    assert proc.returncode == 0
+    deadline = time.monotonic() + 10
+    while group_alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not group_alive(proc.pid), "a gunicorn process outlived scripts/demo"
+    assert not files_for_bus(bus_name), "scripts/demo left its bus behind"
+
+
 def test_scripts_demo(bus_name: str, procs: Any) -> None:
     proc, port, url = start_demo(bus_name, procs)
     with _OPENER.open(url + "/", timeout=10) as resp:
@@ -85,13 +96,7 @@ def test_scripts_demo(bus_name: str, procs: Any) -> None:
 
     # Ctrl-C: SIGINT to the whole process group, as a terminal does
     os.killpg(proc.pid, signal.SIGINT)
-    proc.wait(timeout=30)
-    assert proc.returncode == 0
-    deadline = time.monotonic() + 10
-    while group_alive(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not group_alive(proc.pid)
-    assert not files_for_bus(bus_name), "scripts/demo left its bus behind"
+    assert_stopped_cleanly(proc, bus_name)
 
 
 def _post_until_both_workers(url: str, at_least: int) -> dict[int, int]:
@@ -122,12 +127,6 @@ def test_scripts_demo_in_chromium_then_sigterm_leaves_nothing(bus_name: str, pro
 
     # kill <pid>: SIGTERM to the script alone (not its group): it must stop gunicorn, then remove the bus
     os.kill(proc.pid, signal.SIGTERM)
-    proc.wait(timeout=30)
-    assert proc.returncode == 0
-    deadline = time.monotonic() + 10
-    while group_alive(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not group_alive(proc.pid), "a gunicorn process outlived scripts/demo"
+    assert_stopped_cleanly(proc, bus_name)
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
-    assert not files_for_bus(bus_name), "scripts/demo left its bus behind"
