@@ -306,13 +306,8 @@ class HttpConnection(asyncio.Protocol):
         if not self.inbox or self.feeding or self.closing:
             return
         data, self.inbox = bytes(self.inbox), bytearray()
-        req = self.req
-        if req is not None:  # its clock stopped while we held its bytes
-            limits = self.srv.limits
-            if req.head_done:
-                self._arm_deadline(limits.body_timeout, "request body")
-            else:
-                self._arm_deadline(limits.header_timeout, "request head")
+        if self.req is not None:  # its clock stopped while we held its bytes
+            self._restart_deadline(self.req)
         self._feed(data)
 
     def _update_reading(self) -> None:
@@ -323,9 +318,19 @@ class HttpConnection(asyncio.Protocol):
         if want and not self.paused_r:
             self.paused_r = True
             self.transport.pause_reading()
+            self.deadline = 0.0  # we stopped reading: the client is not late (an app reading slowly is not)
         elif not want and self.paused_r:
             self.paused_r = False
             self.transport.resume_reading()
+            if self.req is not None and not self.deadline:  # its clock runs again from now
+                self._restart_deadline(self.req)
+
+    def _restart_deadline(self, req: Request) -> None:
+        limits = self.srv.limits
+        if req.head_done:
+            self._arm_deadline(limits.body_timeout, "request body")
+        else:
+            self._arm_deadline(limits.header_timeout, "request head")
 
     def _arm_deadline(self, seconds: float, phase: str) -> None:
         self.deadline = self.srv.now + seconds
@@ -485,8 +490,7 @@ class HttpConnection(asyncio.Protocol):
         req.body.append(body)
         self.buffered += len(body)
         if self.buffered > MAX_BUFFERED and not self.paused_r:
-            self.paused_r = True
-            self.transport.pause_reading()
+            self._update_reading()
         if req.cycle is not None:
             req.cycle.notify()
 

@@ -41,6 +41,10 @@ async def echo(scope: Any, receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": [(b"x-a", b"1\r\nx-injected: 1")]})
         await send({"type": "http.response.body", "body": b""})
         return
+    if path == "/slowread":  # an app that reads its (large) body only after a while
+        import asyncio
+
+        await asyncio.sleep(3)
     if path == "/pid":
         body = str(os.getpid()).encode()
         await send({"type": "http.response.start", "status": 200,

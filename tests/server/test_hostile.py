@@ -159,3 +159,17 @@ def test_a_stalled_second_head_on_a_kept_alive_connection_gets_408(server: Any) 
     r = c.read_response(timeout=LIMITS["header_timeout"] + 5)
     assert r.status == 408
     assert c.closed_by_peer()
+
+
+def test_an_app_that_reads_its_body_slowly_is_not_a_slow_client(procs: Any, bus_name: str, shared_bus: Any,
+                                                                tmp_path: Path) -> None:
+    """The lean worker stops reading while the app has not taken 256 KiB of body: that wait is not the client's,
+    so it must not count against body_timeout."""
+    conf = tmp_path / "conf.py"
+    conf.write_text(f"shmbus_server = {LIMITS!r}\n")
+    srv = procs.gunicorn_server("server_apps:mw_app", workers=1, worker_class=SERVERS["lean"], config=conf,
+                                env={"SHMBUS_TEST_BUS": bus_name}, app_dir=SERVER_DIR, health_path="/pid")
+    body = b"b" * (1 << 20)
+    c = Conn(srv.port).send(request("POST", "/slowread", body))  # the app sleeps 3 s > body_timeout 2 s
+    r = c.read_response(timeout=20)
+    assert r.status == 201 and json.loads(r.body)["body_len"] == len(body)
