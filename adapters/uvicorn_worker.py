@@ -61,6 +61,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         transport = self.transport
         if transport is None or transport.is_closing() or self._lingering:
             return
+        if self.flow is not None and self.flow.read_paused:
+            # We are not reading (an app consuming its body slowly, or requests queued): the client is not
+            # late. Its clock starts again.
+            self._arm(seconds, phase)
+            return
         cycle = self.cycle  # on a kept-alive connection: the previous request's, possibly long complete
         if cycle is None or cycle.response_complete or not cycle.response_started:
             body = f"{phase} not received within {seconds:g} s".encode()
