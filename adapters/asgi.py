@@ -9,7 +9,7 @@ Wrap any ASGI app (``app=None`` answers 404 outside the bus routes and completes
     app = MessageBusMiddleware(starlette_or_falcon_asgi_app, bus=bus,
                                user_id_lookup=lambda scope: scope.get("user_id"))
 
-Options are those of :class:`shmbus.adapters.protocol.Options` (times in seconds). Lookups receive the ASGI
+Options are those of :class:`shmbus.adapters.http.Options` (times in seconds). Lookups receive the ASGI
 scope and may be plain functions or coroutine functions. ``scope['message_bus.channels']`` (and
 ``'message_bus.seq'``) set by an outer middleware replace the request body. Routes are matched on the path
 relative to ``root_path``.
@@ -33,23 +33,13 @@ from typing import Any
 from shmbus.bus import Bus
 from shmbus.message import Message
 
-from ._asgi_util import Receive, Send, lifespan, maybe_await, until_disconnect
-from ._looptap import LoopTap
-from .protocol import (
-    BASE_HEADERS,
-    CHUNKED_BODY_REFUSED,
-    Client,
-    MessageBusProtocol,
-    Options,
-    ProtocolError,
-    Response,
-    bus_or_default,
-    form_params,
-    match_route,
-    null_lock,
-    poll_request,
-    triple_response,
-)
+from .asgi_support import Receive, Send, lifespan, maybe_await, until_disconnect
+from .http import Client, MessageBusProtocol, Options, Poll, ProtocolError, Response
+from .http.flow import Flow, ReadBody, RequestHead, advance, serve
+from .http.options import bus_or_default
+from .http.protocol import null_lock
+from .http.wire import CHUNKED_BODY_REFUSED
+from .looptap import LoopTap
 
 __all__ = ["MessageBusMiddleware"]
 
@@ -194,44 +184,9 @@ class MessageBusMiddleware:
             else:
                 await self.app(scope, receive, send)
             return
-        started = [False]
+        await self._handle(scope, receive, send, path)
 
-        async def tracking_send(message: MutableMapping[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                started[0] = True
-            await send(message)
-
-        try:
-            await self._handle(scope, receive, tracking_send, path)
-        except Exception as exc:
-            if started[0]:
-                raise
-            await self._error(scope, send, exc)
-
-    async def _error(self, scope: Scope, send: Send, exc: Exception) -> None:
-        handler = self.options.on_middleware_error
-        if handler is not None:
-            result = await maybe_await(handler(scope, exc))
-            if result:
-                await _send(send, triple_response(result))
-                return
-        if isinstance(exc, ProtocolError):
-            resp = exc.response()
-            try:
-                resp.headers += await self._extra(scope)
-            except Exception:
-                pass
-            await _send(send, resp)
-            return
-        raise exc
-
-    async def _extra(self, scope: Scope) -> list[tuple[str, str]]:
-        lookup = self.options.extra_response_headers_lookup
-        if lookup is None:
-            return []
-        return MessageBusProtocol.extra_headers(await maybe_await(lookup(scope)))
-
-    async def _read_body(self, scope: Scope, receive: Receive, headers: dict[bytes, bytes]) -> bytes:
+    async def _read_body(self, receive: Receive, headers: dict[bytes, bytes]) -> bytes:
         limit = self.options.max_body_size
         if b"chunked" in headers.get(b"transfer-encoding", b"").lower():
             raise ProtocolError(411, CHUNKED_BODY_REFUSED)
@@ -281,41 +236,41 @@ class MessageBusMiddleware:
                 break
         return b"".join(parts)
 
+    async def _run(self, flow: Flow, scope: Scope, receive: Receive, headers: dict[bytes, bytes]) -> Poll:
+        """Drive the sans-IO flow: read the body, await the lookups (plain or coroutine functions)."""
+        step = advance(flow)
+        while not isinstance(step, Poll):
+            try:
+                if isinstance(step, ReadBody):
+                    value = await self._read_body(receive, headers)
+                else:
+                    value = await maybe_await(step.fn(scope, *step.args))
+            except _Disconnected:
+                flow.close()
+                raise
+            except Exception as exc:
+                step = advance(flow, error=exc)
+            else:
+                step = advance(flow, value)
+        return step
+
     async def _handle(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
         opts = self.options
-        route = match_route(scope.get("method", "GET"), path, opts)
-        if route.kind == "options":  # before any lookup: cheap CORS preflight
-            extra = await self._extra(scope)
-            await _send(send, Response(200, BASE_HEADERS + extra, b"OK"))
-            return
-        if route.error is not None:
-            raise route.error
         headers = dict(scope.get("headers") or ())
-        try:
-            body = await self._read_body(scope, receive, headers)
-        except _Disconnected:
-            return
-        query = scope.get("query_string", b"").decode("latin-1")
+        content_type = headers.get(b"content-type")
+        head = RequestHead(scope.get("method", "GET"), path, scope.get("query_string", b"").decode("latin-1"),
+                           content_type.decode("latin-1") if content_type is not None else None,
+                           dont_chunk=b"dont-chunk" in headers,
+                           http11=scope.get("http_version", "1.1") not in ("1.0", "0.9"),
+                           override=scope.get("message_bus.channels"), override_seq=scope.get("message_bus.seq"))
         eng = self._engine()
         proto = eng.proto
-        ctype = headers.get(b"content-type")
-        content_type = ctype.decode("latin-1") if ctype is not None else None
-        if route.kind == "broadcast":
-            await _send(send, proto.broadcast(form_params(query, body, content_type)))
-            return
-        req = poll_request(route.client_id, content_type, body, query, opts,
-                           override=scope.get("message_bus.channels"), override_seq=scope.get("message_bus.seq"),
-                           dont_chunk=b"dont-chunk" in headers,
-                           http11=scope.get("http_version", "1.1") not in ("1.0", "0.9"))
-        lk = proto.lookups(
-            await maybe_await(opts.user_id_lookup(scope)) if opts.user_id_lookup else None,
-            await maybe_await(opts.group_ids_lookup(scope)) if opts.group_ids_lookup else None,
-            await maybe_await(opts.site_id_lookup(scope)) if opts.site_id_lookup else None,
-        )
-        extra = await self._extra(scope)
         loop = eng.loop
         wait = _Wait(loop.create_future(), asyncio.current_task())
-        poll = proto.start_poll(req, lk, extra, waker=_wake, signal=wait)
+        try:
+            poll = await self._run(serve(proto, head, waker=_wake, signal=wait), scope, receive, headers)
+        except _Disconnected:
+            return
         if poll.mode == "immediate":
             assert poll.response is not None
             await _send(send, poll.response)

@@ -9,7 +9,7 @@ Mount it around any WSGI app (``app=None`` answers 404 outside the bus routes)::
     application = MessageBusMiddleware(django_or_flask_wsgi_app, bus=bus,
                                        user_id_lookup=lambda environ: environ.get("REMOTE_USER"))
 
-Options are those of :class:`shmbus.adapters.protocol.Options` (the gem's names in snake_case, times in
+Options are those of :class:`shmbus.adapters.http.Options` (the gem's names in snake_case, times in
 seconds): ``base_route``, ``long_polling_enabled``, ``long_polling_interval`` (25), ``chunked_encoding_enabled``,
 ``max_active_clients`` (1000, per process), ``allow_broadcast``, the lookups (called with the WSGI environ),
 ``on_middleware_error``, ``max_body_size``, ``max_channels_per_poll``, ``max_stream_buffer`` and
@@ -22,7 +22,7 @@ How waiting works, per server model (a WSGI request that waits holds its worker 
   true): a waiting request blocks its thread on a per-request lock with a timeout (no timer threads); the bus
   listener thread delivers each batch and releases the locks of the concerned requests only. Each parked
   request occupies one server thread, so when the thread count is known (the gunicorn hooks in
-  :mod:`shmbus.adapters.gunicorn` report it, or call :func:`configure_server`) at most
+  :mod:`shmbus.adapters.integrations.gunicorn` report it, or call :func:`configure_server`) at most
   ``threads - max(1, threads // 8)`` requests park at once and further long polls are answered at once (the
   ``max_active_clients`` fallback): the worker always keeps threads for ordinary requests.
 * **gevent** (gunicorn ``gevent`` worker, uwsgi ``--gevent``, or any monkey-patched process): requests wait
@@ -57,19 +57,10 @@ from typing import Any
 from shmbus.bus import Bus
 from shmbus.message import Message
 
-from .protocol import (
-    CHUNKED_BODY_REFUSED,
-    MessageBusProtocol,
-    Options,
-    ProtocolError,
-    Response,
-    bus_or_default,
-    form_params,
-    match_route,
-    poll_request,
-    status_line,
-    triple_response,
-)
+from .http import MessageBusProtocol, Options, ProtocolError, Response
+from .http.flow import RequestHead, run_sync, serve
+from .http.options import bus_or_default
+from .http.wire import CHUNKED_BODY_REFUSED, status_line
 
 #: Largest single ``wsgi.input.read()``: bodies are read in bounded pieces, never all at once.
 READ_PIECE = 16 * 1024
@@ -203,31 +194,7 @@ class MessageBusMiddleware:
             if self.app is None:
                 return _send(start_response, Response(404, [("content-type", "text/plain")], b"not found"))
             return self.app(environ, start_response)
-        try:
-            return self._handle(environ, start_response, path)
-        except Exception as exc:
-            return self._error(environ, start_response, exc)
-
-    def _error(self, environ: Environ, start_response: StartResponse, exc: Exception) -> Iterable[bytes]:
-        handler = self.options.on_middleware_error
-        if handler is not None:
-            result = handler(environ, exc)
-            if result:
-                return _send(start_response, triple_response(result))
-        if isinstance(exc, ProtocolError):
-            resp = exc.response()
-            try:
-                resp.headers += self._extra(environ)
-            except Exception:
-                pass
-            return _send(start_response, resp)
-        raise exc
-
-    def _extra(self, environ: Environ) -> list[tuple[str, str]]:
-        lookup = self.options.extra_response_headers_lookup
-        if lookup is None:
-            return []
-        return MessageBusProtocol.extra_headers(lookup(environ))
+        return self._handle(environ, start_response, path)
 
     def _read_body(self, environ: Environ) -> bytes:
         """The request body, read in pieces of at most ``READ_PIECE`` bytes and never beyond ``max_body_size``."""
@@ -280,34 +247,19 @@ class MessageBusMiddleware:
 
     def _handle(self, environ: Environ, start_response: StartResponse, path: str) -> Iterable[bytes]:
         opts = self.options
-        method = environ.get("REQUEST_METHOD", "GET")
-        route = match_route(method, path, opts)
-        if route.kind == "options":  # before any lookup: cheap CORS preflight
-            return _send(start_response, Response(200, _base(self._extra(environ)), b"OK"))
-        if route.error is not None:
-            raise route.error
-        body = self._read_body(environ)
-        query = environ.get("QUERY_STRING", "")
         eng = self._get_engine()
         proto = eng.proto
-        if route.kind == "broadcast":
-            return _send(start_response, proto.broadcast(form_params(query, body, environ.get("CONTENT_TYPE"))))
-        version = environ.get("SERVER_PROTOCOL", "HTTP/1.0")
-        req = poll_request(route.client_id, environ.get("CONTENT_TYPE"), body, query, opts,
-                           override=environ.get("message_bus.channels"), override_seq=environ.get("message_bus.seq"),
-                           dont_chunk="HTTP_DONT_CHUNK" in environ, http11=version not in ("HTTP/1.0", "HTTP/0.9"))
-        lk = proto.lookups(
-            opts.user_id_lookup(environ) if opts.user_id_lookup else None,
-            opts.group_ids_lookup(environ) if opts.group_ids_lookup else None,
-            opts.site_id_lookup(environ) if opts.site_id_lookup else None,
-        )
-        extra = self._extra(environ)
         can_park = self._can_park(eng, environ)
         signal = None
         if can_park:
             signal = threading.Lock()
             signal.acquire()
-        poll = proto.start_poll(req, lk, extra, can_park=can_park, waker=_release, signal=signal)
+        head = RequestHead(environ.get("REQUEST_METHOD", "GET"), path, environ.get("QUERY_STRING", ""),
+                           environ.get("CONTENT_TYPE"), dont_chunk="HTTP_DONT_CHUNK" in environ,
+                           http11=environ.get("SERVER_PROTOCOL", "HTTP/1.0") not in ("HTTP/1.0", "HTTP/0.9"),
+                           override=environ.get("message_bus.channels"), override_seq=environ.get("message_bus.seq"))
+        poll = run_sync(serve(proto, head, can_park=can_park, waker=_release, signal=signal),
+                        lambda: self._read_body(environ), lambda step: step.fn(environ, *step.args))
         if poll.mode == "immediate":
             assert poll.response is not None
             return _send(start_response, poll.response)
@@ -364,12 +316,6 @@ def _stream(proto: MessageBusProtocol, c: Any, first: bytes, deadline: float, so
                 yield b"".join(end)
     finally:
         proto.abandon(c)
-
-
-def _base(extra: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    from .protocol import BASE_HEADERS
-
-    return BASE_HEADERS + extra if extra else list(BASE_HEADERS)
 
 
 def _send(start_response: StartResponse, resp: Response) -> list[bytes]:

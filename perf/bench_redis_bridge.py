@@ -22,7 +22,7 @@ from typing import Any
 
 import _common as c
 import redis
-from shmbus.adapters.redis_bridge import RedisBridge
+from shmbus.adapters.redis import RedisBridge
 
 from shmbus import Bus
 
@@ -34,7 +34,7 @@ HELPER = r"""
 import json, os, sys, threading, time
 import redis
 from shmbus import Bus
-from shmbus.adapters.redis_bridge import RedisBridge
+from shmbus.adapters.redis import RedisBridge
 name_a, name_b, url, channel = sys.argv[1:5]
 lat = []
 def on_msg(m):

@@ -111,7 +111,7 @@ def _redis_view(url: str, seg_path: str, seg_global_id: int) -> dict[str, Any]:
     try:
         import redis
 
-        from shmbus.adapters.redis_bridge import _redact, relay_active
+        from shmbus.adapters.redis import _redact, relay_active
     except ImportError as exc:
         return {"url": url, "error": f"the redis extra is not installed ({exc})"}
     view: dict[str, Any] = {"url": _redact(url), "relay_active": relay_active(seg_path)}

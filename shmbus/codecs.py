@@ -8,15 +8,13 @@ same codec, so the codec name is recorded in the segment header and checked on a
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 import msgpack
 
-try:  # orjson is optional (extra "fast"); it is about 20x faster than json for small messages.
-    import orjson as _orjson
-except ImportError:  # pragma: no cover - exercised when orjson is absent
-    _orjson = None  # type: ignore[assignment]
+from . import jsonlib
+
 
 __all__ = ["Codec", "JsonCodec", "MsgpackCodec", "get_codec"]
 
@@ -33,31 +31,15 @@ class Codec(Protocol):
 
 
 class JsonCodec:
-    """JSON, via orjson when available. Non-string dict keys and other unencodable values raise ``TypeError``."""
+    """JSON (orjson when installed, see :mod:`shmbus.jsonlib`). Values JSON cannot hold raise ``TypeError``."""
 
     name = "json"
     is_json = True
 
     def __init__(self) -> None:
-        if _orjson is not None:
-            self.encode = self._encode_orjson  # type: ignore[method-assign]
-            self.decode = _orjson.loads  # type: ignore[method-assign,assignment]
-
-    @staticmethod
-    def _encode_orjson(obj: Any) -> bytes:
-        try:
-            return _orjson.dumps(obj)
-        except _orjson.JSONEncodeError as exc:
-            raise TypeError(str(exc)) from None
-
-    def encode(self, obj: Any) -> bytes:
-        try:
-            return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
-        except ValueError as exc:
-            raise TypeError(str(exc)) from None
-
-    def decode(self, data: bytes) -> Any:
-        return json.loads(data)
+        # instance attributes: one call, not two, on the publish path
+        self.encode: Callable[[Any], bytes] = jsonlib.dumps
+        self.decode: Callable[[bytes], Any] = jsonlib.loads
 
 
 class MsgpackCodec:
@@ -65,9 +47,6 @@ class MsgpackCodec:
 
     name = "msgpack"
     is_json = False
-
-    def __init__(self) -> None:
-        self._packer = msgpack.Packer(use_bin_type=True)
 
     def encode(self, obj: Any) -> bytes:
         return msgpack.packb(obj, use_bin_type=True)

@@ -4,7 +4,7 @@ An engine is where ``publish`` sends a message. The bus always *reads* from its 
 decides how a message gets there:
 
 * :class:`SharedMemoryEngine` (the default) appends it to the segment directly: every process on the host sees it.
-* The Redis bridge (``shmbus.adapters.redis_bridge.RedisBridge``) sends it to Redis, which assigns the ids, and
+* The Redis bridge (``shmbus.adapters.redis.RedisBridge``) sends it to Redis, which assigns the ids, and
   a relay copies Redis traffic into every host's segment.
 * ``publish(..., engine=False)`` bypasses engines and delivers to this process's subscribers only.
 

@@ -2,7 +2,7 @@
 
 Run it with ``scripts/demo`` (``--host``/``--port``/``--workers``/``--bus``). By hand::
 
-    SHMBUS_DEMO_BUS=demo gunicorn -c python:shmbus.adapters.gunicorn -k uvicorn.workers.UvicornWorker \\
+    SHMBUS_DEMO_BUS=demo gunicorn -c python:shmbus.adapters.integrations.gunicorn -k uvicorn.workers.UvicornWorker \\
         -w 2 -b 127.0.0.1:8000 --chdir examples/demo app:app
 
 Every worker process attaches to the same shared-memory bus by name. A chat message POSTed to ``/chat`` is
@@ -25,7 +25,7 @@ from typing import Any
 
 import falcon
 import falcon.asgi
-from shmbus.adapters.falcon import mount
+from shmbus.adapters.integrations.falcon import mount
 
 from shmbus import Bus
 

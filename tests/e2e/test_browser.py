@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 K = 30
 CHANNEL = "/e2e/chat"
-GUNICORN_CONFIG = "python:shmbus.adapters.gunicorn"
+GUNICORN_CONFIG = "python:shmbus.adapters.integrations.gunicorn"
 NPM_CLIENT = E2E_DIR / "node_modules" / "message-bus-client"
 VENDORED = E2E_DIR.parent.parent / "examples" / "demo" / "static"
 MODES = ["stream", "nochunk", "poll", "background"]

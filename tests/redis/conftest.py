@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from shmbus.adapters.redis_bridge import RedisBridge
+from shmbus.adapters.redis import RedisBridge
 
 from shmbus import Bus
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import redis
 from bridge_util import wait_for, wait_relaying
-from shmbus.adapters import _redis_lines as rl
+from shmbus.adapters.redis import layout as rl
 
 from shmbus import Bus, Message
 

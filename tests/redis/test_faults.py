@@ -14,7 +14,7 @@ import pytest
 import redis
 from bridge_util import wait_for, wait_relaying
 from harness.services import RedisServer
-from shmbus.adapters.redis_bridge import RedisReadOnly, RedisUnavailable
+from shmbus.adapters.redis import RedisReadOnly, RedisUnavailable
 
 from shmbus import Bus, EngineError
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.redis
 CHILD = """
 import os, sys, time
 from shmbus import Bus
-from shmbus.adapters.redis_bridge import RedisBridge
+from shmbus.adapters.redis import RedisBridge
 bus = Bus(sys.argv[1], keepalive_interval=0, engine=RedisBridge(sys.argv[2], election_interval=0.1))
 bridge = bus.default
 print("READY", os.getpid(), flush=True)

@@ -13,7 +13,7 @@ from typing import Any
 
 import e2e_app
 from shmbus.adapters import asgi
-from shmbus.adapters.protocol import Client, MessageBusProtocol, Poll
+from shmbus.adapters.http import Client, MessageBusProtocol, Poll
 
 _entries: dict[int, dict[str, Any]] = {}
 

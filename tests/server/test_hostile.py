@@ -22,7 +22,7 @@ SERVER_DIR = Path(__file__).resolve().parent
 LIMITS = {"header_timeout": 2, "body_timeout": 2, "max_pipeline_bytes": 65536, "linger": 1}
 SERVERS = {
     "lean": "shmbus.adapters.server.GunicornWorker",
-    "uvicorn": "shmbus.adapters.uvicorn_worker.UvicornWorker",
+    "uvicorn": "shmbus.adapters.server.uvicorn_worker.UvicornWorker",
 }
 
 

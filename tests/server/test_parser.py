@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from shmbus.adapters._server_parser import HttpParserError, HttpRequestParser
+from shmbus.adapters.server.parser import HttpParserError, HttpRequestParser
 
 
 class Rec:

@@ -80,7 +80,7 @@ def test_offsets_have_stable_key_order() -> None:
 
 
 def test_fair_share_does_not_starve_small_channels() -> None:
-    from shmbus.adapters.spark import _fair_share
+    from shmbus.adapters.spark.source import _fair_share
 
     assert _fair_share({"/a": 1000, "/b": 100, "/c": 0}, 300) == {"/a": 200, "/b": 100, "/c": 0}
     assert _fair_share({"/a": 1000, "/b": 1000}, 300) == {"/a": 150, "/b": 150}
@@ -332,7 +332,7 @@ def test_sink_through_redis_reaches_bridged_hosts_once(spark: Any, bus: Bus, red
     web host whose bus is bridged to the same Redis gets every row once, with the same ids; a replayed batch is
     skipped using the sink records kept in Redis."""
     from pyspark.sql import functions as F
-    from shmbus.adapters.redis_bridge import RedisBridge
+    from shmbus.adapters.redis import RedisBridge
 
     web = Bus(f"{bus.name}w", ring_size=1 << 20, keepalive_interval=0, engine=RedisBridge(redis_server.url))
     try:

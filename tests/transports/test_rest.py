@@ -10,7 +10,7 @@ from urllib.parse import unquote
 import harness
 import httpx
 import pytest
-from shmbus.adapters.rest import AsgiRestPublish, WsgiRestPublish
+from shmbus.adapters.transports.rest import AsgiRestPublish, WsgiRestPublish
 
 from shmbus import Bus
 

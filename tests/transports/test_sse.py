@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 from harness.wait import wait_for
-from shmbus.adapters.sse import SSEApp, format_event, parse_event_id
+from shmbus.adapters.transports.sse import SSEApp, format_event, parse_event_id
 from transport_util import Recorder, http_scope
 
 from shmbus import Bus

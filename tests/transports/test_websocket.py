@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from harness import skip_or_fail
-from shmbus.adapters.websocket import WebSocketApp
+from shmbus.adapters.transports.websocket import WebSocketApp
 from transport_util import Recorder
 
 from shmbus import Bus

@@ -13,9 +13,9 @@ import os
 from typing import Any
 
 from shmbus.adapters.asgi import MessageBusMiddleware
-from shmbus.adapters.rest import AsgiRestPublish
-from shmbus.adapters.sse import SSEApp
-from shmbus.adapters.websocket import WebSocketApp
+from shmbus.adapters.transports.rest import AsgiRestPublish
+from shmbus.adapters.transports.sse import SSEApp
+from shmbus.adapters.transports.websocket import WebSocketApp
 
 from shmbus import Bus
 

@@ -326,7 +326,7 @@ def driver(bus: Bus) -> Iterator[Callable[..., Driver]]:
             d = AsgiDriver(AsgiMiddleware(bus=bus, **options))
         base = options.get("base_route")
         if base:
-            from shmbus.adapters.protocol import normalize_base_route
+            from shmbus.adapters.http import normalize_base_route
 
             d.prefix = normalize_base_route(base)
         made.append(d)

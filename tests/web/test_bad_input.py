@@ -93,7 +93,7 @@ def test_bad_input_real_server_keeps_serving(procs: Any, bus_name: str, shared_b
         server = procs.uvicorn_server("webapps:asgi_app", env=env, app_dir=WEB_DIR)
     else:
         server = procs.gunicorn_server("webapps:wsgi_app", workers=1, worker_class="gthread",
-                                       config="python:shmbus.adapters.gunicorn", env=env, app_dir=WEB_DIR)
+                                       config="python:shmbus.adapters.integrations.gunicorn", env=env, app_dir=WEB_DIR)
     for method, path, body, headers, status, reason in CASES:
         r = rawhttp.send(server.port, method, path, body, headers).read_head()
         got = r.read_all()

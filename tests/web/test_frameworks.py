@@ -21,7 +21,7 @@ def _poll_body(cid: str = "abc") -> dict[str, Any]:
 
 def test_falcon_wsgi(bus: Bus) -> None:
     falcon = harness.require_module("falcon")
-    from shmbus.adapters.falcon import mount
+    from shmbus.adapters.integrations.falcon import mount
     from shmbus.adapters.wsgi import MessageBusMiddleware
 
     class Hello:
@@ -44,7 +44,7 @@ def test_falcon_asgi(bus: Bus) -> None:
     harness.require_module("falcon")
     import falcon.asgi
     from shmbus.adapters.asgi import MessageBusMiddleware
-    from shmbus.adapters.falcon import mount
+    from shmbus.adapters.integrations.falcon import mount
 
     class Hello:
         async def on_get(self, req: Any, resp: Any) -> None:
@@ -66,7 +66,7 @@ def test_falcon_asgi(bus: Bus) -> None:
 
 def test_flask_session_cookie_never_resent(bus: Bus) -> None:
     flask = harness.require_module("flask")
-    from shmbus.adapters.flask import init_app, with_request_context
+    from shmbus.adapters.integrations.flask import init_app, with_request_context
 
     app = flask.Flask(__name__)
     app.secret_key = "test"
@@ -93,7 +93,7 @@ def test_flask_session_cookie_never_resent(bus: Bus) -> None:
 
 def test_starlette_and_fastapi_install(bus: Bus) -> None:
     harness.require_module("starlette")
-    from shmbus.adapters.starlette import install
+    from shmbus.adapters.integrations.starlette import install
     from starlette.applications import Starlette
     from starlette.middleware.sessions import SessionMiddleware
     from starlette.responses import PlainTextResponse
@@ -133,8 +133,8 @@ def test_optional_frameworks_not_imported_by_core() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, shmbus, shmbus.adapters.protocol, shmbus.adapters.wsgi, shmbus.adapters.asgi, "
-            "shmbus.adapters.gunicorn, shmbus.adapters.uwsgi\n"
+    code = ("import sys, shmbus, shmbus.adapters.http, shmbus.adapters.wsgi, shmbus.adapters.asgi, "
+            "shmbus.adapters.integrations.gunicorn, shmbus.adapters.integrations.uwsgi\n"
             "bad = [m for m in ('falcon', 'flask', 'starlette', 'gevent', 'uvicorn', 'fastapi') if m in sys.modules]\n"
             "print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from harness.wait import wait_for
 from rawhttp import split_stream
-from shmbus.adapters import protocol as P
+from shmbus.adapters import http as P
 
 from shmbus import Bus
 

@@ -103,7 +103,7 @@ def test_ruby_http_client_pattern(procs: Any, bus_name: str, shared_bus: Bus, se
         server = procs.uvicorn_server("webapps:asgi_app", env=env, app_dir=WEB_DIR)
     else:
         server = procs.gunicorn_server("webapps:wsgi_app", workers=2, worker_class="gthread",
-                                       config="python:shmbus.adapters.gunicorn", env=env, app_dir=WEB_DIR)
+                                       config="python:shmbus.adapters.integrations.gunicorn", env=env, app_dir=WEB_DIR)
     client = RubyLikeClient(server.port, enable_chunked_encoding=mode != "no-chunk",
                             enable_long_polling=mode != "no-long-poll",
                             headers={"Dont-Chunk": "true"} if mode == "user-dont-chunk" else None)

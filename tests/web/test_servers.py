@@ -22,7 +22,7 @@ WEB_DIR = Path(__file__).resolve().parent  # not "from conftest import": tests/s
 
 pytestmark = pytest.mark.slow
 
-GUNICORN_CONFIG = "python:shmbus.adapters.gunicorn"
+GUNICORN_CONFIG = "python:shmbus.adapters.integrations.gunicorn"
 PUBLISH = "import sys; from shmbus import Bus; b = Bus(sys.argv[1], keepalive_interval=0); " \
           "print(b.publish(sys.argv[2], sys.argv[3]))"
 
@@ -173,7 +173,7 @@ def test_disconnect_mid_stream_is_cleaned_up(procs: Any, bus_name: str, shared_b
 
 
 def test_gunicorn_config_module_values() -> None:
-    out = subprocess.run([sys.executable, "-c", "import shmbus.adapters.gunicorn as g; "
+    out = subprocess.run([sys.executable, "-c", "import shmbus.adapters.integrations.gunicorn as g; "
                           "print(g.worker_class, g.threads, g.timeout, callable(g.post_fork), "
                           "callable(g.worker_exit))"], capture_output=True, text=True, timeout=30)
     assert out.stdout.split() == ["gthread", "32", "60", "True", "True"]

@@ -1,7 +1,7 @@
 """uWSGI smoke test: a real uWSGI master with 2 preforked, threaded workers serving the WSGI middleware.
 
 The app is loaded in the master and forked (uWSGI's default), so the bus must be re-armed in every worker
-(``os.register_at_fork`` and the ``postfork`` hook of ``shmbus.adapters.uwsgi``).
+(``os.register_at_fork`` and the ``postfork`` hook of ``shmbus.adapters.integrations.uwsgi``).
 """
 
 from __future__ import annotations

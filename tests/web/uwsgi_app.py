@@ -1,6 +1,6 @@
 """The smoke-test WSGI app under uWSGI: the same app as webapps.py plus the uWSGI postfork glue."""
 
-import shmbus.adapters.uwsgi  # noqa: F401  (registers the postfork hook)
+import shmbus.adapters.integrations.uwsgi  # noqa: F401  (registers the postfork hook)
 from webapps import wsgi_app
 
 application = wsgi_app

@@ -86,7 +86,7 @@ def test_gunicorn_gevent_wsgi_2k(bus: Bus, procs: Any) -> None:
     n = 2_000
     need_fds(n)
     server = procs.gunicorn_server("_http_apps:wsgi_app", workers=2, worker_class="gevent",
-                                   config="python:shmbus.adapters.gunicorn", env=env_for(bus, n), app_dir=PERF,
+                                   config="python:shmbus.adapters.integrations.gunicorn", env=env_for(bus, n), app_dir=PERF,
                                    extra_args=("--worker-connections", str(n + 500), "--backlog", "4096"))
     fan_out(server.port, bus, n, server)
 

@@ -30,8 +30,9 @@ from urllib.parse import parse_qs
 from shmbus.bus import Bus
 from shmbus.message import Message
 
-from ._asgi_util import until_disconnect
-from ._transport import (
+from ..asgi_support import until_disconnect
+from ..http import ProtocolError, encode_message
+from .hub import (
     DEFAULT_MAX_BUFFER,
     MAX_SUBSCRIPTIONS,
     Receive,
@@ -46,7 +47,6 @@ from ._transport import (
     replay_since,
     send_simple,
 )
-from .protocol import ProtocolError, encode_message
 
 __all__ = ["SSEApp", "format_event", "parse_event_id"]
 

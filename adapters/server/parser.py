@@ -10,6 +10,7 @@ errors.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
@@ -188,3 +189,21 @@ class HttpRequestParser:
             self._left = length
         else:
             self._complete()
+
+
+#: The parser in use: httptools when importable (and ``SHMBUS_SERVER_PARSER`` is not ``pure``), else this module's.
+Parser: Any = HttpRequestParser
+ParserError: Any = HttpParserError
+ParserUpgrade: Any = HttpParserUpgrade
+PARSER = "pure"
+httptools: Any = None
+if os.environ.get("SHMBUS_SERVER_PARSER") != "pure":
+    try:
+        import httptools as _httptools
+    except ImportError:  # pragma: no cover - httptools is in the web extra
+        pass
+    else:
+        httptools = _httptools
+        Parser, ParserError, ParserUpgrade = (_httptools.HttpRequestParser, _httptools.HttpParserError,
+                                              _httptools.HttpParserUpgrade)
+        PARSER = "httptools"

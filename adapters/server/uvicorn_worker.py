@@ -1,6 +1,6 @@
 """uvicorn with the request-head and body deadlines it lacks.
 
-Use: ``gunicorn -k shmbus.adapters.uvicorn_worker.UvicornWorker -c conf.py app:app``.
+Use: ``gunicorn -k shmbus.adapters.server.uvicorn_worker.UvicornWorker -c conf.py app:app``.
 
 Why: uvicorn (0.2x-0.5x) times out only idle keep-alive connections. A client that sends half a request head, or a
 body that never ends (a chunk size of ``ffffffffffffffff``), holds its connection and its request task forever;
@@ -14,7 +14,7 @@ requests without bound). Body size limits on message-bus routes are the middlewa
 (``max_body_size``, ``411`` for chunked bodies).
 
 Plain ``uvicorn`` can use the protocol too (default limits):
-``uvicorn app:app --http shmbus.adapters.uvicorn_worker:GuardedHttpToolsProtocol``.
+``uvicorn app:app --http shmbus.adapters.server.uvicorn_worker:GuardedHttpToolsProtocol``.
 Needs ``httptools`` (in the ``web`` extra).
 """
 
@@ -27,11 +27,11 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.workers import UvicornWorker as _UvicornWorker
 
-from .server import FEED_STEP, Limits, gunicorn_config_value
+from .limits import FEED_STEP, Limits, gunicorn_config_value
 
 __all__ = ["GuardedHttpToolsProtocol", "UvicornWorker"]
 
-log = logging.getLogger("shmbus.adapters.uvicorn_worker")
+log = logging.getLogger("shmbus.adapters.server.uvicorn_worker")
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):

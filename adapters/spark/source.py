@@ -52,7 +52,7 @@ from pyspark.sql.types import (
 
 from shmbus.message import decode_meta
 
-from ._spark_io import Chunk, Location, open_reader
+from .readers import Chunk, Location, open_reader
 
 try:  # 4.2+: admission control and Trigger.AvailableNow
     from pyspark.sql.streaming.datasource import (
@@ -684,7 +684,7 @@ class _BusWriterBase:
     def _open_bus(self) -> Any:
         loc = self.opts.location
         if loc.bus:
-            from ._spark_io import ShmReader
+            from .readers import ShmReader
 
             return ShmReader(loc).bus
         return _RedisSinkBus(loc.redis_url or "")
@@ -692,7 +692,7 @@ class _BusWriterBase:
     def _sink_markers(self, bus: Any, sink: str) -> list[Any]:
         """The sink channel's progress records, oldest first (from Redis when writing through it)."""
         if isinstance(bus, _RedisSinkBus):
-            from ._spark_io import RedisReader
+            from .readers import RedisReader
 
             reader = RedisReader(self.opts.location)
             try:
@@ -796,7 +796,7 @@ class _RedisSinkBus:
 
         from shmbus import Bus
 
-        from .redis_bridge import RedisBridge
+        from ..redis import RedisBridge
 
         self.bridge = RedisBridge(url, relay=False, local_wait=0)
         self.bus = Bus(f"spark-sink-{os.getpid()}-{uuid.uuid4().hex[:8]}", ring_size=1 << 20, max_channels=1024,

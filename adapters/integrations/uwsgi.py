@@ -1,4 +1,4 @@
-"""uWSGI glue: ``import shmbus.adapters.uwsgi`` in the app module (after creating the bus).
+"""uWSGI glue: ``import shmbus.adapters.integrations.uwsgi`` in the app module (after creating the bus).
 
 When running under uWSGI (``uwsgidecorators`` importable) this registers a ``postfork`` hook that re-arms
 every bus (:func:`shmbus.after_fork`, a no-op when ``os.register_at_fork`` already did it) and reports the

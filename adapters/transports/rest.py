@@ -25,9 +25,10 @@ from urllib.parse import parse_qs
 from shmbus.bus import Bus
 from shmbus.errors import InvalidChannel, InvalidMessage, PayloadTooLarge
 
-from ._asgi_util import maybe_await
-from ._transport import Receive, Scope, Send, check_channel, fallback, relative_path, send_simple
-from .protocol import MAX_BODY_SIZE, MAX_CLIENT_ID_LENGTH, ProtocolError, status_line
+from ..asgi_support import maybe_await
+from ..http import MAX_BODY_SIZE, MAX_CLIENT_ID_LENGTH, ProtocolError
+from ..http.wire import status_line
+from .hub import Receive, Scope, Send, check_channel, fallback, relative_path, send_simple
 
 __all__ = ["AsgiRestPublish", "PublishRequest", "WsgiRestPublish", "parse_publish"]
 

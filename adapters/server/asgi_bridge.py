@@ -16,7 +16,7 @@ from collections.abc import MutableMapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .server import HttpConnection, Request
+    from .connection import HttpConnection, Request
 
 log = logging.getLogger("shmbus.adapters.server")
 

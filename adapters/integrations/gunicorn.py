@@ -1,4 +1,4 @@
-"""gunicorn config module for apps using shmbus: ``gunicorn -c python:shmbus.adapters.gunicorn myapp:app``.
+"""gunicorn config module for apps using shmbus: ``gunicorn -c python:shmbus.adapters.integrations.gunicorn myapp:app``.
 
 Settings given on the command line override the ones here. What this module provides:
 
@@ -11,7 +11,7 @@ Settings given on the command line override the ones here. What this module prov
 * defaults: ``worker_class = "gthread"`` with ``threads = 32`` (each parked long poll holds one thread; at most
   28 park at once per worker, the rest are answered at once), ``timeout = 60`` (> the 25 s long-poll
   interval), ``graceful_timeout = 10`` (parked polls end at once on a graceful stop: the lean worker and
-  :class:`shmbus.adapters.uvicorn_worker.UvicornWorker` answer them and exit within it, instead of gunicorn
+  :class:`shmbus.adapters.server.uvicorn_worker.UvicornWorker` answer them and exit within it, instead of gunicorn
   killing a worker that still waits for 25 s polls and logging "Perhaps out of memory?"), ``keepalive = 5``.
   ``SHMBUS_WORKER_CLASS`` and ``SHMBUS_THREADS``
   override the defaults.
@@ -28,7 +28,7 @@ Worker classes and their limits:
 ``gevent``                                 One greenlet per parked poll (``worker_connections``, default
                                            1000, bounds them); needs ``gevent`` installed. The bus listener
                                            stays a real OS thread (handled by shmbus).
-``shmbus.adapters.uvicorn_worker.``        Use with :mod:`shmbus.adapters.asgi`; parked polls cost a
+``shmbus.adapters.server.uvicorn_worker.``        Use with :mod:`shmbus.adapters.asgi`; parked polls cost a
 ``UvicornWorker`` (ASGI)                   coroutine, no thread. uvicorn with request-head and body
                                            deadlines and bounded pipelining; exits within
                                            ``graceful_timeout``. Best for many clients.

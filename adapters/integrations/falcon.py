@@ -4,7 +4,7 @@ A few lines for a user::
 
     import falcon
     from shmbus import Bus
-    from shmbus.adapters.falcon import mount
+    from shmbus.adapters.integrations.falcon import mount
 
     bus = Bus("myapp")
     api = falcon.App()                 # or falcon.asgi.App()
@@ -15,7 +15,7 @@ A few lines for a user::
 :class:`shmbus.adapters.asgi.MessageBusMiddleware` (chosen from the app's type): bus routes never go through
 Falcon's routing, middleware or session handling, so polls are fast and never re-send cookies. Lookups receive
 the WSGI environ / ASGI scope; build a ``falcon.Request(env)`` inside a lookup if you need Falcon's parsing.
-Serve the returned object (``gunicorn -c python:shmbus.adapters.gunicorn mymod:app`` or ``uvicorn mymod:app``).
+Serve the returned object (``gunicorn -c python:shmbus.adapters.integrations.gunicorn mymod:app`` or ``uvicorn mymod:app``).
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ def is_asgi_app(app: Any) -> bool:
 def mount(app: Any, *, bus: Bus | None = None, **options: Any) -> Any:
     """Return ``app`` wrapped in the WSGI or ASGI message bus middleware (options as in the middleware)."""
     if is_asgi_app(app):
-        from .asgi import MessageBusMiddleware as AsgiMiddleware
+        from ..asgi import MessageBusMiddleware as AsgiMiddleware
 
         return AsgiMiddleware(app, bus=bus, **options)
-    from .wsgi import MessageBusMiddleware as WsgiMiddleware
+    from ..wsgi import MessageBusMiddleware as WsgiMiddleware
 
     return WsgiMiddleware(app, bus=bus, **options)

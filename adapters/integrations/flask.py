@@ -4,7 +4,7 @@ A few lines for a user::
 
     from flask import Flask
     from shmbus import Bus
-    from shmbus.adapters.flask import init_app, with_request_context
+    from shmbus.adapters.integrations.flask import init_app, with_request_context
 
     bus = Bus("myapp")
     app = Flask(__name__)
@@ -26,7 +26,7 @@ from typing import Any
 
 from shmbus.bus import Bus
 
-from .wsgi import MessageBusMiddleware
+from ..wsgi import MessageBusMiddleware
 
 __all__ = ["init_app", "with_request_context"]
 

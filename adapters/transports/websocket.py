@@ -33,8 +33,9 @@ from urllib.parse import parse_qs
 from shmbus.bus import Bus
 from shmbus.errors import ShmbusError
 
-from ._asgi_util import maybe_await
-from ._transport import (
+from ..asgi_support import maybe_await
+from ..http import MAX_ID, ProtocolError, encode_message
+from .hub import (
     DEFAULT_MAX_BUFFER,
     MAX_SUBSCRIPTIONS,
     PATTERN_KINDS,
@@ -48,7 +49,6 @@ from ._transport import (
     relative_path,
     replay_since,
 )
-from .protocol import MAX_ID, ProtocolError, encode_message
 
 __all__ = ["WebSocketApp"]
 

@@ -5,13 +5,14 @@ per-connection subscription sets that change at run time (WebSocket), which the 
 Like the middleware, a :class:`Hub` taps the bus once per process and hands each batch to each event loop with a
 single ``call_soon_threadsafe``; everything else runs on the loop, so no locks are needed.
 
-Targeting uses :meth:`shmbus.adapters.protocol.Client.allowed` (the middleware's exact rules) and the bus's client
+Targeting uses :meth:`shmbus.adapters.http.Client.allowed` (the middleware's exact rules) and the bus's client
 message filters; site rules are the middleware's (``/global/`` channels reach every site).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass
@@ -21,19 +22,14 @@ from shmbus.bus import KEEPALIVE_CHANNEL, MAX_CHANNEL_BYTES, Bus
 from shmbus.message import Message
 from shmbus.patterns import compile_pattern
 
-from ._asgi_util import Receive, Send, lifespan, maybe_await
-from ._looptap import LoopTap
-from .protocol import (
-    CLIENT_ID_RE,
-    INVALID_CLIENT_ID,
-    Client,
-    Lookups,
-    MessageBusProtocol,
-    ProtocolError,
-    bus_or_default,
-    filter_allows,
-    log,
-)
+from ..asgi_support import Receive, Send, lifespan, maybe_await
+from ..http import Client, Lookups, MessageBusProtocol, ProtocolError
+from ..http.client import filter_allows
+from ..http.options import bus_or_default
+from ..http.wire import CLIENT_ID_RE, INVALID_CLIENT_ID
+from ..looptap import LoopTap
+
+log = logging.getLogger("shmbus.adapters")
 
 Scope = MutableMapping[str, Any]
 Lookup = Callable[[Any], Any]

@@ -4,7 +4,7 @@ A few lines for a user::
 
     from fastapi import FastAPI           # or starlette.applications.Starlette
     from shmbus import Bus
-    from shmbus.adapters.starlette import install
+    from shmbus.adapters.integrations.starlette import install
 
     bus = Bus("myapp")
     app = FastAPI()
@@ -25,7 +25,7 @@ from typing import Any
 
 from shmbus.bus import Bus
 
-from .asgi import MessageBusMiddleware
+from ..asgi import MessageBusMiddleware
 
 __all__ = ["MessageBusMiddleware", "install"]
 

@@ -44,7 +44,7 @@ from shmbus.engines import Engine, Envelope
 from shmbus.errors import EngineError
 from shmbus.message import Message
 
-from . import _redis_lines as rl
+from . import layout
 
 if TYPE_CHECKING:
     from shmbus.bus import Bus
@@ -355,16 +355,16 @@ class RedisBridge(Engine):
         return out
 
     def _args(self, bus: Bus, env: Envelope) -> list[Any]:
-        return rl.script_args(env, bus.codec, bus.max_global_backlog_size, self.pubsub_channel)
+        return layout.script_args(env, bus.codec, bus.max_global_backlog_size, self.pubsub_channel)
 
     def _eval(self, bus: Bus, env: Envelope) -> tuple[int, int]:
         args = self._args(bus, env)
         try:
             try:
-                res = self.client.execute_command("EVALSHA", rl.PUBLISH_SHA, *args)
+                res = self.client.execute_command("EVALSHA", layout.PUBLISH_SHA, *args)
             except redis.exceptions.NoScriptError:
-                self.client.script_load(rl.PUBLISH_SCRIPT)
-                res = self.client.execute_command("EVALSHA", rl.PUBLISH_SHA, *args)
+                self.client.script_load(layout.PUBLISH_SCRIPT)
+                res = self.client.execute_command("EVALSHA", layout.PUBLISH_SHA, *args)
         except Exception as exc:
             raise self._publish_error(exc) from exc
         self.published += 1
@@ -382,7 +382,7 @@ class RedisBridge(Engine):
             try:
                 pipe = self.client.pipeline(transaction=False)
                 for g in todo:
-                    pipe.execute_command("EVALSHA", rl.PUBLISH_MANY_SHA, *rl.many_script_args(groups[g]))
+                    pipe.execute_command("EVALSHA", layout.PUBLISH_MANY_SHA, *layout.many_script_args(groups[g]))
                 got = pipe.execute(raise_on_error=False)
             except Exception as exc:
                 raise self._publish_error(exc) from exc
@@ -397,7 +397,7 @@ class RedisBridge(Engine):
             if not again:
                 break
             with contextlib.suppress(redis.exceptions.RedisError):
-                self.client.script_load(rl.PUBLISH_MANY_SCRIPT)
+                self.client.script_load(layout.PUBLISH_MANY_SCRIPT)
             todo = again
         else:
             raise RedisBridgeError("Redis keeps answering NOSCRIPT for the publish script")
@@ -634,8 +634,8 @@ class RedisBridge(Engine):
         bus = self._bus_of(None)
         self._highest = gid
         try:
-            d = rl.parse_line(line)
-            payload, meta = rl.decode_envelope(bus.codec, d.envelope)
+            d = layout.parse_line(line)
+            payload, meta = layout.decode_envelope(bus.codec, d.envelope)
             env = Envelope(d.channel, d.site_id, payload, meta, bus.max_backlog_size, bus.max_backlog_age)
             stored = bus._append(env, global_id=d.global_id, message_id=d.message_id, timestamp=time.time())
         except (ValueError, UnicodeDecodeError, TypeError) as exc:
@@ -653,7 +653,7 @@ class RedisBridge(Engine):
         seg = bus.segment
         r = self.client
         before = highest = seg.global_id()
-        redis_gid = int(r.get(rl.GLOBAL_ID_KEY) or 0)
+        redis_gid = int(r.get(layout.GLOBAL_ID_KEY) or 0)
         if highest and (redis_gid < highest or not self._same_history(seg, highest)):
             self.resets += 1
             log.warning("shmbus redis bridge: Redis's ids went backwards or its history changed (flush or "
@@ -664,15 +664,15 @@ class RedisBridge(Engine):
         first = True
         while True:
             ptrs: list[Any] = r.zrangebyscore(
-                rl.GLOBAL_BACKLOG_KEY, highest + 1, "+inf", start=0, num=_PAGE, withscores=True)
+                layout.GLOBAL_BACKLOG_KEY, highest + 1, "+inf", start=0, num=_PAGE, withscores=True)
             if not ptrs:
                 break
             pipe = r.pipeline(transaction=False)
             parsed = []
             for member, score in ptrs:
-                cid, chan = rl.parse_pointer(member)
+                cid, chan = layout.parse_pointer(member)
                 parsed.append((int(score), cid))
-                pipe.zrangebyscore(rl.backlog_key(chan), cid, cid)
+                pipe.zrangebyscore(layout.backlog_key(chan), cid, cid)
             for (gid, _cid), lines in zip(parsed, pipe.execute(), strict=True):
                 if first and gid > highest + 1 and highest:
                     self.relay_lost += gid - highest - 1
@@ -690,20 +690,20 @@ class RedisBridge(Engine):
         """Is the segment's message ``gid`` the one Redis has under that id? Unknown counts as yes."""
         bus = self._bus_of(None)
         r = self.client
-        ptrs: list[bytes] = r.zrangebyscore(rl.GLOBAL_BACKLOG_KEY, gid, gid)  # type: ignore[assignment]
+        ptrs: list[bytes] = r.zrangebyscore(layout.GLOBAL_BACKLOG_KEY, gid, gid)  # type: ignore[assignment]
         recs = seg.global_backlog(gid - 1)
         if not ptrs or not recs or recs[0].global_id != gid:
             return True
-        cid, chan = rl.parse_pointer(ptrs[0])
-        lines: list[bytes] = r.zrangebyscore(rl.backlog_key(chan), cid, cid)  # type: ignore[assignment]
+        cid, chan = layout.parse_pointer(ptrs[0])
+        lines: list[bytes] = r.zrangebyscore(layout.backlog_key(chan), cid, cid)  # type: ignore[assignment]
         if not lines:
             return True
         rec = recs[0]
-        local_chan = rl.backend_channel(rec.channel.decode(), rec.site.decode() or None)
+        local_chan = layout.backend_channel(rec.channel.decode(), rec.site.decode() or None)
         if rec.message_id != cid or local_chan != chan:
             return False
         try:
-            payload, _ = rl.decode_envelope(bus.codec, rl.parse_line(lines[0]).envelope)
+            payload, _ = layout.decode_envelope(bus.codec, layout.parse_line(lines[0]).envelope)
             return bool(bus.codec.decode(payload) == bus.codec.decode(rec.payload))
         except (ValueError, TypeError):
             return True
@@ -723,7 +723,7 @@ class RedisBridge(Engine):
             hi = min(hi, upto)
         if hi <= lo:
             return None
-        key = rl.backlog_key(rl.backend_channel(channel, site_id))
+        key = layout.backlog_key(layout.backend_channel(channel, site_id))
         try:
             lines: list[bytes] = self.client.zrangebyscore(key, lo + 1, hi)  # type: ignore[assignment]
         except redis.exceptions.RedisError as exc:
@@ -733,8 +733,8 @@ class RedisBridge(Engine):
         epoch = bus.segment.read_epoch()
         older = []
         for line in lines:
-            d = rl.parse_line(line)
-            payload, meta = rl.decode_envelope(bus.codec, d.envelope)
+            d = layout.parse_line(line)
+            payload, meta = layout.decode_envelope(bus.codec, d.envelope)
             older.append(Message(d.global_id, d.message_id, d.channel, payload, bus.codec, site_id=d.site_id,
                                  meta=meta, epoch=epoch))
         if not older:

@@ -1,0 +1,98 @@
+"""One waiting request (a long poll or a stream) and the targeting rules that decide what it may see."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from shmbus.bus import Bus
+from shmbus.message import Message
+
+from .wire import encode_status
+
+log = logging.getLogger("shmbus.adapters")
+
+
+# ---------------------------------------------------------------------------------------------------- clients
+@dataclass
+class Lookups:
+    user_id: Any = None
+    group_ids: frozenset[Any] = frozenset()
+    site_id: str | None = None
+
+
+class Client:
+    """One request that waits for live messages (long poll or stream).
+
+    ``last`` holds, per channel, the highest id this request has delivered or skipped; live messages at or
+    below it are never sent. ``pending`` holds encoded pieces waiting for the shell to write: for a streaming
+    client whole framed chunks, otherwise array items (joined into one array when the request ends).
+    """
+
+    __slots__ = ("bytes_pending", "channels", "client_id", "done", "dropped", "epoch", "group_ids", "held", "keys",
+                 "last", "pending", "ready", "registered", "reset", "seq", "signal", "site_id", "stale",
+                 "status_due", "streaming", "superseded", "user_id", "waker")
+
+    def __init__(self, client_id: str, seq: int, lk: Lookups, channels: Iterable[str], streaming: bool,
+                 epoch: int, waker: Callable[[Client], Any] | None = None, signal: Any = None) -> None:
+        self.client_id = client_id
+        self.seq = seq
+        self.user_id = lk.user_id
+        self.group_ids = lk.group_ids
+        self.site_id = lk.site_id
+        self.channels = tuple(channels)
+        self.keys = tuple((None if ch.startswith("/global/") else lk.site_id, ch) for ch in self.channels)
+        self.streaming = streaming
+        self.epoch = epoch
+        self.last: dict[str, int] = {}
+        self.pending: list[bytes] = []
+        self.bytes_pending = 0
+        self.held: list[Message] | None = []
+        self.status_due: set[str] | None = None
+        self.ready = False
+        self.registered = False
+        self.done = False
+        self.dropped = False
+        self.superseded = False
+        self.reset = False
+        self.stale = False  # rejected at once (a newer __seq is parked): its first chunk is the whole answer
+        #: called (on the registry's thread) when the client has something to send or must end
+        self.waker = waker
+        #: the shell's wake-up object (an Event, a Future, ...), for the waker's use
+        self.signal = signal
+
+    def allowed(self, msg: Message) -> bool:
+        """message_bus's ``Client#allowed?`` targeting rules (client message filters are checked separately)."""
+        if not msg.targeted:
+            return True
+        cids = msg.client_ids
+        if cids and self.client_id not in cids:
+            return False
+        uids, gids = msg.user_ids, msg.group_ids
+        if not uids and not gids:
+            return True
+        if uids and self.user_id is not None and self.user_id in uids:
+            return True
+        return bool(gids and self.group_ids and not self.group_ids.isdisjoint(gids))
+
+    def status_entry(self) -> bytes | None:
+        if self.reset:
+            return encode_status(dict.fromkeys(self.channels, 0))
+        if not self.status_due:
+            return None
+        return encode_status({ch: self.last.get(ch, 0) for ch in self.channels if ch in self.status_due})
+
+    def __repr__(self) -> str:
+        return f"Client({self.client_id!r}, seq={self.seq}, streaming={self.streaming})"
+
+
+def filter_allows(bus: Bus, msg: Message) -> bool:
+    """The bus's client message filters on ``msg``; a filter that raises withholds the message (logged)."""
+    try:
+        return bool(bus.allowed_by_filters(msg))
+    except Exception:
+        log.exception("shmbus: client message filter failed on %r; message withheld", msg.channel)
+        return False
+

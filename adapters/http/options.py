@@ -1,0 +1,142 @@
+"""Middleware options and routes: what a path under ``<base_route>message-bus/`` means."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from shmbus.bus import Bus
+
+from .wire import (
+    CLIENT_ID_RE,
+    INVALID_CLIENT_ID,
+    MAX_BODY_SIZE,
+    MAX_CHANNELS_PER_POLL,
+    MAX_STREAM_BUFFER,
+    ProtocolError,
+)
+
+_OPTION_NAMES: frozenset[str]
+
+
+# ---------------------------------------------------------------------------------------------------- options
+def bus_or_default(bus: Bus | None) -> Bus:
+    """``bus``, or :func:`shmbus.default_bus` when None (the adapters' ``bus=None`` default)."""
+    if bus is None:
+        import shmbus
+
+        bus = shmbus.default_bus()
+    return bus
+
+
+def normalize_base_route(route: str) -> str:
+    """The gem's normalisation: leading and trailing ``/``, runs of ``/`` collapsed (``"a//b"`` -> ``/a/b/``)."""
+    if not isinstance(route, str):
+        raise TypeError(f"base_route must be a str, got {route!r}")
+    return re.sub(r"/+", "/", f"/{route}/")
+
+
+@dataclass
+class Options:
+    """Middleware options: the gem's names in snake_case, times in seconds.
+
+    Lookups are plain callables receiving the WSGI environ or the ASGI scope (ASGI lookups may also be
+    coroutine functions): ``user_id_lookup`` -> user id or None; ``group_ids_lookup`` -> iterable of group ids
+    or None; ``site_id_lookup`` -> site id or None; ``is_admin_lookup`` (accepted, unused, as in the gem 4.x);
+    ``extra_response_headers_lookup`` -> mapping or ``(name, value)`` pairs added to every poll/OPTIONS response
+    (the way to emit CORS headers; ``set-cookie`` is dropped so polls never re-send session cookies);
+    ``on_middleware_error(environ_or_scope, exc)`` -> a response ``(status, headers, body)`` or None (then a
+    bad request gets its 4xx and any other exception propagates to the server).
+    """
+
+    base_route: str = "/"
+    long_polling_enabled: bool = True
+    long_polling_interval: float = 25.0
+    chunked_encoding_enabled: bool = True
+    max_active_clients: int = 1000
+    allow_broadcast: bool = False
+    user_id_lookup: Callable[[Any], Any] | None = None
+    group_ids_lookup: Callable[[Any], Any] | None = None
+    site_id_lookup: Callable[[Any], Any] | None = None
+    is_admin_lookup: Callable[[Any], Any] | None = None
+    extra_response_headers_lookup: Callable[[Any], Any] | None = None
+    on_middleware_error: Callable[[Any, BaseException], Any] | None = None
+    max_body_size: int = MAX_BODY_SIZE
+    max_channels_per_poll: int = MAX_CHANNELS_PER_POLL
+    max_stream_buffer: int = MAX_STREAM_BUFFER
+    #: ASGI only: seconds to wait for the rest of a request body once its head arrived (``408`` after). WSGI
+    #: servers read bodies themselves; their own timeouts apply.
+    body_timeout: float = 30.0
+    #: WSGI only: allow parking on a worker that serves one request at a time (gunicorn ``sync``, uwsgi without
+    #: threads). Off by default: such workers answer long polls at once (as ``dlp=t``); see ``wsgi.py``.
+    long_polling_on_sync_workers: bool = False
+    prefix: str = field(init=False, default="/message-bus/")
+
+    def __post_init__(self) -> None:
+        self.base_route = normalize_base_route(self.base_route)
+        self.prefix = self.base_route + "message-bus/"
+        if not self.long_polling_interval > 0:
+            raise ValueError("long_polling_interval must be > 0 seconds")
+        if isinstance(self.body_timeout, bool) or not isinstance(self.body_timeout, (int, float)) \
+                or not self.body_timeout > 0:
+            raise ValueError(f"body_timeout must be > 0 seconds, got {self.body_timeout!r}")
+        for name in ("max_active_clients", "max_body_size", "max_channels_per_poll", "max_stream_buffer"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+        for name in ("user_id_lookup", "group_ids_lookup", "site_id_lookup", "is_admin_lookup",
+                     "extra_response_headers_lookup", "on_middleware_error"):
+            v = getattr(self, name)
+            if v is not None and not callable(v):
+                raise TypeError(f"{name} must be callable, got {v!r}")
+
+    @classmethod
+    def from_kwargs(cls, options: Mapping[str, Any]) -> Options:
+        unknown = sorted(set(options) - _OPTION_NAMES)
+        if unknown:
+            raise TypeError(f"unknown message bus option(s) {unknown}; known: {sorted(_OPTION_NAMES)}")
+        return cls(**options)
+
+
+_OPTION_NAMES = frozenset(f.name for f in fields(Options) if f.init)
+
+
+# ---------------------------------------------------------------------------------------------------- routing
+@dataclass
+class Route:
+    """What a request path means: ``kind`` is ``"app"`` (not ours), ``"options"``, ``"broadcast"``, ``"poll"``
+    (with ``client_id``) or ``"error"`` (with ``error``)."""
+
+    kind: str
+    client_id: str = ""
+    error: ProtocolError | None = None
+
+
+_APP = Route("app")
+
+
+def match_route(method: str, path: str, options: Options) -> Route:
+    prefix = options.prefix
+    if not path.startswith(prefix):
+        return _APP
+    rest = path[len(prefix):]
+    if method == "OPTIONS":
+        return Route("options")
+    if rest == "broadcast":
+        if options.allow_broadcast:
+            return Route("broadcast")
+        return Route("error", error=ProtocolError(404, "broadcast is disabled (allow_broadcast=False)"))
+    cid, _, tail = rest.partition("/")
+    if not cid:
+        if not rest:
+            return Route("error", error=ProtocolError(404, "not found"))
+        return Route("error", error=ProtocolError(404, "missing client id"))
+    if tail not in ("", "poll"):
+        return Route("error", error=ProtocolError(404, "unknown message-bus route"))
+    if not CLIENT_ID_RE.match(cid):
+        return Route("error", error=ProtocolError(400, INVALID_CLIENT_ID))
+    return Route("poll", client_id=cid)
+
+

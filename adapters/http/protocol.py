@@ -1,0 +1,237 @@
+"""The protocol engine of one middleware: starting polls (backlog and ``/__status`` rules) and ending them."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+from shmbus.bus import Bus
+from shmbus.message import Message
+
+from .client import Client, Lookups, filter_allows
+from .options import Options, Route, match_route
+from .registry import Registry
+from .request import PollRequest, _check_channel
+from .wire import (
+    BASE_HEADERS,
+    EMPTY,
+    EMPTY_CHUNK,
+    STREAM_HEADERS,
+    ProtocolError,
+    Response,
+    encode_message,
+    encode_status,
+    frame_chunk,
+)
+
+log = logging.getLogger("shmbus.adapters")
+
+
+# ---------------------------------------------------------------------------------------------------- polls
+class Poll:
+    """The outcome of starting a poll.
+
+    ``mode`` is ``"immediate"`` (send ``response`` and stop), ``"long"`` (wait for ``client`` to be woken or the
+    interval to pass, then send :meth:`MessageBusProtocol.long_poll_response`) or ``"stream"`` (send ``headers``
+    and ``first_chunk`` now, then :meth:`MessageBusProtocol.stream_chunks` whenever woken, and
+    :meth:`MessageBusProtocol.stream_end` at the end).
+    """
+
+    __slots__ = ("client", "first_chunk", "headers", "mode", "response")
+
+    def __init__(self, mode: str, response: Response | None = None, client: Client | None = None,
+                 headers: list[tuple[str, str]] | None = None, first_chunk: bytes = b"") -> None:
+        self.mode = mode
+        self.response = response
+        self.client = client
+        self.headers = headers or []
+        self.first_chunk = first_chunk
+
+
+class MessageBusProtocol:
+    """The protocol engine of one middleware instance: options, registry and reply computation."""
+
+    def __init__(self, bus: Bus, options: Options, lock: AbstractContextManager[Any] | None = None) -> None:
+        self.bus = bus
+        self.options = options
+        self.registry = Registry(bus, lock if lock is not None else threading.Lock(), options.max_stream_buffer)
+        self.is_json = bus.codec.is_json
+
+    def route(self, method: str, path: str) -> Route:
+        """What ``path`` (relative to the app root) means under these options."""
+        return match_route(method, path, self.options)
+
+    # -- simple responses
+    def headers(self, extra: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """A poll's headers; without extras the shared :data:`BASE_HEADERS` itself (shells may compare by
+        identity to send a pre-encoded block; nobody mutates it)."""
+        return BASE_HEADERS + extra if extra else BASE_HEADERS
+
+    def options_response(self, extra: list[tuple[str, str]]) -> Response:
+        return Response(200, self.headers(extra), b"OK")
+
+    def broadcast(self, params: Mapping[str, str]) -> Response:
+        channel = params.get("channel")
+        if not channel:
+            raise ProtocolError(400, "broadcast needs a channel parameter")
+        _check_channel(channel)
+        self.bus.publish(channel, params.get("data"))
+        return Response(200, [("content-type", "text/html")], b"sent")
+
+    @staticmethod
+    def extra_headers(value: Any) -> list[tuple[str, str]]:
+        """Normalise ``extra_response_headers_lookup``'s result (mapping or pairs); ``set-cookie`` is dropped."""
+        if not value:
+            return []
+        items = value.items() if isinstance(value, Mapping) else value
+        out = []
+        for name, val in items:
+            name = str(name)
+            if name.lower() == "set-cookie":
+                continue
+            out.append((name, str(val)))
+        return out
+
+    @staticmethod
+    def lookups(user_id: Any, group_ids: Any, site_id: Any) -> Lookups:
+        groups: frozenset[Any] = frozenset()
+        if group_ids:
+            if isinstance(group_ids, (str, bytes)):
+                group_ids = (group_ids,)
+            groups = frozenset(group_ids)
+        site = None
+        if site_id is not None and site_id != "":
+            site = str(site_id)
+        return Lookups(user_id, groups, site)
+
+    # -- polls
+    def start_poll(self, req: PollRequest, lk: Lookups, extra: list[tuple[str, str]], *,
+                   can_park: bool = True, waker: Callable[[Client], Any] | None = None,
+                   signal: Any = None) -> Poll:
+        """Compute the reply to a poll; register the request when it will wait.
+
+        ``can_park`` is the shell's verdict (e.g. False on a sync WSGI worker): when False the request is
+        answered at once, like ``dlp=t``. ``waker(client)`` is called when a waiting request has something
+        to send or must end (it may already have been called when this returns: check ``client.done`` and
+        ``client.pending`` before waiting); ``signal`` is stored on the client for the waker.
+        """
+        opts = self.options
+        reg = self.registry
+        long_poll = (can_park and opts.long_polling_enabled and not req.dlp
+                     and reg.parked < opts.max_active_clients)
+        streaming = long_poll and req.http11 and not req.dont_chunk and opts.chunked_encoding_enabled
+        epoch = self.bus.epoch if long_poll else 0
+        c = Client(req.client_id, req.seq, lk, req.channels, streaming, epoch, waker, signal)
+        if long_poll:
+            reg.capture(c)
+        try:
+            items, status = self.read_backlog(c, req.channels)
+        except BaseException:
+            if long_poll:
+                reg.discard(c)
+            raise
+        if status:
+            items.append(encode_status(status))
+        if not long_poll or (items and not streaming):
+            if long_poll:
+                reg.discard(c)
+            return Poll("immediate", Response(200, self.headers(extra), b"[" + b",".join(items) + b"]"))
+        first = frame_chunk(b"[" + b",".join(items) + b"]") if items else EMPTY_CHUNK
+        accepted, wake = reg.park(c)
+        for other in wake:
+            if other is not c:
+                self.wake(other)
+        if not accepted:  # a newer request of this client id is parked: answer at once
+            if streaming:  # the gem: one chunk (the backlog or []) and the terminator, no closing []
+                c.done = c.stale = True
+                return Poll("stream", client=c, headers=STREAM_HEADERS + extra, first_chunk=first)
+            return Poll("immediate", Response(200, self.headers(extra), EMPTY))
+        if streaming:
+            return Poll("stream", client=c, headers=STREAM_HEADERS + extra, first_chunk=first)
+        return Poll("long", client=c, headers=self.headers(extra))
+
+    def wake(self, c: Client) -> None:
+        w = c.waker
+        if w is not None:
+            try:
+                w(c)
+            except Exception:
+                log.exception("shmbus: waking %r failed", c)
+
+    def dispatch(self, msgs: list[Message]) -> None:
+        """Deliver a batch and wake the concerned clients (call on the thread that owns the registry)."""
+        for c in self.registry.dispatch(msgs):
+            self.wake(c)
+
+    def read_backlog(self, c: Client, channels: Mapping[str, int | None]) -> tuple[list[bytes], dict[str, int]]:
+        """The gem's ``Client#backlog`` with its ``/__status`` rules; records per channel the last id covered."""
+        items: list[bytes] = []
+        status: dict[str, int] = {}
+        if not channels:
+            return items, status
+        bus = self.bus
+        site = c.site_id or ""  # "" = explicitly no site (never the bus's zero-argument site lookup)
+        lasts = bus.last_ids(*channels, site_id=site)
+        filters = bool(bus.client_message_filters)
+        is_json = self.is_json
+        for ch, v in channels.items():
+            last = lasts[ch]
+            if v is None or v == last:
+                c.last[ch] = last
+                continue
+            if v == -1 or v > last:
+                c.last[ch] = last
+                status[ch] = last
+                continue
+            after = max(last + v + 1, 0) if v < -1 else v
+            bl = bus.backlog(ch, after, site)
+            top = max(last, bl.last_id)
+            c.last[ch] = top
+            for m in bl:
+                if m.message_id > top:
+                    c.last[ch] = top = m.message_id
+                if c.allowed(m) and (not filters or filter_allows(self.bus, m)):
+                    items.append(encode_message(m, is_json))
+                else:
+                    status[ch] = top
+            if v >= 0 and bl.gap:
+                status[ch] = top
+            if ch in status:
+                status[ch] = c.last[ch]
+        return items, status
+
+    # -- ends of waiting requests
+    def long_poll_response(self, c: Client) -> bytes:
+        """Finish a long poll: the body to send (``[]`` on timeout)."""
+        pending, st = self.registry.finish(c)
+        if st is not None:
+            pending.append(st)
+        if not pending:
+            return EMPTY
+        if len(pending) == 1:
+            return b"[" + pending[0] + b"]"
+        return b"[" + b",".join(pending) + b"]"
+
+    def stream_chunks(self, c: Client) -> list[bytes]:
+        return self.registry.take(c)
+
+    def stream_end(self, c: Client) -> list[bytes]:
+        """Finish a stream: remaining chunks plus the closing chunk (``[]``, or the due ``/__status``)."""
+        pending, st = self.registry.finish(c)
+        if c.dropped:
+            return []
+        if c.reset or c.stale:  # the reset status was already queued / the first chunk was the whole answer
+            return pending
+        pending.append(frame_chunk(b"[" + st + b"]") if st is not None else EMPTY_CHUNK)
+        return pending
+
+    def abandon(self, c: Client) -> None:
+        """The client went away: unregister at once."""
+        self.registry.finish(c)
+
+
+def null_lock() -> AbstractContextManager[Any]:
+    return nullcontext()

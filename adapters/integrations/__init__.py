@@ -1,0 +1,2 @@
+"""Glue for frameworks and servers: ``falcon``, ``flask``, ``starlette`` (mount the middleware on an app) and
+``gunicorn``, ``uwsgi`` (fork hooks and worker facts). Import the one you use; each needs its framework."""

@@ -1,0 +1,33 @@
+"""PySpark data source ``"shmbus"``: read bus channels as a stream or a batch, and publish rows back to the bus.
+
+``from shmbus.adapters.spark import register, spark_session`` (the ``spark`` extra: pyspark >= 4.2, pyarrow).
+See docs/spark.md.
+"""
+
+from __future__ import annotations
+
+from .source import (
+    SINK_CHANNEL_PREFIX,
+    BusDataLossError,
+    ShmbusDataSource,
+    decode_offset,
+    encode_offset,
+    last_committed_batch,
+    register,
+    schema_for,
+    sink_channel,
+    spark_session,
+)
+
+__all__ = [
+    "SINK_CHANNEL_PREFIX",
+    "BusDataLossError",
+    "ShmbusDataSource",
+    "decode_offset",
+    "encode_offset",
+    "last_committed_batch",
+    "register",
+    "schema_for",
+    "sink_channel",
+    "spark_session",
+]
