@@ -111,13 +111,14 @@ def _redis_view(url: str, seg_path: str, seg_global_id: int) -> dict[str, Any]:
     try:
         import redis
 
-        from shmbus.adapters.redis import _redact, relay_active
+        from shmbus.adapters.redis import redact_url, relay_active
+        from shmbus.adapters.redis.layout import GLOBAL_ID_KEY
     except ImportError as exc:
         return {"url": url, "error": f"the redis extra is not installed ({exc})"}
-    view: dict[str, Any] = {"url": _redact(url), "relay_active": relay_active(seg_path)}
+    view: dict[str, Any] = {"url": redact_url(url), "relay_active": relay_active(seg_path)}
     try:
         r = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
-        gid = int(r.get("__mb_global_id_n") or 0)
+        gid = int(r.get(GLOBAL_ID_KEY) or 0)
         view.update(role=r.execute_command("ROLE")[0].decode(), global_id=gid, lag=max(gid - seg_global_id, 0))
         r.close()
     except Exception as exc:

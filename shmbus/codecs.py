@@ -15,7 +15,6 @@ import msgpack
 
 from . import jsonlib
 
-
 __all__ = ["Codec", "JsonCodec", "MsgpackCodec", "get_codec"]
 
 

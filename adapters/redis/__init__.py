@@ -8,15 +8,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from .bridge import RedisBridge, RedisBridgeError, RedisReadOnly, RedisUnavailable, relay_active
+from .election import relay_active
+from .urls import redact_url
 
-__all__ = ["RedisBridge", "RedisBridgeError", "RedisReadOnly", "RedisUnavailable", "relay_active"]
+if TYPE_CHECKING:
+    from .bridge import RedisBridge, RedisBridgeError, RedisReadOnly, RedisUnavailable
+
+__all__ = ["RedisBridge", "RedisBridgeError", "RedisReadOnly", "RedisUnavailable", "redact_url", "relay_active"]
+_BRIDGE = frozenset({"RedisBridge", "RedisBridgeError", "RedisReadOnly", "RedisUnavailable"})
 
 
 def __getattr__(name: str) -> Any:
     """Import the bridge (and redis-py) on first use, so ``shmbus.adapters.redis.layout`` stays light."""
-    if name in __all__:
+    if name in _BRIDGE:
         from . import bridge
 
         return getattr(bridge, name)

@@ -28,12 +28,10 @@ import errno
 import fcntl
 import logging
 import os
-import struct
 import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.backoff import NoBackoff
@@ -45,19 +43,18 @@ from shmbus.errors import EngineError
 from shmbus.message import Message
 
 from . import layout
+from .election import relay_held_by_other, relay_lock_op
+from .urls import redact_url
 
 if TYPE_CHECKING:
     from shmbus.bus import Bus
     from shmbus.segment import Segment
 
-__all__ = ["RedisBridge", "RedisBridgeError", "RedisReadOnly", "RedisUnavailable", "relay_active"]
+__all__ = ["RedisBridge", "RedisBridgeError", "RedisReadOnly", "RedisUnavailable"]
 
 _GROUP = 250  # messages per run of the batch script: bounds how long one script blocks Redis
 log = logging.getLogger("shmbus.redis")
 
-#: Byte offset of the relay lock in the segment file ("relay" in ASCII); advisory, never touches data.
-RELAY_LOCK_OFFSET = 0x72656C6179
-_FLOCK = struct.Struct("hhqqi4x")  # struct flock on Linux x86-64/aarch64: 32 bytes
 _PAGE = 1000  # catch-up page size (global backlog entries per round trip)
 
 
@@ -71,35 +68,6 @@ class RedisUnavailable(RedisBridgeError):
 
 class RedisReadOnly(RedisBridgeError):
     """Redis answered READONLY: the bridge points at a replica (e.g. right after a failover)."""
-
-
-def _lock_op(fd: int, cmd: int, kind: int) -> bytes:
-    return fcntl.fcntl(fd, cmd, _FLOCK.pack(kind, os.SEEK_SET, RELAY_LOCK_OFFSET, 1, 0))
-
-
-def _relay_held_by_other(fd: int) -> bool:
-    """True when another open file description holds the relay lock (F_OFD_GETLK; our own never conflicts)."""
-    got = _FLOCK.unpack(_lock_op(fd, fcntl.F_OFD_GETLK, fcntl.F_WRLCK))
-    return got[0] != fcntl.F_UNLCK
-
-
-def relay_active(path_or_bus: str) -> bool:
-    """Does a process hold the relay lock of this bus (a bus name or a segment path)? For ``shmbus stats``."""
-    path = path_or_bus if path_or_bus.startswith("/") else f"/dev/shm/shmbus.{path_or_bus}"
-    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-    try:
-        return _relay_held_by_other(fd)
-    finally:
-        os.close(fd)
-
-
-def _redact(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password:
-        host = parts.hostname or ""
-        netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return url
 
 
 class Batch:
@@ -251,7 +219,7 @@ class RedisBridge(Engine):
         t.start()
 
     def __repr__(self) -> str:
-        return f"RedisBridge({_redact(self.url)!r})"
+        return f"RedisBridge({redact_url(self.url)!r})"
 
     # ------------------------------------------------------------------ connections
     @property
@@ -273,7 +241,7 @@ class RedisBridge(Engine):
         if state != self.state:
             old, self.state = self.state, state
             level = logging.INFO if state == "ok" else logging.WARNING
-            log.log(level, "shmbus redis bridge %s: publish state %s -> %s%s", _redact(self.url), old, state,
+            log.log(level, "shmbus redis bridge %s: publish state %s -> %s%s", redact_url(self.url), old, state,
                     f" ({self.last_error})" if state != "ok" and self.last_error else "")
 
     def _set_relay_state(self, state: str, error: BaseException | None = None) -> None:
@@ -283,7 +251,7 @@ class RedisBridge(Engine):
         if state != self.relay_state:
             old, self.relay_state = self.relay_state, state
             level = logging.WARNING if state == "reconnecting" else logging.INFO
-            log.log(level, "shmbus redis bridge %s (pid %d): relay %s -> %s%s", _redact(self.url),
+            log.log(level, "shmbus redis bridge %s (pid %d): relay %s -> %s%s", redact_url(self.url),
                     os.getpid(), old, state, f" ({self.last_error})" if error is not None else "")
 
     # ------------------------------------------------------------------ publish
@@ -413,14 +381,14 @@ class RedisBridge(Engine):
         if isinstance(exc, redis.exceptions.ReadOnlyError) or (
                 isinstance(exc, redis.exceptions.ResponseError) and "READONLY" in msg):
             self._set_state("readonly", exc)
-            return RedisReadOnly(f"Redis at {_redact(self.url)} is a read-only replica; message not "
+            return RedisReadOnly(f"Redis at {redact_url(self.url)} is a read-only replica; message not "
                                  f"published ({msg})")
         if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)):
             self._set_state("unreachable", exc)
-            return RedisUnavailable(f"Redis at {_redact(self.url)} is unreachable; message not published "
+            return RedisUnavailable(f"Redis at {redact_url(self.url)} is unreachable; message not published "
                                     f"(or, if the connection broke mid-reply, outcome unknown): {msg}")
         self._set_state("error", exc)
-        return RedisBridgeError(f"Redis at {_redact(self.url)} refused the publish: {msg}")
+        return RedisBridgeError(f"Redis at {redact_url(self.url)} refused the publish: {msg}")
 
     # ------------------------------------------------------------------ local store after publish
     def _land(self, bus: Bus, items: list[tuple[Envelope, int, int]]) -> None:
@@ -460,7 +428,7 @@ class RedisBridge(Engine):
             return True
         fd = self._ensure_lock_fd()
         try:
-            return fd >= 0 and _relay_held_by_other(fd)
+            return fd >= 0 and relay_held_by_other(fd)
         except OSError:
             return False
 
@@ -517,7 +485,7 @@ class RedisBridge(Engine):
 
     def _try_lock(self) -> bool:
         try:
-            _lock_op(self._ensure_lock_fd(), fcntl.F_OFD_SETLK, fcntl.F_WRLCK)
+            relay_lock_op(self._ensure_lock_fd(), fcntl.F_OFD_SETLK, fcntl.F_WRLCK)
             return True
         except OSError as exc:
             if exc.errno in (errno.EAGAIN, errno.EACCES):
@@ -527,7 +495,7 @@ class RedisBridge(Engine):
     def _release_lock(self) -> None:
         if self._is_relay and self._lock_fd >= 0 and self._pid == os.getpid():
             with contextlib.suppress(OSError):
-                _lock_op(self._lock_fd, fcntl.F_OFD_SETLK, fcntl.F_UNLCK)
+                relay_lock_op(self._lock_fd, fcntl.F_OFD_SETLK, fcntl.F_UNLCK)
         self._is_relay = False
 
     def _elect_loop(self) -> None:
@@ -590,7 +558,7 @@ class RedisBridge(Engine):
             self.redis_role = None
         if self.redis_role in ("slave", "replica"):
             log.warning("shmbus redis bridge: %s is a read-only replica; publishes fail until failover ends",
-                        _redact(self.url))
+                        redact_url(self.url))
         conn.send_command("SUBSCRIBE", self.pubsub_channel)
         reply = conn.read_response()
         if not reply or reply[0] != b"subscribe":
@@ -748,7 +716,7 @@ class RedisBridge(Engine):
     def health(self) -> dict[str, Any]:
         """This process's side of the bridge (``bus.health()`` includes it under ``engine_health``)."""
         return {
-            "redis_url": _redact(self.url),
+            "redis_url": redact_url(self.url),
             "pubsub_channel": self.pubsub_channel,
             "state": self.state,
             "relay": self._is_relay,
