@@ -13,6 +13,7 @@ import os
 import threading
 from typing import Any
 
+from . import forks
 from .bus import Backlog, Bus, Subscription
 from .cache import DistributedCache
 from .codecs import Codec, JsonCodec, MsgpackCodec
@@ -135,6 +136,4 @@ def on() -> None:
 
 def after_fork() -> None:
     """Re-arm every bus of this process after a fork (done automatically; server hooks call it too)."""
-    from .bus import _after_fork_in_child
-
-    _after_fork_in_child()
+    forks.after_fork_in_child()

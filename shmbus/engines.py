@@ -15,10 +15,10 @@ must never raise; the bus logs and swallows anything they do raise.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
-    from .bus import Bus
+    from .bus import Backlog, Bus
 
 __all__ = ["Engine", "Envelope", "SharedMemoryEngine"]
 
@@ -35,7 +35,14 @@ class Envelope(NamedTuple):
 
 
 class Engine:
-    """Base class for engines; override what you need. Hooks are called by the bus, never by applications."""
+    """Base class of engines: every method the bus calls, with a default that does nothing.
+
+    The contract: :meth:`publish` is the only method an engine must implement. It stores the message through
+    :meth:`Bus.store <shmbus.bus.Bus.store>` (this host's segment, optionally with ids its backend assigned)
+    and/or hands it to a backend from which every host's segment gets it. The bus always reads from its
+    segment; :meth:`backlog` may fill what the segment no longer holds. Hooks are called by the bus, never by
+    applications; :meth:`subscribe`/:meth:`unsubscribe` must not raise (the bus logs and swallows it if they do).
+    """
 
     def attached(self, bus: Bus) -> None:
         """The engine was attached to (or made the default of) ``bus``."""
@@ -53,7 +60,17 @@ class Engine:
 
     def publish(self, bus: Bus, envelope: Envelope) -> int | None:
         """Carry out a publish; return the channel's new message id (or None if it was queued)."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement publish()")
+
+    def backlog(self, bus: Bus, channel: str, site_id: str | None, after_id: int, upto: int | None,
+                limit: int | None, partial: Backlog) -> Backlog | None:
+        """Fill a gap: ``partial`` (read from the segment) misses messages after ``after_id`` that the segment no
+        longer holds. Return a fuller :class:`~shmbus.bus.Backlog`, or None to keep ``partial`` (the default)."""
+        return None
+
+    def health(self) -> dict[str, Any] | None:
+        """What an operator should know about the engine (shown by ``Bus.health()`` and ``shmbus stats``)."""
+        return None
 
     def after_fork(self, bus: Bus) -> None:
         """Called in a forked child: drop sockets and threads inherited from the parent."""
@@ -63,10 +80,10 @@ class Engine:
 
 
 class SharedMemoryEngine(Engine):
-    """The default engine: append to the bus's own segment (ids assigned under the segment's lock)."""
+    """The default engine: store in the bus's own segment (ids assigned under the segment's lock)."""
 
     def publish(self, bus: Bus, envelope: Envelope) -> int | None:
-        return bus._append(envelope)
+        return bus.store(envelope)
 
     def __repr__(self) -> str:
         return "SharedMemoryEngine()"

@@ -56,12 +56,6 @@ graceful_timeout = 10
 keepalive = 5
 
 
-def _live_buses() -> list[Any]:
-    from shmbus import bus as _bus
-
-    return list(getattr(_bus, "_live_buses", ()))
-
-
 def post_fork(server: Any, worker: Any) -> None:
     from shmbus.adapters.wsgi import configure_server
 
@@ -78,7 +72,9 @@ def post_fork(server: Any, worker: Any) -> None:
 
 
 def worker_exit(server: Any, worker: Any) -> None:
-    for bus in _live_buses():
+    from shmbus.forks import live_buses
+
+    for bus in live_buses():
         try:
             bus.close()
         except Exception:  # pragma: no cover - best effort at exit

@@ -44,11 +44,11 @@ def _postfork() -> None:
 
 
 def _atexit() -> None:
-    from shmbus import bus as _bus
+    from shmbus.forks import live_buses
 
-    for b in list(getattr(_bus, "_live_buses", ())):
+    for bus in live_buses():
         try:
-            b.close()
+            bus.close()
         except Exception:
             pass
 

@@ -402,7 +402,7 @@ class RedisBridge(Engine):
             if seg.global_id() >= gid:
                 continue
             try:
-                if bus._append(env, global_id=gid, message_id=cid, expect_global_id=gid - 1):
+                if bus.store(env, global_id=gid, message_id=cid, expect_global_id=gid - 1):
                     continue
             except Exception:
                 log.exception("shmbus redis bridge: storing published message %d locally failed", gid)
@@ -605,7 +605,7 @@ class RedisBridge(Engine):
             d = layout.parse_line(line)
             payload, meta = layout.decode_envelope(bus.codec, d.envelope)
             env = Envelope(d.channel, d.site_id, payload, meta, bus.max_backlog_size, bus.max_backlog_age)
-            stored = bus._append(env, global_id=d.global_id, message_id=d.message_id, timestamp=time.time())
+            stored = bus.store(env, global_id=d.global_id, message_id=d.message_id, timestamp=time.time())
         except (ValueError, UnicodeDecodeError, TypeError) as exc:
             self.unrelayable += 1
             log.warning("shmbus redis bridge: cannot store message %d locally (%s); skipped", gid, exc)

@@ -343,7 +343,7 @@ def test_engines_follow_the_iodine_draft(bus: Bus) -> None:
 
         def publish(self, bus: Bus, envelope: shmbus.Envelope) -> int | None:
             self.published.append(envelope)
-            return bus._append(envelope)
+            return bus.store(envelope)
 
     a = bus.subscribe("/e1", print)
     rec = Recorder()
@@ -395,8 +395,9 @@ def test_module_level_default_bus(bus_name: str) -> None:
 
 def test_keepalive_publishes_and_health_reports(make_bus: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     import shmbus.bus as busmod
+    import shmbus.bus.listener
 
-    monkeypatch.setattr(busmod, "MIN_KEEPALIVE", 0)
+    monkeypatch.setattr(shmbus.bus.listener, "MIN_KEEPALIVE", 0)
     bus = make_bus(keepalive_interval=0.1)
     bus.subscribe("/k", print)
     wait_for(lambda: bus.last_id(busmod.KEEPALIVE_CHANNEL) >= 2, what="keepalive publishes")

@@ -119,5 +119,5 @@ def test_an_engine_cannot_store_invalid_ids(make_bus: Any) -> None:
     env = shmbus.Envelope("/v", None, b'"x"', b"", 10, 60.0)
     for bad in ({"global_id": 0}, {"message_id": -3}, {"global_id": 2**64}, {"message_id": 1.5}):
         with pytest.raises(shmbus.InvalidMessage):
-            bus._append(env, **bad)
+            bus.store(env, **bad)
     assert bus.last_id("/v") == 0 and bus.segment.global_id() == 0

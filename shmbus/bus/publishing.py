@@ -1,0 +1,133 @@
+"""Publishing: validate, encode and hand a message to an engine (or straight to the segment)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from ..channels import GLOBAL_PREFIX
+from ..engines import Engine, Envelope
+from ..errors import BusDestroyed, InvalidMessage
+from ..message import Message, encode_meta
+from .state import BusState
+from .validation import check_count, check_seconds, check_targets
+
+__all__ = ["Publishing"]
+
+
+class Publishing(BusState):
+    """``publish`` and ``publish_encoded`` for applications; ``store`` for engines."""
+
+    def publish(
+        self,
+        channel: str,
+        data: Any,
+        *,
+        client_ids: Iterable[str] | None = None,
+        user_ids: Iterable[int | str] | None = None,
+        group_ids: Iterable[int | str] | None = None,
+        site_id: str | None = None,
+        max_backlog_size: int | None = None,
+        max_backlog_age: float | None = None,
+        engine: Engine | bool | None = None,
+    ) -> int | None:
+        """Publish ``data`` on ``channel``; return the channel's new message id.
+
+        Returns None when publishing is switched off (``off()``), and 0 for ``engine=False`` (delivered to this
+        process's subscribers only, nothing stored). Raises ``TypeError`` (naming the channel) when the codec
+        cannot encode ``data``, and :class:`InvalidMessage` / :class:`InvalidChannel` for bad input; nothing is
+        written in either case. Unlike the gem, ``max_backlog_size`` is honoured together with ``max_backlog_age``.
+        """
+        if self._publish_off:
+            return None
+        try:
+            payload = self.codec.encode(data)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise TypeError(f"cannot encode data published on {channel!r} with the {self.codec.name} codec: "
+                            f"{exc}") from None
+        return self.publish_encoded(channel, payload, client_ids=client_ids, user_ids=user_ids,
+                                    group_ids=group_ids, site_id=site_id, max_backlog_size=max_backlog_size,
+                                    max_backlog_age=max_backlog_age, engine=engine)
+
+    def publish_encoded(
+        self,
+        channel: str,
+        payload: bytes,
+        *,
+        client_ids: Iterable[str] | None = None,
+        user_ids: Iterable[int | str] | None = None,
+        group_ids: Iterable[int | str] | None = None,
+        site_id: str | None = None,
+        max_backlog_size: int | None = None,
+        max_backlog_age: float | None = None,
+        engine: Engine | bool | None = None,
+    ) -> int | None:
+        """:meth:`publish` for data already in the bus's codec (``payload`` is stored as is: a pipeline that
+        holds encoded rows skips a decode and an encode). The caller vouches that ``payload`` decodes."""
+        if self._publish_off:
+            return None
+        if self._destroyed:
+            raise BusDestroyed(f"bus {self.name!r} was destroyed; call on() to use it again")
+        try:
+            channel_key = self._channel_cache[channel]
+        except (KeyError, TypeError):  # not seen yet, or not even hashable: validate (typed errors)
+            channel_key = self._channel_key(channel)
+        if not isinstance(payload, bytes):
+            raise InvalidMessage(f"payload must be bytes, got {type(payload).__name__}")
+        if client_ids is None and user_ids is None and group_ids is None:
+            meta = b""
+        else:
+            if (user_ids is not None or group_ids is not None) and channel.startswith(GLOBAL_PREFIX):
+                raise InvalidMessage(f"user_ids/group_ids cannot be used on /global/ channels ({channel!r})")
+            meta = encode_meta(check_targets("client_ids", client_ids), check_targets("user_ids", user_ids),
+                               check_targets("group_ids", group_ids))
+        if site_id is not None or self.site_id_lookup is not None:
+            site_id = self._resolve_site(channel, site_id)
+        site = self._site_key(site_id) if site_id else b""
+        size = self.max_backlog_size if max_backlog_size is None else check_count(
+            "max_backlog_size", max_backlog_size, error=InvalidMessage)
+        age = self.max_backlog_age if max_backlog_age is None else check_seconds(
+            "max_backlog_age", max_backlog_age, error=InvalidMessage)
+        if engine is None:
+            engine = self._default_engine
+        if engine is self._shm_engine:  # the fast path: straight into the segment
+            segment = self._seg or self.segment
+            return segment.append(channel_key, site, payload, meta, size, age, self.clear_every)[1]
+        if engine is False:
+            self._dispatch_local(channel, site_id, payload, meta)
+            return 0
+        if engine is True:
+            raise TypeError("engine must be an Engine, None (the default) or False (this process only)")
+        return engine.publish(self, Envelope(channel, site_id, payload, meta, size, age))
+
+    def store(self, envelope: Envelope, *, global_id: int | None = None, message_id: int | None = None,
+              timestamp: float | None = None, expect_global_id: int | None = None) -> int:
+        """Store ``envelope`` in this host's segment; return its message id (0 when skipped).
+
+        The engine contract's way in: :class:`~shmbus.engines.SharedMemoryEngine` calls it to publish, and an
+        engine whose backend assigns ids (the Redis bridge) passes them as ``global_id``/``message_id`` so every
+        host agrees. ``expect_global_id`` stores only if the segment's global id is exactly that (a relay
+        keeping the segment contiguous). Every field is validated: :class:`InvalidMessage` on bad input.
+        """
+        channel_key = self._channel_key(envelope.channel)
+        site = self._site_key(envelope.site_id) if envelope.site_id else b""
+        check_count("max_backlog_size", envelope.max_backlog_size, error=InvalidMessage)
+        check_seconds("max_backlog_age", envelope.max_backlog_age, error=InvalidMessage)
+        for name, value in (("global_id", global_id), ("message_id", message_id),
+                            ("expect_global_id", expect_global_id)):
+            if value is not None:
+                check_count(name, value, 0 if name == "expect_global_id" else 1, error=InvalidMessage)
+        if not isinstance(envelope.payload, bytes) or not isinstance(envelope.meta, bytes):
+            raise InvalidMessage("an envelope's payload and meta must be bytes")
+        return self.segment.append(channel_key, site, envelope.payload, envelope.meta,
+                                   max_backlog_size=envelope.max_backlog_size,
+                                   max_backlog_age=envelope.max_backlog_age, clear_every=self.clear_every,
+                                   global_id=global_id, message_id=message_id, timestamp=timestamp,
+                                   expect_global_id=expect_global_id)[1]
+
+    def _dispatch_local(self, channel: str, site_id: str | None, payload: bytes, meta: bytes) -> None:
+        msg = Message(0, 0, channel, payload, self.codec, site_id=site_id, meta=meta, timestamp=time.time(),
+                      epoch=self._epoch)
+        with self._dispatch_lock:
+            self._dispatch([msg], local=True)

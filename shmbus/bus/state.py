@@ -1,0 +1,178 @@
+"""What every part of :class:`~shmbus.bus.Bus` shares: its state, the attached segment, and names as stored."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..channels import GLOBAL_PREFIX, SITE_SEPARATOR_BYTES, check_channel, check_site
+from ..codecs import Codec
+from ..errors import BusClosed, BusDestroyed
+from ..message import Message
+from ..segment import Record, Segment
+
+if TYPE_CHECKING:
+    from ..engines import Engine, SharedMemoryEngine
+    from .reading import Backlog
+    from .results import Subscription
+
+__all__ = ["BatchListener", "BusState"]
+
+log = logging.getLogger("shmbus")
+
+BatchListener = Callable[[list[Message]], Any]
+
+
+class BusState:
+    """The instance state :class:`~shmbus.bus.Bus` and its parts (publishing, reading, subscriptions, listener)
+    share, declared once so every part is type-checked against it. ``Bus.__init__`` sets it all."""
+
+    name: str
+    ring_size: int
+    max_channels: int
+    path: str | None
+    codec: Codec
+    max_backlog_size: int
+    max_global_backlog_size: int
+    max_backlog_age: float
+    clear_every: int
+    site_id_lookup: Callable[[], str | None] | None
+    keepalive_interval: float
+    create: bool
+    mode: int
+    lock_timeout: float
+    client_message_filters: list[tuple[str, Callable[[Message], bool]]]
+    _closed: bool
+    _shm_engine: SharedMemoryEngine
+    _default_engine: Engine
+    _engines: list[Engine]
+    _seg: Segment | None
+    _lock: threading.RLock
+    _dispatch_lock: threading.RLock
+    _channel_cache: dict[str, bytes]
+    _site_cache: dict[str, bytes]
+    _name_cache: dict[bytes, str]
+    _exact: dict[str, list[Subscription]]
+    _patterns: list[Subscription]
+    _catch_all: list[Subscription]
+    _batch_listeners: list[BatchListener]
+    _engine_refs: dict[tuple[str, bool], int]
+    _listener: Any  # threading.Thread, or a native thread under gevent
+    _watchdog: threading.Thread | None
+    _stop: threading.Event
+    _pid: int
+    _epoch: int
+    _cursor: int
+    _last_gid: int
+    _last_received: float
+    _lost: int
+    _off: bool
+    _publish_off: bool
+    _destroyed: bool
+
+    if TYPE_CHECKING:  # provided by the other parts of Bus
+        def publish(self, channel: str, data: Any, **kwargs: Any) -> int | None: ...
+
+        def last_id(self, channel: str, site_id: str | None = None) -> int: ...
+
+        def backlog(self, channel: str | None = None, last_id: int | None = 0, site_id: str | None = None, *,
+                    upto: int | None = None, limit: int | None = None) -> Backlog: ...
+
+        def global_backlog(self, last_id: int | None = None) -> list[Message]: ...
+
+        def _ensure_listener(self) -> None: ...
+
+        def _dispatch(self, msgs: list[Message], local: bool = False) -> None: ...
+
+        def _engine_ref(self, to: str, is_pattern: bool, delta: int) -> None: ...
+
+        @staticmethod
+        def _call(sub: Subscription, msg: Message) -> None: ...
+
+    # ------------------------------------------------------------------ attach
+    @property
+    def segment(self) -> Segment:
+        """The attached segment (attaching on first use)."""
+        seg = self._seg
+        if seg is None:
+            seg = self._attach()
+        return seg
+
+    def _attach(self) -> Segment:
+        with self._lock:
+            if self._destroyed:
+                raise BusDestroyed(f"bus {self.name!r} was destroyed; call on() to use it again")
+            if self._closed:
+                raise BusClosed(f"bus {self.name!r} was closed in this process; call on() to attach again")
+            if self._seg is None:
+                seg = Segment.open(self.name, ring_size=self.ring_size, max_channels=self.max_channels,
+                                   codec_name=self.codec.name, path=self.path, create=self.create,
+                                   mode=self.mode, lock_timeout=self.lock_timeout)
+                if seg.codec_name and seg.codec_name != self.codec.name:
+                    seg.close()
+                    raise ValueError(f"bus {self.name!r} was created with codec {seg.codec_name!r}, "
+                                     f"this process uses {self.codec.name!r}; every process must use the same")
+                self._epoch = seg.epoch
+                self._seg = seg
+                self._pid = os.getpid()
+            return self._seg
+
+    @property
+    def epoch(self) -> int:
+        """Random per-segment generation: a new value means the bus was reset (ids restarted)."""
+        return self.segment.read_epoch()
+
+    # ------------------------------------------------------------------ validation
+    def _channel_key(self, channel: Any) -> bytes:
+        """The channel's UTF-8 name, validated once and cached (see :mod:`shmbus.channels`)."""
+        try:
+            cached = self._channel_cache.get(channel)
+        except TypeError:  # not even hashable
+            cached = None
+        if cached is not None:
+            return cached
+        encoded = check_channel(channel)
+        if len(self._channel_cache) > 50_000:
+            self._channel_cache.clear()
+        self._channel_cache[channel] = encoded
+        return encoded
+
+    def _site_key(self, site_id: Any) -> bytes:
+        """The site's UTF-8 name, validated once and cached."""
+        try:
+            cached = self._site_cache.get(site_id)
+        except TypeError:
+            cached = None
+        if cached is not None:
+            return cached
+        encoded = check_site(site_id)
+        if len(self._site_cache) > 10_000:
+            self._site_cache.clear()
+        self._site_cache[site_id] = encoded
+        return encoded
+
+    def _resolve_site(self, channel: str, site_id: str | None) -> str | None:
+        self._channel_key(channel)  # a typed InvalidChannel for None, lists, NUL, ... (cached once valid)
+        if channel.startswith(GLOBAL_PREFIX):
+            return None
+        if site_id is None and self.site_id_lookup is not None:
+            site_id = self.site_id_lookup()
+        return site_id or None
+
+    def _key(self, channel: str, site_id: str | None) -> bytes:
+        ch = self._channel_key(channel)
+        return ch + SITE_SEPARATOR_BYTES + self._site_key(site_id) if site_id else ch
+    def _message(self, record: Record, epoch: int) -> Message:
+        """A record as a :class:`Message`; channel names are decoded once per process (cached)."""
+        name = self._name_cache.get(record.channel)
+        if name is None:
+            name = record.channel.decode()
+            if len(self._name_cache) > 50_000:
+                self._name_cache.clear()
+            self._name_cache[record.channel] = name
+        site = record.site.decode() if record.site else None
+        return Message(record.global_id, record.message_id, name, record.payload, self.codec, site_id=site,
+                       meta=record.meta, timestamp=record.timestamp, epoch=epoch)

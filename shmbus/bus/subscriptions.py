@@ -1,0 +1,150 @@
+"""Subscriptions: callbacks per channel, pattern or every channel, with replay and no gap to live messages."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..errors import BusDestroyed, InvalidChannel
+from ..message import Message
+from ..patterns import compile_pattern
+from .results import Callback, Subscription
+from .state import BatchListener, BusState
+
+__all__ = ["Subscribing"]
+
+class Subscribing(BusState):
+    def subscribe(
+        self,
+        channel: str | None,
+        callback: Callback,
+        last_id: int | None = None,
+        *,
+        pattern: bool | str = False,
+        site_id: str | None = None,
+    ) -> Subscription | None:
+        """Call ``callback(message)`` for every message on ``channel`` (all sites), on this process's listener.
+
+        ``channel=None`` receives every channel. ``last_id``: None (or -1) = only new messages; 0 = the whole
+        retained backlog first; n = messages after n; -k (k >= 2) = the last k-1 messages first. The replay runs
+        in the calling thread before this returns, and live messages follow with no gap and no duplicate.
+        ``pattern=True``/``"glob"`` or ``"prefix"`` subscribes to a pattern (see :mod:`shmbus.patterns`).
+        Returns the :class:`Subscription`, or None when the bus is ``off()``.
+        """
+        return self._subscribe(channel, callback, last_id, pattern, None, site_id)
+
+    def local_subscribe(self, channel: str | None, callback: Callback, last_id: int | None = None, *,
+                        pattern: bool | str = False) -> Subscription | None:
+        """Like :meth:`subscribe`, but only for messages of the current site (``site_id_lookup()``)."""
+        site = self.site_id_lookup() if self.site_id_lookup else None
+        return self._subscribe(channel, callback, last_id, pattern, site or None, site or None)
+
+    def _subscribe(self, channel: str | None, callback: Callback, last_id: int | None, pattern: bool | str,
+                   only_site: str | None, replay_site: str | None) -> Subscription | None:
+        if self._destroyed:
+            raise BusDestroyed(f"bus {self.name!r} was destroyed; call on() to use it again")
+        if self._off:
+            return None
+        if not callable(callback):
+            raise TypeError("callback must be callable")
+        kind = None
+        if pattern:
+            kind = "glob" if pattern is True else str(pattern)
+            if channel is None:
+                raise InvalidChannel("a pattern subscription needs a pattern string")
+        if channel is not None:
+            if not isinstance(channel, str) or not channel or "\x00" in channel:
+                raise InvalidChannel(f"channel must be a non-empty str without NUL, got {channel!r}")
+            if kind is None:
+                self._channel_key(channel)
+        if last_id is not None and (isinstance(last_id, bool) or not isinstance(last_id, int)):
+            raise TypeError(f"last_id must be an int or None, got {last_id!r}")
+        sub = Subscription(channel, callback, kind, only_site)
+        seg = self.segment
+        self._ensure_listener()
+        with self._dispatch_lock:
+            sub.skip_gid = seg.global_id()
+            replay: list[Message] = []
+            if last_id is not None and last_id != -1:
+                replay = self._replay(channel, kind, last_id, replay_site)
+                if replay:
+                    sub.skip_gid = max(sub.skip_gid, max(m.global_id for m in replay))
+            with self._lock:
+                if kind is not None:
+                    self._patterns.append(sub)
+                elif channel is None:
+                    self._catch_all.append(sub)
+                else:
+                    self._exact.setdefault(channel, []).append(sub)
+                self._engine_ref(channel or "*", kind is not None or channel is None, +1)
+            for msg in replay:
+                self._call(sub, msg)
+        return sub
+
+    def _replay(self, channel: str | None, kind: str | None, last_id: int, site: str | None) -> list[Message]:
+        if channel is not None and kind is None:
+            site = self._resolve_site(channel, site)
+            after = last_id
+            if last_id < -1:
+                after = max(self.last_id(channel, site) + last_id + 1, 0)
+            return list(self.backlog(channel, after, site))
+        msgs = self.global_backlog(0 if last_id < 0 else last_id)
+        if last_id < -1:
+            msgs = msgs[last_id + 1:]
+        if kind is not None and channel is not None:
+            match = compile_pattern(channel, kind)
+            msgs = [m for m in msgs if match(m.channel)]
+        return msgs
+
+    def unsubscribe(self, channel: str | None = None, callback: Callback | Subscription | None = None, *,
+                    pattern: bool | str = False) -> int:
+        """Remove subscriptions on ``channel`` (or pattern): the one given, or all of them. Returns how many."""
+        removed = 0
+        is_pat = bool(pattern)
+        with self._lock:
+            if is_pat:
+                lst = self._patterns
+            elif channel is None:
+                lst = self._catch_all
+            else:
+                lst = self._exact.get(channel, [])
+            keep = []
+            for sub in lst:
+                hit = sub.channel == channel and (callback is None or callback is sub or callback == sub.callback)
+                if hit:
+                    removed += 1
+                else:
+                    keep.append(sub)
+            lst[:] = keep
+            if channel is not None and not is_pat and not keep:
+                self._exact.pop(channel, None)
+            for _ in range(removed):
+                self._engine_ref(channel or "*", is_pat or channel is None, -1)
+        return removed
+
+    def tap(self, listener: BatchListener) -> None:
+        """Call ``listener(messages)`` on the listener thread with every batch of new messages (all channels,
+        unfiltered). This is how web adapters wake their waiting clients: one call per batch, not per client."""
+        self._ensure_listener()
+        with self._lock:
+            self._batch_listeners.append(listener)
+
+    def untap(self, listener: BatchListener) -> None:
+        with self._lock:
+            if listener in self._batch_listeners:
+                self._batch_listeners.remove(listener)
+
+    def register_client_message_filter(self, prefix: str, fn: Callable[[Message], bool] | None = None) -> None:
+        """Register ``fn(message) -> bool`` deciding whether HTTP clients get messages on channels starting
+        with ``prefix``. Every applicable filter must pass (checked newest first). ``fn=None`` registers nothing,
+        as in the gem."""
+        if fn is None:
+            return
+        if not callable(fn):
+            raise TypeError("filter must be callable")
+        self.client_message_filters.append((prefix, fn))
+
+    def allowed_by_filters(self, msg: Message) -> bool:
+        for prefix, fn in reversed(self.client_message_filters):
+            if msg.channel.startswith(prefix) and not fn(msg):
+                return False
+        return True
