@@ -44,6 +44,8 @@ def channel_problem(channel: Any) -> str | None:
         return f"channel must not contain NUL: {channel[:80]!r}"
     if SITE_SEPARATOR in channel:
         return f"channel must not contain the site separator '{SITE_SEPARATOR}': {channel[:80]!r}"
+    if len(channel) > MAX_CHANNEL_BYTES:  # at least as many bytes as characters: no need to encode it all
+        return f"channel is longer than {MAX_CHANNEL_BYTES} bytes in UTF-8"
     try:
         size = len(channel.encode())
     except UnicodeEncodeError as exc:

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from .bus import Bus
+from .channels import split_backend_name
 from .segment import Segment, segment_path
 
 
@@ -58,9 +59,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
         st.processes = _others(st.processes)
         channels: list[dict[str, Any]] = []
         for info in seg.iter_channels():
-            key = info.key.decode(errors="replace")
-            channel, _, site = key.partition("$|$")
-            channels.append({"channel": channel, "site_id": site or None, "last_id": info.last_id,
+            channel, site = split_backend_name(info.key.decode(errors="replace"))
+            channels.append({"channel": channel, "site_id": site, "last_id": info.last_id,
                              "oldest_id": info.oldest_id if info.last_id else 0,
                              "retained": max(info.last_id - info.oldest_id + 1, 0) if info.last_id else 0,
                              "expired": info.expired})

@@ -14,7 +14,7 @@ from shmbus.message import Message
 from .client import Client, Lookups, filter_allows
 from .options import Options, Route, match_route
 from .registry import Registry
-from .request import PollRequest, _check_channel
+from .request import PollRequest, check_channel
 from .wire import (
     BASE_HEADERS,
     EMPTY,
@@ -77,7 +77,7 @@ class MessageBusProtocol:
         channel = params.get("channel")
         if not channel:
             raise ProtocolError(400, "broadcast needs a channel parameter")
-        _check_channel(channel)
+        check_channel(channel)
         self.bus.publish(channel, params.get("data"))
         return Response(200, [("content-type", "text/html")], b"sent")
 

@@ -9,7 +9,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from shmbus import jsonlib
-from shmbus.bus import MAX_CHANNEL_BYTES
+from shmbus.channels import channel_problem
 
 from .options import Options
 from .wire import MAX_ID, ProtocolError
@@ -70,18 +70,12 @@ def parse_query_dlp(query: str) -> bool:
     return False
 
 
-def _check_channel(ch: Any) -> str:
-    if not isinstance(ch, str) or not ch:
-        raise ProtocolError(400, "channel names must be non-empty strings")
-    if "\x00" in ch or "$|$" in ch:
-        raise ProtocolError(400, f"invalid channel name {ch[:80]!r}")
-    if len(ch) > MAX_CHANNEL_BYTES or len(ch.encode("utf-8", "surrogatepass")) > MAX_CHANNEL_BYTES:
-        raise ProtocolError(400, f"channel name longer than {MAX_CHANNEL_BYTES} bytes")
-    try:
-        ch.encode()
-    except UnicodeEncodeError:
-        raise ProtocolError(400, "channel name is not valid unicode")
-    return ch
+def check_channel(channel: Any) -> str:
+    """A channel name from a client (:func:`shmbus.channels.channel_problem` says why not: a 400)."""
+    problem = channel_problem(channel)
+    if problem is not None:
+        raise ProtocolError(400, problem)
+    return channel  # type: ignore[no-any-return]
 
 
 def parse_body(content_type: str | None, body: bytes, options: Options) -> tuple[dict[str, int | None], int]:
@@ -146,7 +140,7 @@ def _channels_from_items(items: Iterable[tuple[Any, Any]], options: Options) -> 
         if key == "__seq":
             seq = _parse_seq(value)
             continue
-        ch = _check_channel(key)
+        ch = check_channel(key)
         channels[ch] = _parse_id(ch, value)
         if len(channels) > options.max_channels_per_poll:
             raise ProtocolError(400, f"too many channels in one poll (limit {options.max_channels_per_poll})")

@@ -23,7 +23,7 @@ CASES: list[tuple[str, str, str, dict[str, str], bytes, int, str]] = [
     ("POST", "/api/message/private/x", "", JSON, b"1", 403, "not authorised"),
     ("GET", "/api/message/x", "", TOKEN, b"", 405, "use POST"),
     ("POST", "/api/message/", "", JSON, b"1", 400, "missing channel"),
-    ("POST", "/api/message/a$|$b", "", JSON, b"1", 400, "invalid channel"),
+    ("POST", "/api/message/a$|$b", "", JSON, b"1", 400, "site separator"),
     ("POST", "/api/message/__mb_keepalive__/", "", JSON, b"1", 400, "reserved"),
     ("POST", "/api/message/x", "", JSON, b"{nope", 400, "invalid JSON"),
     ("POST", "/api/message/x", "", {"content-type": "text/plain", **TOKEN}, b"\xff", 400, "not valid UTF-8"),
