@@ -82,12 +82,12 @@ def configure_server(*, threads: int | None = None, worker_class: str | None = N
 
 
 def server_threads() -> int | None:
-    t = _server["threads"]
-    if t is None:
+    threads: int | None = _server["threads"]
+    if threads is None:
         env = os.environ.get("SHMBUS_WSGI_THREADS")
         if env and env.isdigit():
             return int(env)
-    return t
+    return threads
 
 
 def _gevent_active() -> bool:
@@ -193,7 +193,8 @@ class MessageBusMiddleware:
         if not path.startswith(self.options.prefix):
             if self.app is None:
                 return _send(start_response, Response(404, [("content-type", "text/plain")], b"not found"))
-            return self.app(environ, start_response)
+            response: Iterable[bytes] = self.app(environ, start_response)
+            return response
         return self._handle(environ, start_response, path)
 
     def _read_body(self, environ: Environ) -> bytes:

@@ -60,7 +60,7 @@ def check_channel(channel: Any) -> bytes:
     problem = channel_problem(channel)
     if problem is not None:
         raise InvalidChannel(problem)
-    return channel.encode()  # type: ignore[no-any-return]
+    return channel.encode()  # type: ignore[no-any-return,unused-ignore]
 
 
 def check_site(site_id: Any) -> bytes:

@@ -48,7 +48,8 @@ class MsgpackCodec:
     is_json = False
 
     def encode(self, obj: Any) -> bytes:
-        return msgpack.packb(obj, use_bin_type=True)
+        packed: bytes = msgpack.packb(obj, use_bin_type=True)
+        return packed
 
     def decode(self, data: bytes) -> Any:
         return msgpack.unpackb(data, raw=False, strict_map_key=False)

@@ -16,7 +16,7 @@ __all__ = ["FAST", "dumps", "dumps_lenient", "loads"]
 try:
     import orjson
 except ImportError:  # pragma: no cover - exercised when orjson is absent
-    orjson = None
+    orjson = None  # type: ignore[assignment]
 
 
 def _as_text(obj: Any) -> Any:

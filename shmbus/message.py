@@ -17,7 +17,8 @@ def encode_meta(client_ids: list[Any] | None, user_ids: list[Any] | None, group_
     """Targeting lists as stored next to the payload (empty bytes when the message targets everyone)."""
     if client_ids is None and user_ids is None and group_ids is None:
         return b""
-    return msgpack.packb((client_ids, user_ids, group_ids), use_bin_type=True)
+    packed: bytes = msgpack.packb((client_ids, user_ids, group_ids), use_bin_type=True)
+    return packed
 
 
 def decode_meta(meta: bytes) -> tuple[list[Any] | None, list[Any] | None, list[Any] | None]:
@@ -68,7 +69,7 @@ class Message:
             self._data = self._codec.decode(self.raw)
         return self._data
 
-    def _decoded_targets(self) -> tuple[Any, Any, Any]:
+    def _decoded_targets(self) -> tuple[list[Any] | None, list[Any] | None, list[Any] | None]:
         if self._targets is None:
             self._targets = decode_meta(self._meta)
         return self._targets

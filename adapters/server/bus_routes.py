@@ -49,16 +49,17 @@ class BusRoutes:
     """The part of :class:`~.connection.HttpConnection` that serves message-bus routes without the ASGI bridge:
     it drives the sans-IO flow (:func:`shmbus.adapters.http.flow.serve`) and writes straight to the transport."""
 
-    __slots__ = ()
+    # the parked poll's state lives here; the connection declares the rest of its slots
+    __slots__ = ("client", "closing", "head", "kind", "timer")
 
+    client: Client | None  # the parked poll, if any
+    closing: bool
+    head: bytes | None  # a parked long poll's response head (None: the common one)
+    kind: ParkedKind | None
+    timer: asyncio.TimerHandle | None  # the parked poll's long_polling_interval
     srv: Server
     transport: Any
-    client: Client | None
-    kind: ParkedKind | None
-    head: bytes | None
-    timer: asyncio.TimerHandle | None
     paused_w: bool
-    closing: bool
     cur: Request | None
 
     if TYPE_CHECKING:

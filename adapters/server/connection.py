@@ -27,8 +27,9 @@ _EMPTY_HEADERS: list[tuple[bytes, bytes]] = []
 class Request:
     """One parsed request (head, buffered body) while it is read and answered; released when answered."""
 
-    __slots__ = ("body", "body_size", "bus", "chunked", "complete", "cycle", "expect_continue", "head_done", "headers",
-                 "keep", "method", "path", "query", "raw_path", "refused", "started", "too_large", "url", "version")
+    __slots__ = ("body", "body_size", "bus", "chunked", "complete", "cycle", "expect_continue", "head_done",
+                 "headers", "keep", "method", "path", "query", "raw_path", "refused", "started", "too_large", "url",
+                 "version")
 
     def __init__(self) -> None:
         self.url = b""

@@ -25,10 +25,10 @@ from urllib.parse import parse_qs
 from shmbus.bus import Bus
 from shmbus.errors import InvalidChannel, InvalidMessage, PayloadTooLarge
 
-from ..asgi_support import maybe_await
+from ..asgi_support import Receive, Send, maybe_await
 from ..http import MAX_BODY_SIZE, MAX_CLIENT_ID_LENGTH, ProtocolError
 from ..http.wire import status_line
-from .hub import Receive, Scope, Send, check_channel, fallback, relative_path, send_simple
+from .hub import Scope, check_channel, fallback, relative_path, send_simple
 
 __all__ = ["AsgiRestPublish", "PublishRequest", "WsgiRestPublish", "parse_publish"]
 
@@ -243,7 +243,8 @@ class WsgiRestPublish(_RestPublish):
             channel = self.channel(environ.get("REQUEST_METHOD", "GET"), path)
             if channel is None:
                 if self.app is not None:
-                    return self.app(environ, start_response)
+                    response: Iterable[bytes] = self.app(environ, start_response)
+                    return response
                 raise ProtocolError(404, "not found")
             self.check_authorized(self.authorize(environ, channel), channel)
             self.check_length(environ.get("CONTENT_LENGTH"))

@@ -30,14 +30,12 @@ from urllib.parse import parse_qs
 from shmbus.bus import Bus
 from shmbus.message import Message
 
-from ..asgi_support import until_disconnect
+from ..asgi_support import Receive, Send, until_disconnect
 from ..http import ProtocolError, encode_message
 from .hub import (
     DEFAULT_MAX_BUFFER,
     MAX_SUBSCRIPTIONS,
-    Receive,
     Scope,
-    Send,
     Sink,
     TransportApp,
     check_channel,

@@ -33,15 +33,13 @@ from urllib.parse import parse_qs
 from shmbus.bus import Bus
 from shmbus.errors import ShmbusError
 
-from ..asgi_support import maybe_await
+from ..asgi_support import Receive, Send, maybe_await
 from ..http import MAX_ID, ProtocolError, encode_message
 from .hub import (
     DEFAULT_MAX_BUFFER,
     MAX_SUBSCRIPTIONS,
     PATTERN_KINDS,
-    Receive,
     Scope,
-    Send,
     Sink,
     TransportApp,
     check_channel,

@@ -38,7 +38,7 @@ class Listening(BusState):
             self._epoch = seg.read_epoch()
             self._last_received = time.monotonic()
             t = _listener_thread(self._listen, f"shmbus-listener-{self.name}")
-            self._listener = t  # type: ignore[assignment]
+            self._listener = t
             t.start()
             if self.keepalive_interval and self.keepalive_interval > MIN_KEEPALIVE:
                 w = threading.Thread(target=self._keepalive, name=f"shmbus-keepalive-{self.name}", daemon=True)

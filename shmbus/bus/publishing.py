@@ -99,7 +99,7 @@ class Publishing(BusState):
             return 0
         if engine is True:
             raise TypeError("engine must be an Engine, None (the default) or False (this process only)")
-        return engine.publish(self, Envelope(channel, site_id, payload, meta, size, age))
+        return engine.publish(self._as_bus(), Envelope(channel, site_id, payload, meta, size, age))
 
     def store(self, envelope: Envelope, *, global_id: int | None = None, message_id: int | None = None,
               timestamp: float | None = None, expect_global_id: int | None = None) -> int:

@@ -6,7 +6,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..channels import GLOBAL_PREFIX, SITE_SEPARATOR_BYTES, check_channel, check_site
 from ..codecs import Codec
@@ -16,8 +16,8 @@ from ..segment import Record, Segment
 
 if TYPE_CHECKING:
     from ..engines import Engine, SharedMemoryEngine
-    from .reading import Backlog
-    from .results import Subscription
+    from .core import Bus
+    from .results import Backlog, Subscription
 
 __all__ = ["BatchListener", "BusState"]
 
@@ -72,10 +72,9 @@ class BusState:
     _off: bool
     _publish_off: bool
     _destroyed: bool
+    publish: Callable[..., int | None]  # Publishing's, for the keepalive
 
     if TYPE_CHECKING:  # provided by the other parts of Bus
-        def publish(self, channel: str, data: Any, **kwargs: Any) -> int | None: ...
-
         def last_id(self, channel: str, site_id: str | None = None) -> int: ...
 
         def backlog(self, channel: str | None = None, last_id: int | None = 0, site_id: str | None = None, *,
@@ -165,6 +164,10 @@ class BusState:
     def _key(self, channel: str, site_id: str | None) -> bytes:
         ch = self._channel_key(channel)
         return ch + SITE_SEPARATOR_BYTES + self._site_key(site_id) if site_id else ch
+    def _as_bus(self) -> Bus:
+        """``self`` as the :class:`~shmbus.bus.Bus` it is part of (engines are handed the bus)."""
+        return cast("Bus", self)
+
     def _message(self, record: Record, epoch: int) -> Message:
         """A record as a :class:`Message`; channel names are decoded once per process (cached)."""
         name = self._name_cache.get(record.channel)
