@@ -153,7 +153,8 @@ class MessageBusMiddleware:
         self.bus = bus = bus_or_default(bus)
         self.options = Options.from_kwargs(options)
         self._loops: LoopTap[_LoopEngine] = LoopTap(
-            bus, lambda loop: _LoopEngine(self.bus, self.options, loop), _queue_batch)
+            bus, lambda loop: _LoopEngine(self.bus, self.options, loop), _queue_batch
+        )
 
     # ------------------------------------------------------------------ plumbing
     def _engine(self) -> _LoopEngine:
@@ -177,7 +178,7 @@ class MessageBusMiddleware:
         path = scope["path"]
         root = scope.get("root_path") or ""
         if root and path.startswith(root):
-            path = path[len(root):]
+            path = path[len(root) :]
         if not path.startswith(self.options.prefix):
             if self.app is None:
                 await _send(send, _NOT_FOUND)
@@ -258,11 +259,16 @@ class MessageBusMiddleware:
         opts = self.options
         headers = dict(scope.get("headers") or ())
         content_type = headers.get(b"content-type")
-        head = RequestHead(scope.get("method", "GET"), path, scope.get("query_string", b"").decode("latin-1"),
-                           content_type.decode("latin-1") if content_type is not None else None,
-                           dont_chunk=b"dont-chunk" in headers,
-                           http11=scope.get("http_version", "1.1") not in ("1.0", "0.9"),
-                           override=scope.get("message_bus.channels"), override_seq=scope.get("message_bus.seq"))
+        head = RequestHead(
+            scope.get("method", "GET"),
+            path,
+            scope.get("query_string", b"").decode("latin-1"),
+            content_type.decode("latin-1") if content_type is not None else None,
+            dont_chunk=b"dont-chunk" in headers,
+            http11=scope.get("http_version", "1.1") not in ("1.0", "0.9"),
+            override=scope.get("message_bus.channels"),
+            override_seq=scope.get("message_bus.seq"),
+        )
         eng = self._engine()
         proto = eng.proto
         loop = eng.loop
@@ -289,8 +295,9 @@ class MessageBusMiddleware:
                     proto.abandon(c)
                     return
                 body = proto.long_poll_response(c)
-                await send({"type": "http.response.start", "status": 200,
-                            "headers": _enc_headers(poll.headers, len(body))})
+                await send(
+                    {"type": "http.response.start", "status": 200, "headers": _enc_headers(poll.headers, len(body))}
+                )
                 await send({"type": "http.response.body", "body": body})
                 return
             await send({"type": "http.response.start", "status": 200, "headers": _enc_headers(poll.headers)})
@@ -303,8 +310,13 @@ class MessageBusMiddleware:
                 chunks = proto.stream_chunks(c)
                 if chunks and not c.dropped:
                     wait.sending = True
-                    await send({"type": "http.response.body", "more_body": True,
-                                "body": chunks[0] if len(chunks) == 1 else b"".join(chunks)})
+                    await send(
+                        {
+                            "type": "http.response.body",
+                            "more_body": True,
+                            "body": chunks[0] if len(chunks) == 1 else b"".join(chunks),
+                        }
+                    )
                     wait.sending = False
             if c.dropped:
                 proto.abandon(c)
@@ -336,7 +348,7 @@ def _disconnected(c: Client) -> None:
 
 
 async def _send(send: Send, resp: Response) -> None:
-    await send({"type": "http.response.start", "status": resp.status,
-                "headers": _enc_headers(resp.headers, len(resp.body))})
+    await send(
+        {"type": "http.response.start", "status": resp.status, "headers": _enc_headers(resp.headers, len(resp.body))}
+    )
     await send({"type": "http.response.body", "body": resp.body})
-

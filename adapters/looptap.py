@@ -22,8 +22,9 @@ T = TypeVar("T")
 class LoopTap(Generic[T]):
     """``get()``: the running loop's state (made by ``factory(loop)``), tapping the bus once per process."""
 
-    def __init__(self, bus: Bus, factory: Callable[[asyncio.AbstractEventLoop], T],
-                 deliver: Callable[[T, list[Message]], None]) -> None:
+    def __init__(
+        self, bus: Bus, factory: Callable[[asyncio.AbstractEventLoop], T], deliver: Callable[[T, list[Message]], None]
+    ) -> None:
         self.bus = bus
         self._factory = factory
         self._deliver = deliver

@@ -255,12 +255,21 @@ class MessageBusMiddleware:
         if can_park:
             signal = threading.Lock()
             signal.acquire()
-        head = RequestHead(environ.get("REQUEST_METHOD", "GET"), path, environ.get("QUERY_STRING", ""),
-                           environ.get("CONTENT_TYPE"), dont_chunk="HTTP_DONT_CHUNK" in environ,
-                           http11=environ.get("SERVER_PROTOCOL", "HTTP/1.0") not in ("HTTP/1.0", "HTTP/0.9"),
-                           override=environ.get("message_bus.channels"), override_seq=environ.get("message_bus.seq"))
-        poll = run_sync(serve(proto, head, can_park=can_park, waker=_release, signal=signal),
-                        lambda: self._read_body(environ), lambda step: step.fn(environ, *step.args))
+        head = RequestHead(
+            environ.get("REQUEST_METHOD", "GET"),
+            path,
+            environ.get("QUERY_STRING", ""),
+            environ.get("CONTENT_TYPE"),
+            dont_chunk="HTTP_DONT_CHUNK" in environ,
+            http11=environ.get("SERVER_PROTOCOL", "HTTP/1.0") not in ("HTTP/1.0", "HTTP/0.9"),
+            override=environ.get("message_bus.channels"),
+            override_seq=environ.get("message_bus.seq"),
+        )
+        poll = run_sync(
+            serve(proto, head, can_park=can_park, waker=_release, signal=signal),
+            lambda: self._read_body(environ),
+            lambda step: step.fn(environ, *step.args),
+        )
         if poll.mode == "immediate":
             assert poll.response is not None
             return _send(start_response, poll.response)

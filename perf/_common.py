@@ -169,9 +169,7 @@ def redis_baseline() -> Iterator[RedisBaseline]:
     try:
         import redis
     except ImportError:
-        yield RedisBaseline(
-            None, "missing", problem="redis-py is not installed (pip install 'shmbus[redis]')"
-        )
+        yield RedisBaseline(None, "missing", problem="redis-py is not installed (pip install 'shmbus[redis]')")
         return
     env = os.environ.get("REDIS_URL")
     proc: subprocess.Popen[bytes] | None = None
@@ -213,9 +211,7 @@ def redis_baseline() -> Iterator[RedisBaseline]:
                 time.sleep(0.05)
             info = RedisBaseline(f"redis://127.0.0.1:{port}/0", f"started redis-server on port {port}")
         else:
-            info = RedisBaseline(
-                None, "missing", problem="no REDIS_URL, nothing on :6379, no redis-server in PATH"
-            )
+            info = RedisBaseline(None, "missing", problem="no REDIS_URL, nothing on :6379, no redis-server in PATH")
         if info.url:
             import redis
 
@@ -337,9 +333,7 @@ class Report:
         self.notes.append(text)
 
     def render(self) -> str:
-        head = f"{self.bench}: {self.title}" + (
-            "  [--quick: small sample, indicative only]" if self.quick else ""
-        )
+        head = f"{self.bench}: {self.title}" + ("  [--quick: small sample, indicative only]" if self.quick else "")
         lines = [head, "=" * len(head)]
         w = max([len(n) for n in self.rows] + [10]) + 2
         lines.append(
@@ -356,9 +350,7 @@ class Report:
             tail = "; ".join(ratios)
             if m.note:
                 tail = f"{tail}  ({m.note})" if tail else f"({m.note})"
-            lines.append(
-                f"{m.name:<{w}}{m.unit:<8}{_fmt(m.median, m.unit):>10}  {rng:<22}{len(m.values):>2}  {tail}"
-            )
+            lines.append(f"{m.name:<{w}}{m.unit:<8}{_fmt(m.median, m.unit):>10}  {rng:<22}{len(m.values):>2}  {tail}")
         if self.targets:
             lines.append("targets:")
             for t in self.targets:

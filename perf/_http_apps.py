@@ -68,12 +68,20 @@ def wsgi_app(environ: dict[str, Any], start_response: Any) -> Any:
     return app(environ, start_response)
 
 
-_JSON_HEADERS = [(b"cache-control", b"must-revalidate, private, max-age=0"),
-                 (b"content-type", b"application/json; charset=utf-8"), (b"pragma", b"no-cache"),
-                 (b"expires", b"0"), (b"content-length", b"2")]
-_STREAM_HEADERS = [(b"cache-control", b"must-revalidate, private, max-age=0"), (b"pragma", b"no-cache"),
-                   (b"expires", b"0"), (b"content-type", b"text/plain; charset=utf-8"),
-                   (b"x-content-type-options", b"nosniff")]
+_JSON_HEADERS = [
+    (b"cache-control", b"must-revalidate, private, max-age=0"),
+    (b"content-type", b"application/json; charset=utf-8"),
+    (b"pragma", b"no-cache"),
+    (b"expires", b"0"),
+    (b"content-length", b"2"),
+]
+_STREAM_HEADERS = [
+    (b"cache-control", b"must-revalidate, private, max-age=0"),
+    (b"pragma", b"no-cache"),
+    (b"expires", b"0"),
+    (b"content-type", b"text/plain; charset=utf-8"),
+    (b"x-content-type-options", b"nosniff"),
+]
 
 
 async def bare_asgi(scope: Any, receive: Any, send: Any) -> None:

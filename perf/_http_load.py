@@ -50,15 +50,18 @@ def exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
 
-def poll_request(client_id: str, channels: dict[str, str], *, stream: bool = True, dlp: bool = False,
-                 seq: int = 1, query: str = "") -> bytes:
+def poll_request(
+    client_id: str, channels: dict[str, str], *, stream: bool = True, dlp: bool = False, seq: int = 1, query: str = ""
+) -> bytes:
     """The bytes of one poll as the JS client sends it (form body; ``Dont-Chunk`` when not streaming)."""
     from urllib.parse import quote
 
     body = "&".join(f"{quote(ch, safe='')}={v}" for ch, v in channels.items()) + f"&__seq={seq}"
     q = "&".join(x for x in ("dlp=t" if dlp else "", query) if x)
-    head = (f"POST /message-bus/{client_id}/poll{'?' + q if q else ''} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            f"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {len(body)}\r\n")
+    head = (
+        f"POST /message-bus/{client_id}/poll{'?' + q if q else ''} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {len(body)}\r\n"
+    )
     if not stream:
         head += "Dont-Chunk: true\r\n"
     return (head + "\r\n" + body).encode()
@@ -73,8 +76,12 @@ class StreamConn(asyncio.Protocol):
 
     __slots__ = ("count", "head", "lost", "on_data", "parked", "request", "tail", "transport")
 
-    def __init__(self, request: bytes, parked: asyncio.Future[None] | None,
-                 on_data: Callable[[StreamConn, bytes, int], None] | None = None) -> None:
+    def __init__(
+        self,
+        request: bytes,
+        parked: asyncio.Future[None] | None,
+        on_data: Callable[[StreamConn, bytes, int], None] | None = None,
+    ) -> None:
         self.request = request
         self.parked = parked
         self.on_data = on_data
@@ -99,7 +106,7 @@ class StreamConn(asyncio.Protocol):
             if not self.parked.done():
                 self.parked.set_result(None)
             self.parked = None
-            data = self.head[i + len(FIRST):]
+            data = self.head[i + len(FIRST) :]
             self.head = b""
             if not data:
                 return
@@ -107,7 +114,7 @@ class StreamConn(asyncio.Protocol):
             self.on_data(self, data, time.perf_counter_ns())
         buf = self.tail + data
         self.count += buf.count(TOKEN)
-        self.tail = buf[-(len(TOKEN) - 1):]
+        self.tail = buf[-(len(TOKEN) - 1) :]
 
     def _fail(self, why: str) -> None:
         if self.parked is not None and not self.parked.done():
@@ -122,9 +129,18 @@ class StreamConn(asyncio.Protocol):
             self.transport.abort()
 
 
-async def open_streams(port: int, n: int, channel: str, *, prefix: str = "c", concurrency: int = 256,
-                       timeout: float = 120.0, on_data: Callable[[StreamConn, bytes, int], None] | None = None,
-                       host: str = "127.0.0.1", query: str = "") -> list[StreamConn]:
+async def open_streams(
+    port: int,
+    n: int,
+    channel: str,
+    *,
+    prefix: str = "c",
+    concurrency: int = 256,
+    timeout: float = 120.0,
+    on_data: Callable[[StreamConn, bytes, int], None] | None = None,
+    host: str = "127.0.0.1",
+    query: str = "",
+) -> list[StreamConn]:
     """Open ``n`` streaming polls on ``channel`` ("from now") and wait until every one is parked."""
     loop = asyncio.get_running_loop()
     sem = asyncio.Semaphore(concurrency)
@@ -185,7 +201,7 @@ def children(pid: int) -> list[int]:
                 stat = f.read()
         except OSError:
             continue
-        rest = stat[stat.rfind(b")") + 2:].split()
+        rest = stat[stat.rfind(b")") + 2 :].split()
         if len(rest) > 1 and int(rest[1]) == pid:
             out.append(int(entry))
     return sorted(out)
@@ -209,8 +225,16 @@ class Uvicorn:
     listening socket, which accepted sockets inherit.
     """
 
-    def __init__(self, app: str, *, workers: int = 2, env: dict[str, str] | None = None, nofile: int = 30000,
-                 extra: Sequence[str] = (), plain: bool = False) -> None:
+    def __init__(
+        self,
+        app: str,
+        *,
+        workers: int = 2,
+        env: dict[str, str] | None = None,
+        nofile: int = 30000,
+        extra: Sequence[str] = (),
+        plain: bool = False,
+    ) -> None:
         import socket
         import subprocess
 
@@ -222,12 +246,43 @@ class Uvicorn:
         full_env["PYTHONPATH"] = os.pathsep.join([perf, os.path.dirname(perf), full_env.get("PYTHONPATH", "")])
         wrap = [sys.executable, os.path.abspath(__file__), str(nofile), sys.executable, "-m"]
         if plain:
-            argv = [*wrap, "uvicorn", app, "--host", "127.0.0.1", "--port", str(self.port), "--workers",
-                    str(workers), "--log-level", "warning", "--backlog", "4096", "--timeout-graceful-shutdown", "2"]
+            argv = [
+                *wrap,
+                "uvicorn",
+                app,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--workers",
+                str(workers),
+                "--log-level",
+                "warning",
+                "--backlog",
+                "4096",
+                "--timeout-graceful-shutdown",
+                "2",
+            ]
         else:
-            argv = [*wrap, "gunicorn", "-k", "uvicorn.workers.UvicornWorker", "-w", str(workers), "-b",
-                    f"127.0.0.1:{self.port}", "--backlog", "4096", "--graceful-timeout", "2", "--log-level",
-                    "warning", "--timeout", "300", app]
+            argv = [
+                *wrap,
+                "gunicorn",
+                "-k",
+                "uvicorn.workers.UvicornWorker",
+                "-w",
+                str(workers),
+                "-b",
+                f"127.0.0.1:{self.port}",
+                "--backlog",
+                "4096",
+                "--graceful-timeout",
+                "2",
+                "--log-level",
+                "warning",
+                "--timeout",
+                "300",
+                app,
+            ]
         argv += list(extra)
         self.proc = subprocess.Popen(argv, env=full_env, start_new_session=True, stdin=subprocess.DEVNULL)
         self.workers = workers
@@ -291,6 +346,9 @@ def bench_server(prefix: str, clients: int, native: bool = False) -> tuple[Any, 
     bus.publish("/bench/warm", 0)
     opts = {"max_active_clients": clients + 1000, "long_polling_interval": 300}
     env = {"SHMBUS_LOAD_BUS": name, "SHMBUS_LOAD_OPTS": json.dumps(opts)}
-    server = (Uvicorn("_http_apps:native_app", env=env, extra=["-k", apps.SERVER_WORKER]) if native
-              else Uvicorn("_http_apps:asgi_app", env=env))
+    server = (
+        Uvicorn("_http_apps:native_app", env=env, extra=["-k", apps.SERVER_WORKER])
+        if native
+        else Uvicorn("_http_apps:asgi_app", env=env)
+    )
     return bus, server

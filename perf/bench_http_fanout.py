@@ -52,12 +52,17 @@ def publisher(bus_name: str, m: int, burst: int, go_fd: int) -> None:
 
 def ceiling_server(sock: socket.socket, n: int, m: int, burst: int, go_fd: int) -> None:
     """Child: a bare asyncio server writing the frames the middleware would write, to ``n`` streams."""
-    head = (b"HTTP/1.1 200 OK\r\ncontent-type: text/plain; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n"
-            b"7\r\n[]\r\n|\r\n\r\n")
+    head = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/plain; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n"
+        b"7\r\n[]\r\n|\r\n\r\n"
+    )
 
     def frame(k0: int) -> bytes:
-        items = b",".join(b'{"global_id":%d,"message_id":%d,"channel":"%s","data":{"i":%d,"pad":"%s"}}'
-                          % (k, k, CHANNEL.encode(), k, PAD.encode()) for k in range(k0, k0 + burst))
+        items = b",".join(
+            b'{"global_id":%d,"message_id":%d,"channel":"%s","data":{"i":%d,"pad":"%s"}}'
+            % (k, k, CHANNEL.encode(), k, PAD.encode())
+            for k in range(k0, k0 + burst)
+        )
         payload = b"[" + items + b"]\r\n|\r\n"
         return b"%x\r\n%s\r\n" % (len(payload), payload)
 
@@ -165,8 +170,7 @@ def main() -> None:
     # the maximum); burst 1 = one message per ~1 ms, about one batch per message (per-batch cost). M stays below
     # what fits in max_stream_buffer (1 MiB per client, ~110 bytes per message): a longer flat-out run makes this
     # one-process client fall behind by more than that, and the middleware then drops every stream (by design).
-    sizes = [(1000, 2000, 20), (1000, 1000, 1)] if args.quick else \
-        [(1000, 5000, 20), (1000, 3000, 1), (5000, 2000, 20)]
+    sizes = [(1000, 2000, 20), (1000, 1000, 1)] if args.quick else [(1000, 5000, 20), (1000, 3000, 1), (5000, 2000, 20)]
     repeats = args.repeats or (1 if args.quick else 3)
     rep.published("gem (Puma), deliveries/s", 65_000, "msgs/s", "message_bus gem, 55-65k deliveries/s")
     rep.published("Starlette+broadcaster SSE", 117_000, "msgs/s", "Starlette + broadcaster SSE, 117k/s")
@@ -186,15 +190,22 @@ def main() -> None:
         rep.add(base, ceil, "msgs/s", note="bare asyncio server, 1 process, writes every burst to every client")
         row = f"shmbus N={n} x M={m} burst {burst}"
         rep.add(row, shm, "msgs/s", baselines=[base, "gem (Puma), deliveries/s", "Starlette+broadcaster SSE"])
-        rep.add(f"server N={n} x M={m} burst {burst}", nat, "msgs/s", baselines=[row, base],
-                note="shmbus.adapters.server.GunicornWorker")
+        rep.add(
+            f"server N={n} x M={m} burst {burst}",
+            nat,
+            "msgs/s",
+            baselines=[row, base],
+            note="shmbus.adapters.server.GunicornWorker",
+        )
         if lost:
             rep.note(f"N={n}: {lost} deliveries missing at the timeout (over all repeats)")
         if lost_nat:
             rep.note(f"server N={n}: {lost_nat} deliveries missing at the timeout (over all repeats)")
         rep.target(f"deliveries/s N={n} burst {burst}", rep.rows[row].median, 200_000, unit=" msgs/s")
-    rep.note("one Python load-generator process shares the 2 cores with the 2 uvicorn workers: absolute figures "
-             f"are bounded by it; {load.server_stack()} under gunicorn UvicornWorker")
+    rep.note(
+        "one Python load-generator process shares the 2 cores with the 2 uvicorn workers: absolute figures "
+        f"are bounded by it; {load.server_stack()} under gunicorn UvicornWorker"
+    )
     rep.emit()
 
 

@@ -59,7 +59,7 @@ async def measure(port: int, n: int, count: int, go_w: int) -> tuple[list[int], 
         if cut < 0:
             bufs[key] = buf
             return
-        bufs[key] = buf[cut + len(load.SEP):]
+        bufs[key] = buf[cut + len(load.SEP) :]
         for t in T_RE.findall(buf[:cut]):
             lat.append(now - int(t))
 
@@ -82,7 +82,7 @@ def run(n: int, seconds: float, native: bool = False) -> tuple[list[int], int]:
     pub = fork(publisher, name, count, go_r)
     try:
         lat, missing = asyncio.run(measure(server.port, n, count, go_w))
-        return lat[WARMUP * n:], missing
+        return lat[WARMUP * n :], missing
     finally:
         reap(pub)
         os.close(go_r)
@@ -99,8 +99,7 @@ def main() -> None:
     n = 1000
     seconds = 6.0 if args.quick else 30.0
     repeats = args.repeats or (1 if args.quick else 3)
-    stats: dict[str, tuple[list[float], list[float], list[float]]] = {"shmbus": ([], [], []),
-                                                                       "server": ([], [], [])}
+    stats: dict[str, tuple[list[float], list[float], list[float]]] = {"shmbus": ([], [], []), "server": ([], [], [])}
     missing_total = 0
     for r in range(repeats):
         for kind in stats:  # interleaved
@@ -119,21 +118,33 @@ def main() -> None:
     for m in (rep.rows["gem p99 (best)"], rep.rows["Starlette+broadcaster p99"]):
         m.higher_is_better = False
     rep.add("shmbus p50", p50s, "ms", higher_is_better=False)
-    rep.add("shmbus p99", p99s, "ms", higher_is_better=False,
-            baselines=["gem p99 (best)", "Starlette+broadcaster p99"])
+    rep.add("shmbus p99", p99s, "ms", higher_is_better=False, baselines=["gem p99 (best)", "Starlette+broadcaster p99"])
     rep.add("shmbus max", maxs, "ms", higher_is_better=False)
     rep.target("p99 latency", rep.rows["shmbus p99"].median, 25.0, at_least=False, unit=" ms")
     sp50, sp99, smax = stats["server"]
-    rep.add("server p50", sp50, "ms", higher_is_better=False, baselines=["shmbus p50"],
-            note="shmbus.adapters.server.GunicornWorker")
-    rep.add("server p99", sp99, "ms", higher_is_better=False,
-            baselines=["shmbus p99", "gem p99 (best)", "Starlette+broadcaster p99"])
+    rep.add(
+        "server p50",
+        sp50,
+        "ms",
+        higher_is_better=False,
+        baselines=["shmbus p50"],
+        note="shmbus.adapters.server.GunicornWorker",
+    )
+    rep.add(
+        "server p99",
+        sp99,
+        "ms",
+        higher_is_better=False,
+        baselines=["shmbus p99", "gem p99 (best)", "Starlette+broadcaster p99"],
+    )
     rep.add("server max", smax, "ms", higher_is_better=False)
     rep.target("server p99 latency", rep.rows["server p99"].median, 25.0, at_least=False, unit=" ms")
     if missing_total:
         rep.note(f"{missing_total} deliveries missing at the end (over all repeats)")
-    rep.note("samples = every delivery to every client after 5 warm-up messages; client = one Python process on "
-             f"the same 2 cores as the 2 uvicorn workers and the publisher; {load.server_stack()}")
+    rep.note(
+        "samples = every delivery to every client after 5 warm-up messages; client = one Python process on "
+        f"the same 2 cores as the 2 uvicorn workers and the publisher; {load.server_stack()}"
+    )
     rep.emit()
 
 

@@ -53,7 +53,7 @@ class Poller(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         buf = self.tail + data
         k = buf.count(ANSWER)
-        self.tail = buf[-(len(ANSWER) - 1):]
+        self.tail = buf[-(len(ANSWER) - 1) :]
         if k:
             self.done += k
             if time.perf_counter() < self.state["stop"]:
@@ -145,30 +145,60 @@ def main() -> None:
     rep.add("bare uvicorn polls/s", rates["bare"], "ops/s", note="answers [] with the same headers, no bus")
     rep.add("shmbus polls/s", rates["shmbus"], "ops/s", baselines=["bare uvicorn polls/s", "gem polls/s"])
     rep.target("immediate polls/s", rep.rows["shmbus polls/s"].median, 6600, unit="/s")
-    rep.add("server polls/s", rates["server"], "ops/s", baselines=["bare uvicorn polls/s", "shmbus polls/s"],
-            note="shmbus.adapters.server.GunicornWorker")
-    rep.target("server polls/s > bare uvicorn", rep.rows["server polls/s"].median,
-               rep.rows["bare uvicorn polls/s"].median, unit="/s")
+    rep.add(
+        "server polls/s",
+        rates["server"],
+        "ops/s",
+        baselines=["bare uvicorn polls/s", "shmbus polls/s"],
+        note="shmbus.adapters.server.GunicornWorker",
+    )
+    rep.target(
+        "server polls/s > bare uvicorn",
+        rep.rows["server polls/s"].median,
+        rep.rows["bare uvicorn polls/s"].median,
+        unit="/s",
+    )
     rep.published("gem KB/held poll", 6.6, "KB", "message_bus gem, 6.6 KB per held poll")
     rep.published("Starlette+broadcaster KB/conn", 28.0, "KB", "Starlette + broadcaster SSE, 28 KB per connection")
     for name in ("gem KB/held poll", "Starlette+broadcaster KB/conn"):
         rep.rows[name].higher_is_better = False
-    rep.add("bare uvicorn KB/held request", mem["bare"], "KB", higher_is_better=False,
-            note="uvicorn's own cost of an open streaming request")
-    rep.add("shmbus KB/held poll", mem["shmbus"], "KB", higher_is_better=False,
-            baselines=["bare uvicorn KB/held request", "gem KB/held poll", "Starlette+broadcaster KB/conn"])
+    rep.add(
+        "bare uvicorn KB/held request",
+        mem["bare"],
+        "KB",
+        higher_is_better=False,
+        note="uvicorn's own cost of an open streaming request",
+    )
+    rep.add(
+        "shmbus KB/held poll",
+        mem["shmbus"],
+        "KB",
+        higher_is_better=False,
+        baselines=["bare uvicorn KB/held request", "gem KB/held poll", "Starlette+broadcaster KB/conn"],
+    )
     shm_only = [a - b for a, b in zip(mem["shmbus"], mem["bare"], strict=True)]
-    rep.add("shmbus minus bare, KB/poll", shm_only, "KB", higher_is_better=False,
-            note="what the middleware adds on top of uvicorn")
+    rep.add(
+        "shmbus minus bare, KB/poll",
+        shm_only,
+        "KB",
+        higher_is_better=False,
+        note="what the middleware adds on top of uvicorn",
+    )
     rep.target("memory per held poll", rep.rows["shmbus KB/held poll"].median, 5.0, at_least=False, unit=" KB")
-    rep.add("server KB/held poll", mem["server"], "KB", higher_is_better=False,
-            baselines=["shmbus KB/held poll", "bare uvicorn KB/held request", "gem KB/held poll"],
-            note="shmbus.adapters.server.GunicornWorker: the whole cost, server included")
-    rep.target("server memory per held poll", rep.rows["server KB/held poll"].median, 5.0, at_least=False,
-               unit=" KB")
-    rep.note(f"polls/s: 32 keep-alive connections, {seconds:g} s; memory: {held} held polls, RSS of both workers "
-             f"(KB = 1000 bytes); {load.server_stack()} under gunicorn UvicornWorker; server: "
-             f"{_server_parser()} parser + asyncio")
+    rep.add(
+        "server KB/held poll",
+        mem["server"],
+        "KB",
+        higher_is_better=False,
+        baselines=["shmbus KB/held poll", "bare uvicorn KB/held request", "gem KB/held poll"],
+        note="shmbus.adapters.server.GunicornWorker: the whole cost, server included",
+    )
+    rep.target("server memory per held poll", rep.rows["server KB/held poll"].median, 5.0, at_least=False, unit=" KB")
+    rep.note(
+        f"polls/s: 32 keep-alive connections, {seconds:g} s; memory: {held} held polls, RSS of both workers "
+        f"(KB = 1000 bytes); {load.server_stack()} under gunicorn UvicornWorker; server: "
+        f"{_server_parser()} parser + asyncio"
+    )
     rep.emit()
 
 

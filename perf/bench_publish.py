@@ -203,9 +203,7 @@ def main() -> int:
         seg = seg_bus.segment
         for b in buses:
             b.segment  # noqa: B018 - attach now, not inside the timed loop
-        rep.log(
-            f"msgpack payload is {len(bus_mp.codec.encode(data))} bytes for the same dict (JSON: {len(raw)})"
-        )
+        rep.log(f"msgpack payload is {len(bus_mp.codec.encode(data))} bytes for the same dict (JSON: {len(raw)})")
 
         rows: dict[str, tuple[Callable[[], float], list[float]]] = {
             "Bus.publish json (orjson)": (lambda: c.rate(bus_loop(bus_json, data), n_shm), []),

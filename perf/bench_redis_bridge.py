@@ -22,9 +22,9 @@ from typing import Any
 
 import _common as c
 import redis
-from shmbus.adapters.redis import RedisBridge
 
 from shmbus import Bus
+from shmbus.adapters.redis import RedisBridge
 
 QUICK_TIMEOUT = 120
 FULL_TIMEOUT = 900
@@ -69,9 +69,23 @@ class PrivateRedis:
             c.skip("no redis-server on PATH")
         self.dir = tempfile.mkdtemp(prefix="shmbus-bench-redis-")
         self.port = c._free_port()
-        self.proc = subprocess.Popen([binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                                      "--appendonly", "no", "--dir", self.dir], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self.dir,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         self.url = f"redis://127.0.0.1:{self.port}/0"
         deadline = time.monotonic() + 10
         while not c._ping("127.0.0.1", self.port):
@@ -138,8 +152,12 @@ def main() -> None:
     n_sync, n_batch, n_lat = (2000, 20000, 300) if args.quick else (10000, 100000, 2000)
     srv = PrivateRedis()
     name_a, name_b = c.unique_name("bench-bridge-a"), c.unique_name("bench-bridge-b")
-    helper = subprocess.Popen([sys.executable, "-c", HELPER, name_a, name_b, srv.url, CHANNEL],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    helper = subprocess.Popen(
+        [sys.executable, "-c", HELPER, name_a, name_b, srv.url, CHANNEL],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     buses: list[Bus] = []
     try:
         assert helper.stdout is not None
@@ -165,16 +183,32 @@ def main() -> None:
             lat["rp99"].append(c.percentile(got, 99))
         rep.add("redis-py PUBLISH sync", rows["rs"], "msgs/s")
         rep.add("redis-py PUBLISH pipelined x100", rows["rb"], "msgs/s")
-        rep.add("bridge publish sync", rows["bs"], "msgs/s", baselines=["redis-py PUBLISH sync"],
-                note="EVALSHA: ids + both backlogs + PUBLISH, then stored locally")
+        rep.add(
+            "bridge publish sync",
+            rows["bs"],
+            "msgs/s",
+            baselines=["redis-py PUBLISH sync"],
+            note="EVALSHA: ids + both backlogs + PUBLISH, then stored locally",
+        )
         rep.add("bridge publish_many x100", rows["bb"], "msgs/s", baselines=["redis-py PUBLISH pipelined x100"])
         rep.published("gem + Redis publish", 12000, "msgs/s", "brief of issue 4 (message_bus with Redis here)")
         rep.add("redis-py pub/sub latency p50", lat["rp50"], "µs", higher_is_better=False)
         rep.add("redis-py pub/sub latency p99", lat["rp99"], "µs", higher_is_better=False)
-        rep.add("cross-host latency p50", lat["p50"], "µs", higher_is_better=False,
-                baselines=["redis-py pub/sub latency p50"], note="publish on A -> relay -> B's segment -> callback")
-        rep.add("cross-host latency p99", lat["p99"], "µs", higher_is_better=False,
-                baselines=["redis-py pub/sub latency p99"])
+        rep.add(
+            "cross-host latency p50",
+            lat["p50"],
+            "µs",
+            higher_is_better=False,
+            baselines=["redis-py pub/sub latency p50"],
+            note="publish on A -> relay -> B's segment -> callback",
+        )
+        rep.add(
+            "cross-host latency p99",
+            lat["p99"],
+            "µs",
+            higher_is_better=False,
+            baselines=["redis-py pub/sub latency p99"],
+        )
         # Redis commands per long-poll read on host B (segment has the data) and per backlog read
         last = b.last_id(CHANNEL)
         reads = 200 if args.quick else 2000
@@ -183,15 +217,25 @@ def main() -> None:
             b.last_ids(CHANNEL, CHANNEL + "/rate")
             b.backlog(CHANNEL, max(last - 5, 0))
         per_read = (commands(r) - before) / reads
-        rep.add("Redis commands per long-poll read (B)", [per_read], "cmds", higher_is_better=False,
-                note="last_ids + backlog of the last 5, served from the segment")
+        rep.add(
+            "Redis commands per long-poll read (B)",
+            [per_read],
+            "cmds",
+            higher_is_better=False,
+            note="last_ids + backlog of the last 5, served from the segment",
+        )
         rep.target("Redis commands per read when the segment has the data", per_read, 0, at_least=False)
-        rep.target("bridge publish_many msgs/s >= 2x the gem's 12k", rows and sorted(rows["bb"])[len(rows["bb"]) // 2],
-                   24000)
-        rep.note("gem's Redis backend per long poll: 1 MGET (last_ids) + 1 ZRANGEBYSCORE per channel with news "
-                 "(its Redis backend's poll path), i.e. >= 1-2 commands per poll; shmbus: 0")
-        rep.note("figures are for a publishing worker; the relay (helper process) shares the 2 vCPUs with it, "
-                 "with Redis and with the publisher")
+        rep.target(
+            "bridge publish_many msgs/s >= 2x the gem's 12k", rows and sorted(rows["bb"])[len(rows["bb"]) // 2], 24000
+        )
+        rep.note(
+            "gem's Redis backend per long poll: 1 MGET (last_ids) + 1 ZRANGEBYSCORE per channel with news "
+            "(its Redis backend's poll path), i.e. >= 1-2 commands per poll; shmbus: 0"
+        )
+        rep.note(
+            "figures are for a publishing worker; the relay (helper process) shares the 2 vCPUs with it, "
+            "with Redis and with the publisher"
+        )
     finally:
         if helper.stdin is not None:
             helper.stdin.close()

@@ -46,8 +46,8 @@ def fill(bus: Bus, n: int) -> float:
 
 def baseline_reader(bus_name: str, n: int) -> float:
     """The source's read path without Spark, partition by partition, in this process (one core)."""
-    from shmbus.adapters.spark.readers import open_reader
     from shmbus.adapters.spark import Options, _plan, read_partition, schema_for
+    from shmbus.adapters.spark.readers import open_reader
 
     opts = Options.parse({"bus": bus_name, "channels": ",".join(CHANNELS)})
     reader = open_reader(opts.location)
@@ -64,9 +64,15 @@ def baseline_reader(bus_name: str, n: int) -> float:
 
 def spark_read(spark: Any, bus_name: str, n: int) -> tuple[float, float]:
     """rows/s through a streaming query (wall, including query start) and the addBatch-only figure."""
-    q = (spark.readStream.format("shmbus").option("bus", bus_name).option("channels", ",".join(CHANNELS))
-         .option("startingOffsets", "earliest").load()
-         .writeStream.format("noop").trigger(availableNow=True))
+    q = (
+        spark.readStream.format("shmbus")
+        .option("bus", bus_name)
+        .option("channels", ",".join(CHANNELS))
+        .option("startingOffsets", "earliest")
+        .load()
+        .writeStream.format("noop")
+        .trigger(availableNow=True)
+    )
     t0 = time.perf_counter()
     query = q.start()
     query.awaitTermination()
@@ -82,9 +88,16 @@ def warm_up(spark: Any, bus: Bus) -> None:
     """The first Python-source query of a session pays 3-5 s (JVM JIT, Python daemons): not what we measure."""
     for i in range(1000):
         bus.publish("/warm", i)
-    query = (spark.readStream.format("shmbus").option("bus", bus.name).option("channels", "/warm")
-             .option("startingOffsets", "earliest").load().writeStream.format("noop")
-             .trigger(availableNow=True).start())
+    query = (
+        spark.readStream.format("shmbus")
+        .option("bus", bus.name)
+        .option("channels", "/warm")
+        .option("startingOffsets", "earliest")
+        .load()
+        .writeStream.format("noop")
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination()
     query.stop()
     spark_rate(spark, 1000)
@@ -92,8 +105,14 @@ def warm_up(spark: Any, bus: Bus) -> None:
 
 def spark_rate(spark: Any, n: int) -> float:
     """Spark's built-in rate source, same row count, noop sink (rowsPerBatch with the micro-batch variant)."""
-    q = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", n).option("numPartitions", 4).load()
-         .writeStream.format("noop").trigger(availableNow=True))
+    q = (
+        spark.readStream.format("rate-micro-batch")
+        .option("rowsPerBatch", n)
+        .option("numPartitions", 4)
+        .load()
+        .writeStream.format("noop")
+        .trigger(availableNow=True)
+    )
     t0 = time.perf_counter()
     query = q.start()
     query.awaitTermination()
@@ -116,10 +135,17 @@ def latency(spark: Any, bus: Bus, seconds: float, rate: float = 20.0) -> list[fl
             done.set()
 
     bus.subscribe("/lat/out", on_out)
-    query = (spark.readStream.format("shmbus").option("bus", bus.name).option("channels", "/lat/in").load()
-             .select(F.lit("/lat/out").alias("channel"), F.col("data"))
-             .writeStream.format("shmbus").option("bus", bus.name)
-             .option("checkpointLocation", tempfile.mkdtemp(prefix="shmbus-bench-")).start())
+    query = (
+        spark.readStream.format("shmbus")
+        .option("bus", bus.name)
+        .option("channels", "/lat/in")
+        .load()
+        .select(F.lit("/lat/out").alias("channel"), F.col("data"))
+        .writeStream.format("shmbus")
+        .option("bus", bus.name)
+        .option("checkpointLocation", tempfile.mkdtemp(prefix="shmbus-bench-"))
+        .start()
+    )
     try:
         # wait until the query runs (its first offsets are logged) before producing
         deadline = time.monotonic() + 60
@@ -174,24 +200,38 @@ def main() -> None:
         base = baseline_reader(name, n)
         wall, add_batch = spark_read(spark, name, n)
         rate = spark_rate(spark, n)
-        print(f"read {n:,} rows through Spark:  {wall:,.0f} rows/s  (wall incl. query start; "
-              f"{add_batch:,.0f} rows/s in addBatch)")
+        print(
+            f"read {n:,} rows through Spark:  {wall:,.0f} rows/s  (wall incl. query start; "
+            f"{add_batch:,.0f} rows/s in addBatch)"
+        )
         print(f"  baseline 'reader' (same read path, no Spark, 1 core): {base:,.0f} rows/s  -> ratio {wall / base:.2f}")
         print(f"  baseline 'rate' (Spark built-in source, no Python):  {rate:,.0f} rows/s  -> ratio {wall / rate:.2f}")
         print(f"  target >= 300,000 rows/s: {'met' if wall >= 300_000 else 'NOT met'}")
         lat = latency(spark, bus, lat_seconds)
         if lat:
             p50, p95 = pct(lat, 50), pct(lat, 95)
-            print(f"latency bus -> Spark -> bus ({len(lat)} msgs at 20/s, default trigger): "
-                  f"p50 {p50 * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms, max {max(lat) * 1000:.0f} ms, "
-                  f"mean {statistics.mean(lat) * 1000:.0f} ms")
+            print(
+                f"latency bus -> Spark -> bus ({len(lat)} msgs at 20/s, default trigger): "
+                f"p50 {p50 * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms, max {max(lat) * 1000:.0f} ms, "
+                f"mean {statistics.mean(lat) * 1000:.0f} ms"
+            )
         else:
             p50 = p95 = float("nan")
             print("latency: no message came back")
         if args.json:
-            print(json.dumps({"messages": n, "rows_per_s": wall, "rows_per_s_add_batch": add_batch,
-                              "baseline_reader": base, "baseline_rate": rate, "latency_p50": p50,
-                              "latency_p95": p95}))
+            print(
+                json.dumps(
+                    {
+                        "messages": n,
+                        "rows_per_s": wall,
+                        "rows_per_s_add_batch": add_batch,
+                        "baseline_reader": base,
+                        "baseline_rate": rate,
+                        "latency_p50": p50,
+                        "latency_p95": p95,
+                    }
+                )
+            )
     finally:
         if spark is not None:
             for q in spark.streams.active:

@@ -60,9 +60,7 @@ def cpu_work() -> int:
 
 
 # ---------------------------------------------------------------------------------------------- children
-def subscriber(
-    cfg: Config, bus: Bus | None, url: str | None, ready_fd: int, out_path: str, max_s: float
-) -> None:
+def subscriber(cfg: Config, bus: Bus | None, url: str | None, ready_fd: int, out_path: str, max_s: float) -> None:
     """Body of a forked subscriber process: record latencies until the stop message, write them as JSON."""
     if cfg.switch:
         sys.setswitchinterval(cfg.switch)
@@ -228,8 +226,9 @@ def run(cfg: Config, events: int, bus: Bus, url: str | None, tmp: str, pids: lis
         reap(pids, 5)
     lat.sort()
     us = [x / 1000 for x in lat]
-    return RunResult(c.percentile(us, 50), c.percentile(us, 99), len(us), events * cfg.n,
-                     cpu / (WARMUP + events) * 1e6, cpu / wall)
+    return RunResult(
+        c.percentile(us, 50), c.percentile(us, 99), len(us), events * cfg.n, cpu / (WARMUP + events) * 1e6, cpu / wall
+    )
 
 
 # ---------------------------------------------------------------------------------------------- idle CPU
@@ -240,8 +239,9 @@ def idle_listener(bus: Bus, ready_fd: int, out_path: str, seconds: float) -> Non
     c0, w0 = time.process_time(), time.monotonic()
     time.sleep(seconds)
     with open(out_path, "w") as f:
-        json.dump({"cpu": time.process_time() - c0, "wall": time.monotonic() - w0,
-                   "threads": threading.active_count()}, f)
+        json.dump(
+            {"cpu": time.process_time() - c0, "wall": time.monotonic() - w0, "threads": threading.active_count()}, f
+        )
     bus.close()
 
 
@@ -252,8 +252,9 @@ def idle_publisher(bus: Bus, ready_fd: int, out_path: str, seconds: float) -> No
     c0, w0 = time.process_time(), time.monotonic()
     time.sleep(seconds)
     with open(out_path, "w") as f:
-        json.dump({"cpu": time.process_time() - c0, "wall": time.monotonic() - w0,
-                   "threads": threading.active_count()}, f)
+        json.dump(
+            {"cpu": time.process_time() - c0, "wall": time.monotonic() - w0, "threads": threading.active_count()}, f
+        )
     bus.close()
 
 
@@ -300,41 +301,63 @@ def main() -> int:
                 for cfg in configs:
                     r = run(cfg, events, bus, rb.url, tmp, pids)
                     results[cfg].append(r)
-                    rep.log(f"repeat {i + 1}/{repeats} {cfg.label}: p50 {r.p50:.0f} µs, p99 {r.p99:.0f} µs "
-                            f"({r.samples}/{r.expected} samples), publisher {r.pub_cpu_us:.0f} µs CPU/event")
+                    rep.log(
+                        f"repeat {i + 1}/{repeats} {cfg.label}: p50 {r.p50:.0f} µs, p99 {r.p99:.0f} µs "
+                        f"({r.samples}/{r.expected} samples), publisher {r.pub_cpu_us:.0f} µs CPU/event"
+                    )
             idle = measure_idle(bus, tmp, pids, idle_s)
         for cfg in configs:
             rs = results[cfg]
             twin = Config("redis", cfg.n, cfg.busy, cfg.switch)
             base = twin.label if cfg.kind == "shm" and rb.url else None
             for q in ("p50", "p99"):
-                rep.add(f"{cfg.label} {q}", [getattr(r, q) for r in rs], "µs", higher_is_better=False,
-                        baselines=[f"{base} {q}"] if base else [])
+                rep.add(
+                    f"{cfg.label} {q}",
+                    [getattr(r, q) for r in rs],
+                    "µs",
+                    higher_is_better=False,
+                    baselines=[f"{base} {q}"] if base else [],
+                )
         for cfg in configs:
             missing = sum(r.expected - r.samples for r in results[cfg])
             if missing:
                 rep.note(f"{cfg.label}: {missing} messages never reached a callback")
             pub = [r.pub_cpu_us for r in results[cfg]]
             share = max(r.pub_cpu_share for r in results[cfg])
-            rep.add(f"{cfg.label} publisher CPU/event", pub, "µs", higher_is_better=False,
-                    note=f"max CPU/wall {share * 100:.1f}% while publishing every 1-3 ms")
+            rep.add(
+                f"{cfg.label} publisher CPU/event",
+                pub,
+                "µs",
+                higher_is_better=False,
+                note=f"max CPU/wall {share * 100:.1f}% while publishing every 1-3 ms",
+            )
         cpus = [x["cpu"] / x["wall"] * 100 for x in idle["listeners"]]
-        rep.add(f"idle listening process CPU ({idle_s:g} s, {len(cpus)} procs)", cpus, "%",
-                higher_is_better=False)
+        rep.add(f"idle listening process CPU ({idle_s:g} s, {len(cpus)} procs)", cpus, "%", higher_is_better=False)
         pubidle = idle["publisher"]
-        rep.add(f"idle publish-only process CPU ({idle_s:g} s)", [pubidle["cpu"] / pubidle["wall"] * 100],
-                "%", higher_is_better=False,
-                note=f"{pubidle['threads']} thread(s) alive: no listener, nothing polls")
+        rep.add(
+            f"idle publish-only process CPU ({idle_s:g} s)",
+            [pubidle["cpu"] / pubidle["wall"] * 100],
+            "%",
+            higher_is_better=False,
+            note=f"{pubidle['threads']} thread(s) alive: no listener, nothing polls",
+        )
         n4 = Config("shm", 4).label
         rep.target(f"{n4} p50", rep.rows[f"{n4} p50"].median, 150, at_least=False, unit=" µs")
         rep.target(f"{n4} p99", rep.rows[f"{n4} p99"].median, 1000, at_least=False, unit=" µs")
         rep.target("idle listening process CPU", max(cpus), 0.1, at_least=False, unit=" %")
         pub_share = max(r.pub_cpu_share for cfg in configs if cfg.kind == "shm" for r in results[cfg])
-        rep.target("shmbus publisher CPU/wall while publishing every 1-3 ms (spinning would be ~100)",
-                   pub_share * 100, 50, at_least=False, unit=" %")
-        rep.note(f"{events} events per run after {WARMUP} warm-up events, {repeats} run(s) per row, rows "
-                 "interleaved; percentiles over all (subscriber, event) samples of a run; median [min-max] "
-                 "over runs")
+        rep.target(
+            "shmbus publisher CPU/wall while publishing every 1-3 ms (spinning would be ~100)",
+            pub_share * 100,
+            50,
+            at_least=False,
+            unit=" %",
+        )
+        rep.note(
+            f"{events} events per run after {WARMUP} warm-up events, {repeats} run(s) per row, rows "
+            "interleaved; percentiles over all (subscriber, event) samples of a run; median [min-max] "
+            "over runs"
+        )
     finally:
         reap(pids, 5)
         bus.destroy()

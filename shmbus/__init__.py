@@ -41,12 +41,46 @@ from .message import Message
 __version__ = "0.1.0"
 
 __all__ = [
-    "Backlog", "Bus", "BusClosed", "BusDestroyed", "BusLockTimeout", "ChannelTableFull", "Codec",
-    "DistributedCache", "Engine", "EngineError", "Envelope", "InvalidArgument", "InvalidChannel", "InvalidMessage",
-    "InvalidMessageTarget", "JsonCodec", "LayoutMismatch", "Message", "MsgpackCodec", "NotASegment",
-    "PayloadTooLarge", "SegmentCorrupt", "SharedMemoryEngine", "ShmbusError", "Subscription", "UnsafeSegment",
-    "UnsupportedPlatform", "after_fork", "backlog", "configure", "default_bus", "global_backlog", "last_id",
-    "last_ids", "local_subscribe", "off", "on", "publish", "register_client_message_filter", "subscribe",
+    "Backlog",
+    "Bus",
+    "BusClosed",
+    "BusDestroyed",
+    "BusLockTimeout",
+    "ChannelTableFull",
+    "Codec",
+    "DistributedCache",
+    "Engine",
+    "EngineError",
+    "Envelope",
+    "InvalidArgument",
+    "InvalidChannel",
+    "InvalidMessage",
+    "InvalidMessageTarget",
+    "JsonCodec",
+    "LayoutMismatch",
+    "Message",
+    "MsgpackCodec",
+    "NotASegment",
+    "PayloadTooLarge",
+    "SegmentCorrupt",
+    "SharedMemoryEngine",
+    "ShmbusError",
+    "Subscription",
+    "UnsafeSegment",
+    "UnsupportedPlatform",
+    "after_fork",
+    "backlog",
+    "configure",
+    "default_bus",
+    "global_backlog",
+    "last_id",
+    "last_ids",
+    "local_subscribe",
+    "off",
+    "on",
+    "publish",
+    "register_client_message_filter",
+    "subscribe",
     "unsubscribe",
 ]
 
@@ -84,7 +118,8 @@ def default_bus() -> Bus:
                     name = "default"
                     logging.getLogger("shmbus").warning(
                         "shmbus: no bus name configured; using the bus named 'default' (call "
-                        "shmbus.configure(name=...) or set SHMBUS_NAME)")
+                        "shmbus.configure(name=...) or set SHMBUS_NAME)"
+                    )
                 _default = Bus(name, **opts)
             bus = _default
     return bus

@@ -95,7 +95,8 @@ def mutex_lock(ptr: ctypes.c_void_p, timeout: float) -> bool:
             raise BusLockTimeout(
                 f"the bus's writer lock was not free within {timeout:g} s; it is held by pid {pid or '?'} "
                 "(stopped or stuck?). Resume or kill that process; a killed holder is repaired automatically",
-                holder_pid=pid)
+                holder_pid=pid,
+            )
     return _owner_died(ptr, rc)
 
 

@@ -81,8 +81,11 @@ class DistributedCache(MutableMapping[str, Any]):
         self._complete = True
         self._sub = bus.subscribe(self.channel, self._on_message, last_id=0, site_id="")
         if not self._complete:
-            log.warning("shmbus: DistributedCache %r started from an incomplete history (the bus no longer holds "
-                        "its older operations); values written before then are missing", name)
+            log.warning(
+                "shmbus: DistributedCache %r started from an incomplete history (the bus no longer holds "
+                "its older operations); values written before then are missing",
+                name,
+            )
 
     # ------------------------------------------------------------------ local view
     # ``_data`` holds only what the listener applied, in bus order. This process's own writes that the
@@ -173,19 +176,25 @@ class DistributedCache(MutableMapping[str, Any]):
         op["origin"] = self.identity
         if self.app_version is not None:
             op["v"] = self.app_version
-        mid = self.bus.publish(self.channel, op, user_ids=HIDDEN, site_id="",
-                               max_backlog_size=self.history, max_backlog_age=_FOREVER)
+        mid = self.bus.publish(
+            self.channel, op, user_ids=HIDDEN, site_id="", max_backlog_size=self.history, max_backlog_age=_FOREVER
+        )
         return mid or 0
 
     def _publish_snapshot(self, as_of: int) -> None:
         """Publish ``_data`` as of operation ``as_of`` (called on the listener right after applying it)."""
-        snap: dict[str, Any] = {"op": "snapshot", "as_of": as_of, "origin": self.identity,
-                                "data": {site: dict(d) for site, d in self._data.items()}}
+        snap: dict[str, Any] = {
+            "op": "snapshot",
+            "as_of": as_of,
+            "origin": self.identity,
+            "data": {site: dict(d) for site, d in self._data.items()},
+        }
         if self.app_version is not None:
             snap["v"] = self.app_version
         try:
-            self.bus.publish(self.channel, snap, user_ids=HIDDEN, site_id="",
-                             max_backlog_size=self.history, max_backlog_age=_FOREVER)
+            self.bus.publish(
+                self.channel, snap, user_ids=HIDDEN, site_id="", max_backlog_size=self.history, max_backlog_age=_FOREVER
+            )
         except Exception:
             log.exception("shmbus: DistributedCache %r could not publish a snapshot", self.name)
 

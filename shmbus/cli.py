@@ -43,7 +43,7 @@ def _bus_names() -> list[str]:
         files = os.listdir("/dev/shm")
     except FileNotFoundError:
         return []
-    return sorted(f[len("shmbus."):] for f in files if f.startswith("shmbus.") and ".init-" not in f)
+    return sorted(f[len("shmbus.") :] for f in files if f.startswith("shmbus.") and ".init-" not in f)
 
 
 def _others(pids: list[int]) -> list[int]:
@@ -60,18 +60,35 @@ def cmd_stats(args: argparse.Namespace) -> int:
         channels: list[dict[str, Any]] = []
         for info in seg.iter_channels():
             channel, site = split_backend_name(info.key.decode(errors="replace"))
-            channels.append({"channel": channel, "site_id": site, "last_id": info.last_id,
-                             "oldest_id": info.oldest_id if info.last_id else 0,
-                             "retained": max(info.last_id - info.oldest_id + 1, 0) if info.last_id else 0,
-                             "expired": info.expired})
+            channels.append(
+                {
+                    "channel": channel,
+                    "site_id": site,
+                    "last_id": info.last_id,
+                    "oldest_id": info.oldest_id if info.last_id else 0,
+                    "retained": max(info.last_id - info.oldest_id + 1, 0) if info.last_id else 0,
+                    "expired": info.expired,
+                }
+            )
         channels.sort(key=lambda c: (c["channel"], c["site_id"] or ""))
         out: dict[str, Any] = {
-            "bus": st.name, "path": st.path, "epoch": st.epoch, "segment_bytes": st.size,
-            "ring_bytes": st.ring_size, "ring_used_bytes": st.ring_used, "global_id": st.global_id,
-            "oldest_global_id": st.oldest_global_id, "published": st.published, "overwritten": st.overwritten,
-            "repairs": st.repairs, "history_seconds": round(st.history_seconds, 3),
-            "max_channels": st.max_channels, "channel_count": st.channels, "processes": st.processes,
-            "sleeping_listeners": st.sleepers, "channels": channels,
+            "bus": st.name,
+            "path": st.path,
+            "epoch": st.epoch,
+            "segment_bytes": st.size,
+            "ring_bytes": st.ring_size,
+            "ring_used_bytes": st.ring_used,
+            "global_id": st.global_id,
+            "oldest_global_id": st.oldest_global_id,
+            "published": st.published,
+            "overwritten": st.overwritten,
+            "repairs": st.repairs,
+            "history_seconds": round(st.history_seconds, 3),
+            "max_channels": st.max_channels,
+            "channel_count": st.channels,
+            "processes": st.processes,
+            "sleeping_listeners": st.sleepers,
+            "channels": channels,
         }
         redis_url = args.redis or os.environ.get("SHMBUS_REDIS_URL")
         if redis_url:
@@ -83,10 +100,14 @@ def cmd_stats(args: argparse.Namespace) -> int:
         return 0
     print(f"bus {out['bus']}  ({out['path']})")
     print(f"  epoch            {out['epoch']}")
-    print(f"  segment          {_size(out['segment_bytes'])}, ring {_size(out['ring_bytes'])} "
-          f"({100 * out['ring_used_bytes'] / out['ring_bytes']:.1f}% used)")
-    print(f"  global ids       {out['oldest_global_id']}..{out['global_id']}  "
-          f"(published {out['published']}, overwritten {out['overwritten']}, repairs {out['repairs']})")
+    print(
+        f"  segment          {_size(out['segment_bytes'])}, ring {_size(out['ring_bytes'])} "
+        f"({100 * out['ring_used_bytes'] / out['ring_bytes']:.1f}% used)"
+    )
+    print(
+        f"  global ids       {out['oldest_global_id']}..{out['global_id']}  "
+        f"(published {out['published']}, overwritten {out['overwritten']}, repairs {out['repairs']})"
+    )
     print(f"  history          {out['history_seconds']:.1f} s held in the ring")
     print(f"  processes        {len(out['processes'])} attached: {' '.join(map(str, out['processes']))}")
     print(f"  channels         {out['channel_count']} of {out['max_channels']}")
@@ -95,14 +116,18 @@ def cmd_stats(args: argparse.Namespace) -> int:
         if "error" in rv:
             print(f"  redis            UNREACHABLE {rv['url']}: {rv['error']}")
         else:
-            print(f"  redis            {rv['url']} role={rv['role']} global_id={rv['global_id']} "
-                  f"(segment lags by {rv['lag']}), relay {'active' if rv['relay_active'] else 'NOT RUNNING'}")
+            print(
+                f"  redis            {rv['url']} role={rv['role']} global_id={rv['global_id']} "
+                f"(segment lags by {rv['lag']}), relay {'active' if rv['relay_active'] else 'NOT RUNNING'}"
+            )
     if channels:
         width = max(len(c["channel"]) for c in channels)
         print(f"    {'channel'.ljust(width)}  {'site':10} {'last_id':>9} {'oldest':>9} {'retained':>9}")
         for c in channels:
-            print(f"    {c['channel'].ljust(width)}  {(c['site_id'] or '-'):10} {c['last_id']:>9} "
-                  f"{c['oldest_id']:>9} {c['retained']:>9}{'  (expired)' if c['expired'] else ''}")
+            print(
+                f"    {c['channel'].ljust(width)}  {(c['site_id'] or '-'):10} {c['last_id']:>9} "
+                f"{c['oldest_id']:>9} {c['retained']:>9}{'  (expired)' if c['expired'] else ''}"
+            )
     return 0
 
 
@@ -136,8 +161,17 @@ def _size(n: int) -> str:
 
 def _fmt(msg: Any, as_json: bool) -> str:
     if as_json:
-        return json.dumps({"global_id": msg.global_id, "message_id": msg.message_id, "channel": msg.channel,
-                           "site_id": msg.site_id, "timestamp": msg.timestamp, "data": msg.data}, default=repr)
+        return json.dumps(
+            {
+                "global_id": msg.global_id,
+                "message_id": msg.message_id,
+                "channel": msg.channel,
+                "site_id": msg.site_id,
+                "timestamp": msg.timestamp,
+                "data": msg.data,
+            },
+            default=repr,
+        )
     ts = _dt.datetime.fromtimestamp(msg.timestamp).strftime("%H:%M:%S.%f")[:-3]
     site = f" [{msg.site_id}]" if msg.site_id else ""
     return f"{ts} {msg.channel}{site} #{msg.message_id} (g{msg.global_id}) {json.dumps(msg.data, default=repr)}"
@@ -180,9 +214,14 @@ def cmd_publish(args: argparse.Namespace) -> int:
             _ = bus.segment  # attach first: a mistyped name must not silently create a 34 MiB bus
         except FileNotFoundError:
             sys.exit(_no_such_bus(args) + " (pass --create to create it)")
-        mid = bus.publish(args.channel, data, site_id=args.site,
-                          user_ids=args.user_id or None, group_ids=args.group_id or None,
-                          client_ids=args.client_id or None)
+        mid = bus.publish(
+            args.channel,
+            data,
+            site_id=args.site,
+            user_ids=args.user_id or None,
+            group_ids=args.group_id or None,
+            client_ids=args.client_id or None,
+        )
     finally:
         bus.close()
     print(json.dumps({"channel": args.channel, "message_id": mid}) if args.json else f"published #{mid}")
@@ -210,16 +249,21 @@ def cmd_destroy(args: argparse.Namespace) -> int:
         finally:
             seg.close()
         if attached and not args.force:
-            sys.exit(f"shmbus: bus {name!r} is in use by process(es) {' '.join(map(str, attached))}: they would "
-                     "go on with a segment nobody else can attach (a split bus). Stop them first, or pass --force")
+            sys.exit(
+                f"shmbus: bus {name!r} is in use by process(es) {' '.join(map(str, attached))}: they would "
+                "go on with a segment nobody else can attach (a split bus). Stop them first, or pass --force"
+            )
     if args.path:
         gone = os.path.exists(args.path)
         if gone:
             os.unlink(args.path)
     else:
         gone = Segment.destroy_by_name(name)
-    print(json.dumps({"bus": name, "destroyed": gone}) if args.json else
-          (f"destroyed {name}" if gone else f"no bus named {name!r}"))
+    print(
+        json.dumps({"bus": name, "destroyed": gone})
+        if args.json
+        else (f"destroyed {name}" if gone else f"no bus named {name!r}")
+    )
     return 0 if gone else 1
 
 
@@ -229,9 +273,11 @@ def _ids(value: str) -> int | str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="shmbus", description="Inspect and use a shmbus bus from the shell.",
+        prog="shmbus",
+        description="Inspect and use a shmbus bus from the shell.",
         epilog="Run 'shmbus COMMAND --help' for a command's options. Bus names come from --bus, else $SHMBUS_NAME, "
-               "else 'default'.")
+        "else 'default'.",
+    )
     out = argparse.ArgumentParser(add_help=False)
     out.add_argument("--json", action="store_true", help="machine-readable output (one JSON document)")
     common = argparse.ArgumentParser(add_help=False, parents=[out])
@@ -242,15 +288,24 @@ def main(argv: list[str] | None = None) -> int:
     def add(name: str, summary: str, description: str, parents: list[argparse.ArgumentParser]) -> Any:
         return sub.add_parser(name, parents=parents, help=summary, description=description)
 
-    s = add("stats", "segment, ids, channels, history, processes",
-            "Show a bus: its segment and ring, global ids, how many seconds of history the ring holds, the "
-            "attached processes (this command excluded) and every channel with its ids.", [common])
-    s.add_argument("--redis", help="Redis URL of a bridged bus: show Redis's role, ids and the relay "
-                                   "(default: $SHMBUS_REDIS_URL)")
+    s = add(
+        "stats",
+        "segment, ids, channels, history, processes",
+        "Show a bus: its segment and ring, global ids, how many seconds of history the ring holds, the "
+        "attached processes (this command excluded) and every channel with its ids.",
+        [common],
+    )
+    s.add_argument(
+        "--redis", help="Redis URL of a bridged bus: show Redis's role, ids and the relay (default: $SHMBUS_REDIS_URL)"
+    )
     s.set_defaults(fn=cmd_stats)
-    t = add("tail", "print messages as they are published",
-            "Print messages of a channel (or of all channels) as they are published, optionally after the last "
-            "N retained ones. Stop with Ctrl-C, --count or --timeout.", [common])
+    t = add(
+        "tail",
+        "print messages as they are published",
+        "Print messages of a channel (or of all channels) as they are published, optionally after the last "
+        "N retained ones. Stop with Ctrl-C, --count or --timeout.",
+        [common],
+    )
     t.add_argument("channel", nargs="?", default=None, help="channel (or pattern with --pattern); all if omitted")
     t.add_argument("--pattern", choices=["glob", "prefix"], help="treat CHANNEL as a glob or a prefix")
     t.add_argument("--last", type=int, default=0, help="first show the last N retained messages (default 0)")
@@ -259,9 +314,12 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--site", default=None, help="only messages of this site id (multisite buses)")
     t.add_argument("--codec", default="json", help="the bus's codec: json or msgpack (default json)")
     t.set_defaults(fn=cmd_tail)
-    pb = add("publish", "publish one message",
-             "Publish DATA on CHANNEL and print its message id. The bus must exist unless --create is given.",
-             [common])
+    pb = add(
+        "publish",
+        "publish one message",
+        "Publish DATA on CHANNEL and print its message id. The bus must exist unless --create is given.",
+        [common],
+    )
     pb.add_argument("channel", help="the channel, e.g. /chat")
     pb.add_argument("data", help="the message (a string, or JSON with --json-data)")
     pb.add_argument("--json-data", action="store_true", help="parse DATA as JSON")
@@ -272,12 +330,15 @@ def main(argv: list[str] | None = None) -> int:
     pb.add_argument("--client-id", action="append", help="deliver only to this client id (repeatable)")
     pb.add_argument("--codec", default="json", help="the bus's codec: json or msgpack (default json)")
     pb.set_defaults(fn=cmd_publish)
-    ls = add("list", "list the buses on this host", "List the names of the shared-memory buses in /dev/shm.",
-             [out])
+    ls = add("list", "list the buses on this host", "List the names of the shared-memory buses in /dev/shm.", [out])
     ls.set_defaults(fn=cmd_list)
-    d = add("destroy", "remove a bus segment (all its history)",
-            "Remove a bus's segment and all its history. Refused while other processes are attached (they would "
-            "keep serving a segment nobody else can attach) unless --force is given.", [common])
+    d = add(
+        "destroy",
+        "remove a bus segment (all its history)",
+        "Remove a bus's segment and all its history. Refused while other processes are attached (they would "
+        "keep serving a segment nobody else can attach) unless --force is given.",
+        [common],
+    )
     d.add_argument("--force", action="store_true", help="remove it even while processes are attached")
     d.set_defaults(fn=cmd_destroy)
     args = p.parse_args(argv)

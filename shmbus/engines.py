@@ -62,8 +62,16 @@ class Engine:
         """Carry out a publish; return the channel's new message id (or None if it was queued)."""
         raise NotImplementedError(f"{type(self).__name__} must implement publish()")
 
-    def backlog(self, bus: Bus, channel: str, site_id: str | None, after_id: int, upto: int | None,
-                limit: int | None, partial: Backlog) -> Backlog | None:
+    def backlog(
+        self,
+        bus: Bus,
+        channel: str,
+        site_id: str | None,
+        after_id: int,
+        upto: int | None,
+        limit: int | None,
+        partial: Backlog,
+    ) -> Backlog | None:
         """Fill a gap: ``partial`` (read from the segment) misses messages after ``after_id`` that the segment no
         longer holds. Return a fuller :class:`~shmbus.bus.Backlog`, or None to keep ``partial`` (the default)."""
         return None

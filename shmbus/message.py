@@ -35,8 +35,19 @@ class Message:
     adapter with the JSON codec) never pays for decoding.
     """
 
-    __slots__ = ("_codec", "_data", "_meta", "_targets", "channel", "epoch", "global_id", "message_id", "raw",
-                 "site_id", "timestamp")
+    __slots__ = (
+        "_codec",
+        "_data",
+        "_meta",
+        "_targets",
+        "channel",
+        "epoch",
+        "global_id",
+        "message_id",
+        "raw",
+        "site_id",
+        "timestamp",
+    )
 
     def __init__(
         self,
@@ -97,22 +108,28 @@ class Message:
 
     def to_dict(self) -> dict[str, Any]:
         """The four keys message_bus sends to HTTP clients."""
-        return {"global_id": self.global_id, "message_id": self.message_id, "channel": self.channel,
-                "data": self.data}
+        return {"global_id": self.global_id, "message_id": self.message_id, "channel": self.channel, "data": self.data}
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Message):
             return NotImplemented
         return (self.global_id, self.message_id, self.channel, self.site_id, self.raw) == (
-            other.global_id, other.message_id, other.channel, other.site_id, other.raw)
+            other.global_id,
+            other.message_id,
+            other.channel,
+            other.site_id,
+            other.raw,
+        )
 
     def __hash__(self) -> int:
         return hash((self.global_id, self.message_id, self.channel))
 
     def __repr__(self) -> str:
         site = f", site_id={self.site_id!r}" if self.site_id else ""
-        return (f"Message(global_id={self.global_id}, message_id={self.message_id}, channel={self.channel!r}, "
-                f"data={self.data!r}{site})")
+        return (
+            f"Message(global_id={self.global_id}, message_id={self.message_id}, channel={self.channel!r}, "
+            f"data={self.data!r}{site})"
+        )
 
 
 class _Unset:

@@ -50,7 +50,7 @@ def _glob_to_regex(pattern: str) -> str:
             if j < 0:
                 out.append(re.escape(c))
             else:
-                body = pattern[i + 1:j]
+                body = pattern[i + 1 : j]
                 if body.startswith("!"):
                     body = "^" + body[1:]
                 out.append("[" + body.replace("\\", "\\\\") + "]")

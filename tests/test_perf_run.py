@@ -24,8 +24,13 @@ NOISY = textwrap.dedent("""
 
 
 def _perf_run(script: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(REPO / "perf" / "run"), str(script)], capture_output=True,
-                          text=True, timeout=120, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    return subprocess.run(
+        [sys.executable, str(REPO / "perf" / "run"), str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
 
 
 def test_a_benchmark_whose_processes_log_errors_fails_the_run(tmp_path: Path) -> None:

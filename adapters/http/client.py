@@ -31,12 +31,43 @@ class Client:
     client whole framed chunks, otherwise array items (joined into one array when the request ends).
     """
 
-    __slots__ = ("bytes_pending", "channels", "client_id", "done", "dropped", "epoch", "group_ids", "held", "keys",
-                 "last", "pending", "ready", "registered", "reset", "seq", "signal", "site_id", "stale",
-                 "status_due", "streaming", "superseded", "user_id", "waker")
+    __slots__ = (
+        "bytes_pending",
+        "channels",
+        "client_id",
+        "done",
+        "dropped",
+        "epoch",
+        "group_ids",
+        "held",
+        "keys",
+        "last",
+        "pending",
+        "ready",
+        "registered",
+        "reset",
+        "seq",
+        "signal",
+        "site_id",
+        "stale",
+        "status_due",
+        "streaming",
+        "superseded",
+        "user_id",
+        "waker",
+    )
 
-    def __init__(self, client_id: str, seq: int, lk: Lookups, channels: Iterable[str], streaming: bool,
-                 epoch: int, waker: Callable[[Client], Any] | None = None, signal: Any = None) -> None:
+    def __init__(
+        self,
+        client_id: str,
+        seq: int,
+        lk: Lookups,
+        channels: Iterable[str],
+        streaming: bool,
+        epoch: int,
+        waker: Callable[[Client], Any] | None = None,
+        signal: Any = None,
+    ) -> None:
         self.client_id = client_id
         self.seq = seq
         self.user_id = lk.user_id
@@ -95,4 +126,3 @@ def filter_allows(bus: Bus, msg: Message) -> bool:
     except Exception:
         log.exception("shmbus: client message filter failed on %r; message withheld", msg.channel)
         return False
-

@@ -74,8 +74,14 @@ class CallLookup:
 Flow = Generator["ReadBody | CallLookup", Any, Poll]
 
 
-def serve(proto: MessageBusProtocol, head: RequestHead, *, can_park: bool = True,
-          waker: Callable[[Any], Any] | None = None, signal: Any = None) -> Flow:
+def serve(
+    proto: MessageBusProtocol,
+    head: RequestHead,
+    *,
+    can_park: bool = True,
+    waker: Callable[[Any], Any] | None = None,
+    signal: Any = None,
+) -> Flow:
     """The flow of one request under ``proto.options.prefix`` (see the module docstring).
 
     ``can_park``, ``waker`` and ``signal`` go to :meth:`MessageBusProtocol.start_poll`.
@@ -86,8 +92,9 @@ def serve(proto: MessageBusProtocol, head: RequestHead, *, can_park: bool = True
         return Poll("immediate", (yield from _error_response(proto, exc)))
 
 
-def _serve(proto: MessageBusProtocol, head: RequestHead, can_park: bool, waker: Callable[[Any], Any] | None,
-           signal: Any) -> Flow:
+def _serve(
+    proto: MessageBusProtocol, head: RequestHead, can_park: bool, waker: Callable[[Any], Any] | None, signal: Any
+) -> Flow:
     opts = proto.options
     route = proto.route(head.method, head.path)
     if route.kind == "options":  # before any other lookup: a cheap CORS preflight
@@ -97,8 +104,17 @@ def _serve(proto: MessageBusProtocol, head: RequestHead, can_park: bool, waker: 
     body = yield READ_BODY
     if route.kind == "broadcast":
         return Poll("immediate", proto.broadcast(form_params(head.query, body, head.content_type)))
-    req = poll_request(route.client_id, head.content_type, body, head.query, opts, override=head.override,
-                       override_seq=head.override_seq, dont_chunk=head.dont_chunk, http11=head.http11)
+    req = poll_request(
+        route.client_id,
+        head.content_type,
+        body,
+        head.query,
+        opts,
+        override=head.override,
+        override_seq=head.override_seq,
+        dont_chunk=head.dont_chunk,
+        http11=head.http11,
+    )
     if head.method == "HEAD":  # nothing of a body would be sent: never hold the request
         req.dlp = True
     if opts.user_id_lookup or opts.group_ids_lookup or opts.site_id_lookup:

@@ -79,15 +79,24 @@ class Options:
         self.prefix = self.base_route + "message-bus/"
         if not self.long_polling_interval > 0:
             raise ValueError("long_polling_interval must be > 0 seconds")
-        if isinstance(self.body_timeout, bool) or not isinstance(self.body_timeout, (int, float)) \
-                or not self.body_timeout > 0:
+        if (
+            isinstance(self.body_timeout, bool)
+            or not isinstance(self.body_timeout, (int, float))
+            or not self.body_timeout > 0
+        ):
             raise ValueError(f"body_timeout must be > 0 seconds, got {self.body_timeout!r}")
         for name in ("max_active_clients", "max_body_size", "max_channels_per_poll", "max_stream_buffer"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {v!r}")
-        for name in ("user_id_lookup", "group_ids_lookup", "site_id_lookup", "is_admin_lookup",
-                     "extra_response_headers_lookup", "on_middleware_error"):
+        for name in (
+            "user_id_lookup",
+            "group_ids_lookup",
+            "site_id_lookup",
+            "is_admin_lookup",
+            "extra_response_headers_lookup",
+            "on_middleware_error",
+        ):
             v = getattr(self, name)
             if v is not None and not callable(v):
                 raise TypeError(f"{name} must be callable, got {v!r}")
@@ -121,7 +130,7 @@ def match_route(method: str, path: str, options: Options) -> Route:
     prefix = options.prefix
     if not path.startswith(prefix):
         return _APP
-    rest = path[len(prefix):]
+    rest = path[len(prefix) :]
     if method == "OPTIONS":
         return Route("options")
     if rest == "broadcast":
@@ -138,5 +147,3 @@ def match_route(method: str, path: str, options: Options) -> Route:
     if not CLIENT_ID_RE.match(cid):
         return Route("error", error=ProtocolError(400, INVALID_CLIENT_ID))
     return Route("poll", client_id=cid)
-
-

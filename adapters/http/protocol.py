@@ -42,8 +42,14 @@ class Poll:
 
     __slots__ = ("client", "first_chunk", "headers", "mode", "response")
 
-    def __init__(self, mode: str, response: Response | None = None, client: Client | None = None,
-                 headers: list[tuple[str, str]] | None = None, first_chunk: bytes = b"") -> None:
+    def __init__(
+        self,
+        mode: str,
+        response: Response | None = None,
+        client: Client | None = None,
+        headers: list[tuple[str, str]] | None = None,
+        first_chunk: bytes = b"",
+    ) -> None:
         self.mode = mode
         self.response = response
         self.client = client
@@ -108,9 +114,16 @@ class MessageBusProtocol:
         return Lookups(user_id, groups, site)
 
     # -- polls
-    def start_poll(self, req: PollRequest, lk: Lookups, extra: list[tuple[str, str]], *,
-                   can_park: bool = True, waker: Callable[[Client], Any] | None = None,
-                   signal: Any = None) -> Poll:
+    def start_poll(
+        self,
+        req: PollRequest,
+        lk: Lookups,
+        extra: list[tuple[str, str]],
+        *,
+        can_park: bool = True,
+        waker: Callable[[Client], Any] | None = None,
+        signal: Any = None,
+    ) -> Poll:
         """Compute the reply to a poll; register the request when it will wait.
 
         ``can_park`` is the shell's verdict (e.g. False on a sync WSGI worker): when False the request is
@@ -120,8 +133,7 @@ class MessageBusProtocol:
         """
         opts = self.options
         reg = self.registry
-        long_poll = (can_park and opts.long_polling_enabled and not req.dlp
-                     and reg.parked < opts.max_active_clients)
+        long_poll = can_park and opts.long_polling_enabled and not req.dlp and reg.parked < opts.max_active_clients
         streaming = long_poll and req.http11 and not req.dont_chunk and opts.chunked_encoding_enabled
         epoch = self.bus.epoch if long_poll else 0
         c = Client(req.client_id, req.seq, lk, req.channels, streaming, epoch, waker, signal)

@@ -49,8 +49,9 @@ class Registry:
     ``lock`` guards the index; shells that run everything on one thread (asyncio, gevent) pass a no-op lock.
     """
 
-    def __init__(self, bus: Bus, lock: AbstractContextManager[Any] | None = None,
-                 max_stream_buffer: int = MAX_STREAM_BUFFER) -> None:
+    def __init__(
+        self, bus: Bus, lock: AbstractContextManager[Any] | None = None, max_stream_buffer: int = MAX_STREAM_BUFFER
+    ) -> None:
         self.bus = bus
         self.lock: AbstractContextManager[Any] = lock if lock is not None else threading.Lock()
         self.index: dict[tuple[str | None, str], set[Client]] = {}
@@ -246,5 +247,3 @@ class Registry:
                 c.bytes_pending = 0
         elif not c.done:
             c.done = True  # a long poll ends with its first delivery
-
-

@@ -113,8 +113,7 @@ def parse_body(content_type: str | None, body: bytes, options: Options) -> tuple
         except ValueError:
             raise ProtocolError(400, f"too many channels in one poll (limit {options.max_channels_per_poll})")
     else:
-        raise ProtocolError(415, "unsupported content type (use application/x-www-form-urlencoded or "
-                                 "application/json)")
+        raise ProtocolError(415, "unsupported content type (use application/x-www-form-urlencoded or application/json)")
     return _channels_from_items(items, options)
 
 
@@ -155,9 +154,18 @@ def channels_override(value: Any, seq: Any, options: Options) -> tuple[dict[str,
     return channels, _parse_seq(seq)
 
 
-def poll_request(client_id: str, content_type: str | None, body: bytes, query: str, options: Options, *,
-                 override: Any = None, override_seq: Any = None, dont_chunk: bool = False, http11: bool = True
-                 ) -> PollRequest:
+def poll_request(
+    client_id: str,
+    content_type: str | None,
+    body: bytes,
+    query: str,
+    options: Options,
+    *,
+    override: Any = None,
+    override_seq: Any = None,
+    dont_chunk: bool = False,
+    http11: bool = True,
+) -> PollRequest:
     """A poll's :class:`PollRequest`: channels from ``override`` (the gem's ``message_bus.channels``, with
     ``message_bus.seq``) when set, else from the body; ``dlp`` from the query string."""
     if override is not None:
@@ -179,5 +187,3 @@ def form_params(query: str, body: bytes, content_type: str | None) -> dict[str, 
     except (UnicodeDecodeError, ValueError):
         raise ProtocolError(400, "malformed form parameters")
     return params
-
-

@@ -77,9 +77,18 @@ class Response:
     body: bytes
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
-            408: "Request Timeout", 411: "Length Required", 413: "Content Too Large", 415: "Unsupported Media Type",
-            500: "Internal Server Error"}
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    411: "Length Required",
+    413: "Content Too Large",
+    415: "Unsupported Media Type",
+    500: "Internal Server Error",
+}
 
 #: The answer to a chunked request body on a message-bus route: its chunk sizes are the client's word (one of
 #: ``ffffffffffffffff`` would make the server wait for it), and no message_bus client sends one.
@@ -132,7 +141,11 @@ def encode_message(msg: Message, is_json: bool = True) -> bytes:
     """The wire object of one message. With the JSON codec ``msg.raw`` is spliced in as is (no decode)."""
     data = msg.raw if is_json else jsonlib.dumps_lenient(msg.data)
     return b'{"global_id":%d,"message_id":%d,"channel":%s,"data":%s}' % (
-        msg.global_id, msg.message_id, _chan(msg.channel), data)
+        msg.global_id,
+        msg.message_id,
+        _chan(msg.channel),
+        data,
+    )
 
 
 def encode_status(status: Mapping[str, int]) -> bytes:
@@ -153,5 +166,3 @@ def frame_chunk(payload: bytes) -> bytes:
 
 EMPTY = b"[]"
 EMPTY_CHUNK = frame_chunk(EMPTY)
-
-

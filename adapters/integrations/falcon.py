@@ -15,7 +15,8 @@ A few lines for a user::
 :class:`shmbus.adapters.asgi.MessageBusMiddleware` (chosen from the app's type): bus routes never go through
 Falcon's routing, middleware or session handling, so polls are fast and never re-send cookies. Lookups receive
 the WSGI environ / ASGI scope; build a ``falcon.Request(env)`` inside a lookup if you need Falcon's parsing.
-Serve the returned object (``gunicorn -c python:shmbus.adapters.integrations.gunicorn mymod:app`` or ``uvicorn mymod:app``).
+Serve the returned object (``gunicorn -c python:shmbus.adapters.integrations.gunicorn mymod:app`` or
+``uvicorn mymod:app``).
 """
 
 from __future__ import annotations

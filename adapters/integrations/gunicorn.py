@@ -57,9 +57,8 @@ keepalive = 5
 
 
 def post_fork(server: Any, worker: Any) -> None:
-    from shmbus.adapters.wsgi import configure_server
-
     import shmbus
+    from shmbus.adapters.wsgi import configure_server
 
     shmbus.after_fork()
     cfg = getattr(worker, "cfg", None)

@@ -29,9 +29,8 @@ installed = False
 
 
 def _postfork() -> None:
-    from shmbus.adapters.wsgi import configure_server
-
     import shmbus
+    from shmbus.adapters.wsgi import configure_server
 
     shmbus.after_fork()
     try:

@@ -231,9 +231,14 @@ class RedisBridge(Relay, Engine):
         retried EVALSHA whose reply was lost would publish twice."""
         c = self._client
         if c is None or self._pid != os.getpid():
-            c = redis.Redis.from_url(self.url, socket_timeout=self.socket_timeout,
-                                     socket_connect_timeout=self.connect_timeout, retry=Retry(NoBackoff(), 0),
-                                     health_check_interval=0, protocol=2)  # RESP2: pub/sub replies are plain
+            c = redis.Redis.from_url(
+                self.url,
+                socket_timeout=self.socket_timeout,
+                socket_connect_timeout=self.connect_timeout,
+                retry=Retry(NoBackoff(), 0),
+                health_check_interval=0,
+                protocol=2,
+            )  # RESP2: pub/sub replies are plain
             self._client = c
         return c
 
@@ -244,8 +249,14 @@ class RedisBridge(Relay, Engine):
         if state != self.state:
             old, self.state = self.state, state
             level = logging.INFO if state == "ok" else logging.WARNING
-            log.log(level, "shmbus redis bridge %s: publish state %s -> %s%s", redact_url(self.url), old, state,
-                    f" ({self.last_error})" if state != "ok" and self.last_error else "")
+            log.log(
+                level,
+                "shmbus redis bridge %s: publish state %s -> %s%s",
+                redact_url(self.url),
+                old,
+                state,
+                f" ({self.last_error})" if state != "ok" and self.last_error else "",
+            )
 
     def _set_relay_state(self, state: RelayState, error: BaseException | None = None) -> None:
         if error is not None:
@@ -254,8 +265,15 @@ class RedisBridge(Relay, Engine):
         if state != self.relay_state:
             old, self.relay_state = self.relay_state, state
             level = logging.WARNING if state == "reconnecting" else logging.INFO
-            log.log(level, "shmbus redis bridge %s (pid %d): relay %s -> %s%s", redact_url(self.url),
-                    os.getpid(), old, state, f" ({self.last_error})" if error is not None else "")
+            log.log(
+                level,
+                "shmbus redis bridge %s (pid %d): relay %s -> %s%s",
+                redact_url(self.url),
+                os.getpid(),
+                old,
+                state,
+                f" ({self.last_error})" if error is not None else "",
+            )
 
     # ------------------------------------------------------------------ publish
     def _bus_of(self, bus: Bus | None) -> Bus:
@@ -309,7 +327,7 @@ class RedisBridge(Relay, Engine):
     def _publish_envelopes(self, bus: Bus, envs: list[Envelope]) -> list[int | None]:
         out: list[int | None] = []
         for i in range(0, len(envs), 1000):
-            chunk = envs[i:i + 1000]
+            chunk = envs[i : i + 1000]
             if self._queue and self._enqueue_if_queueing(*chunk):
                 out.extend([None] * len(chunk))
                 continue
@@ -346,7 +364,7 @@ class RedisBridge(Relay, Engine):
         """One pipelined round trip; each group of up to ``_GROUP`` messages is ONE run of the batch script (far
         less per-call work in Redis than one EVALSHA per message). NOSCRIPT loads the script and re-sends."""
         args = [self._args(bus, e) for e in envs]
-        groups = [args[i:i + _GROUP] for i in range(0, len(args), _GROUP)]
+        groups = [args[i : i + _GROUP] for i in range(0, len(args), _GROUP)]
         results: list[Any] = [None] * len(groups)
         todo = list(range(len(groups)))
         for _attempt in range(2):
@@ -382,14 +400,18 @@ class RedisBridge(Relay, Engine):
             return exc
         msg = str(exc)
         if isinstance(exc, redis.exceptions.ReadOnlyError) or (
-                isinstance(exc, redis.exceptions.ResponseError) and "READONLY" in msg):
+            isinstance(exc, redis.exceptions.ResponseError) and "READONLY" in msg
+        ):
             self._set_state("readonly", exc)
-            return RedisReadOnly(f"Redis at {redact_url(self.url)} is a read-only replica; message not "
-                                 f"published ({msg})")
+            return RedisReadOnly(
+                f"Redis at {redact_url(self.url)} is a read-only replica; message not published ({msg})"
+            )
         if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)):
             self._set_state("unreachable", exc)
-            return RedisUnavailable(f"Redis at {redact_url(self.url)} is unreachable; message not published "
-                                    f"(or, if the connection broke mid-reply, outcome unknown): {msg}")
+            return RedisUnavailable(
+                f"Redis at {redact_url(self.url)} is unreachable; message not published "
+                f"(or, if the connection broke mid-reply, outcome unknown): {msg}"
+            )
         self._set_state("error", exc)
         return RedisBridgeError(f"Redis at {redact_url(self.url)} refused the publish: {msg}")
 
@@ -457,8 +479,10 @@ class RedisBridge(Relay, Engine):
             if len(self._queue) > self.max_in_memory_publish_backlog:
                 self._queue.popleft()
                 self.dropped += 1
-                log.warning("shmbus redis bridge: in-memory publish queue full (%d); dropped the oldest "
-                            "message", self.max_in_memory_publish_backlog)
+                log.warning(
+                    "shmbus redis bridge: in-memory publish queue full (%d); dropped the oldest message",
+                    self.max_in_memory_publish_backlog,
+                )
 
     def _flush_loop(self) -> None:
         """Republish queued messages in order once Redis takes writes again (probing once a second)."""

@@ -16,9 +16,21 @@ from shmbus.engines import Envelope
 from shmbus.message import decode_meta, encode_meta
 
 __all__ = [
-    "GLOBAL_BACKLOG_KEY", "GLOBAL_ID_KEY", "PUBLISH_SCRIPT", "PUBLISH_SHA", "Decoded", "backend_channel",
-    "backlog_id_key", "backlog_key", "decode_envelope", "encode_envelope", "line_tail", "parse_line",
-    "parse_pointer", "script_args", "split_backend_channel",
+    "GLOBAL_BACKLOG_KEY",
+    "GLOBAL_ID_KEY",
+    "PUBLISH_SCRIPT",
+    "PUBLISH_SHA",
+    "Decoded",
+    "backend_channel",
+    "backlog_id_key",
+    "backlog_key",
+    "decode_envelope",
+    "encode_envelope",
+    "line_tail",
+    "parse_line",
+    "parse_pointer",
+    "script_args",
+    "split_backend_channel",
 ]
 
 GLOBAL_ID_KEY = "__mb_global_id_n"
@@ -100,6 +112,7 @@ def many_script_args(single_args: list[list[Any]]) -> list[Any]:
         argv += (a[6], a[7], a[8], a[10])
     return [len(keys), *keys, *argv]
 
+
 _NULL_TARGETS = b',"user_ids":null,"group_ids":null,"client_ids":null}'
 _DATA_HEAD = b'{"data":'
 
@@ -132,8 +145,19 @@ def encode_envelope(codec: Codec, payload: bytes, meta: bytes) -> bytes:
         if not meta:
             return _DATA_HEAD + payload + _NULL_TARGETS
         c, u, g = decode_meta(meta)
-        return b"".join((_DATA_HEAD, payload, b',"user_ids":', _json(u), b',"group_ids":', _json(g),
-                         b',"client_ids":', _json(c), b"}"))
+        return b"".join(
+            (
+                _DATA_HEAD,
+                payload,
+                b',"user_ids":',
+                _json(u),
+                b',"group_ids":',
+                _json(g),
+                b',"client_ids":',
+                _json(c),
+                b"}",
+            )
+        )
     c, u, g = decode_meta(meta)
     return codec.encode({"data": codec.decode(payload), "user_ids": u, "group_ids": g, "client_ids": c})
 
@@ -145,7 +169,7 @@ def decode_envelope(codec: Codec, env: bytes) -> tuple[bytes, bytes]:
     """
     if codec.is_json:
         if env.startswith(_DATA_HEAD) and env.endswith(_NULL_TARGETS):
-            return env[len(_DATA_HEAD):-len(_NULL_TARGETS)], b""
+            return env[len(_DATA_HEAD) : -len(_NULL_TARGETS)], b""
         obj = json.loads(env)
     else:
         obj = codec.decode(env)
@@ -173,23 +197,33 @@ def parse_line(line: bytes) -> Decoded:
     i1 = line.index(b"|")
     i2 = line.index(b"|", i1 + 1)
     i3 = line.index(b"|", i2 + 1)
-    chan = line[i2 + 1:i3].decode()
+    chan = line[i2 + 1 : i3].decode()
     if PIPE_ESCAPE in chan:
         chan = chan.replace(PIPE_ESCAPE, "|")
     channel, site = split_backend_channel(chan)
-    return Decoded(int(line[:i1]), int(line[i1 + 1:i2]), channel, site, line[i3 + 1:])
+    return Decoded(int(line[:i1]), int(line[i1 + 1 : i2]), channel, site, line[i3 + 1 :])
 
 
 def parse_pointer(member: bytes) -> tuple[int, str]:
     """A global backlog member ``cid|chan`` (channel not escaped) -> ``(cid, backend channel)``."""
     i = member.index(b"|")
-    return int(member[:i]), member[i + 1:].decode()
+    return int(member[:i]), member[i + 1 :].decode()
 
 
 def script_args(env: Envelope, codec: Codec, gsize: int, pubsub_channel: str) -> list[Any]:
     """EVALSHA arguments after the sha: numkeys, the five keys, the five arguments."""
     chan = backend_channel(env.channel, env.site_id)
     age = max(1, math.ceil(env.max_backlog_age))
-    return [5, GLOBAL_ID_KEY, backlog_id_key(chan), backlog_key(chan), GLOBAL_BACKLOG_KEY, pubsub_channel,
-            line_tail(chan, encode_envelope(codec, env.payload, env.meta)), age, max(1, env.max_backlog_size),
-            max(1, gsize), chan]
+    return [
+        5,
+        GLOBAL_ID_KEY,
+        backlog_id_key(chan),
+        backlog_key(chan),
+        GLOBAL_BACKLOG_KEY,
+        pubsub_channel,
+        line_tail(chan, encode_envelope(codec, env.payload, env.meta)),
+        age,
+        max(1, env.max_backlog_size),
+        max(1, gsize),
+        chan,
+    ]

@@ -56,6 +56,7 @@ class Relay:
     _dup: tuple[int, int]
 
     if TYPE_CHECKING:
+
         @property
         def client(self) -> redis.Redis: ...
 
@@ -144,8 +145,10 @@ class Relay:
         except redis.exceptions.ResponseError:
             self.redis_role = None
         if self.redis_role in ("slave", "replica"):
-            log.warning("shmbus redis bridge: %s is a read-only replica; publishes fail until failover ends",
-                        redact_url(self.url))
+            log.warning(
+                "shmbus redis bridge: %s is a read-only replica; publishes fail until failover ends",
+                redact_url(self.url),
+            )
         conn.send_command("SUBSCRIBE", self.pubsub_channel)
         reply = conn.read_response()
         if not reply or reply[0] != b"subscribe":
@@ -177,7 +180,7 @@ class Relay:
             idle_since = time.monotonic()
 
     def _on_line(self, line: bytes) -> None:
-        gid = int(line[:line.index(b"|")])
+        gid = int(line[: line.index(b"|")])
         if gid == self._highest + 1:
             self._store(line, gid)
         elif self._dup[0] < gid <= self._dup[1]:
@@ -211,15 +214,20 @@ class Relay:
         redis_gid = int(r.get(layout.GLOBAL_ID_KEY) or 0)
         if highest and (redis_gid < highest or not self._same_history(seg, highest)):
             self.resets += 1
-            log.warning("shmbus redis bridge: Redis's ids went backwards or its history changed (flush or "
-                        "restart; Redis global id %d, bus %d): resetting bus %r so clients resynchronise",
-                        redis_gid, highest, bus.name)
+            log.warning(
+                "shmbus redis bridge: Redis's ids went backwards or its history changed (flush or "
+                "restart; Redis global id %d, bus %d): resetting bus %r so clients resynchronise",
+                redis_gid,
+                highest,
+                bus.name,
+            )
             bus.reset()
             before = highest = 0
         first = True
         while True:
             ptrs: list[Any] = r.zrangebyscore(
-                layout.GLOBAL_BACKLOG_KEY, highest + 1, "+inf", start=0, num=_PAGE, withscores=True)
+                layout.GLOBAL_BACKLOG_KEY, highest + 1, "+inf", start=0, num=_PAGE, withscores=True
+            )
             if not ptrs:
                 break
             pipe = r.pipeline(transaction=False)
@@ -231,9 +239,13 @@ class Relay:
             for (gid, _cid), lines in zip(parsed, pipe.execute(), strict=True):
                 if first and gid > highest + 1 and highest:
                     self.relay_lost += gid - highest - 1
-                    log.warning("shmbus redis bridge: %d messages after global id %d are no longer in "
-                                "Redis's global backlog; bus %r misses them", gid - highest - 1, highest,
-                                bus.name)
+                    log.warning(
+                        "shmbus redis bridge: %d messages after global id %d are no longer in "
+                        "Redis's global backlog; bus %r misses them",
+                        gid - highest - 1,
+                        highest,
+                        bus.name,
+                    )
                 first = False
                 if lines:  # else trimmed from its channel since: the gem drops it too
                     self._store(lines[0], gid)
@@ -264,8 +276,16 @@ class Relay:
             return True
 
     # ------------------------------------------------------------------ reads older than the segment
-    def backlog(self, bus: Bus, channel: str, site_id: str | None, after_id: int, upto: int | None,
-                limit: int | None, partial: Backlog) -> Backlog | None:
+    def backlog(
+        self,
+        bus: Bus,
+        channel: str,
+        site_id: str | None,
+        after_id: int,
+        upto: int | None,
+        limit: int | None,
+        partial: Backlog,
+    ) -> Backlog | None:
         """Fill a gap in the segment's backlog from Redis's channel backlog (called by ``Bus.backlog``).
 
         Only ids Redis can still hold are asked for (it trims to ``max_backlog_size`` like the segment), so a
@@ -282,16 +302,18 @@ class Relay:
         try:
             lines: list[bytes] = self.client.zrangebyscore(key, lo + 1, hi)  # type: ignore[assignment]
         except redis.exceptions.RedisError as exc:
-            log.warning("shmbus redis bridge: could not read the older backlog of %r from Redis: %s", channel,
-                        exc)
+            log.warning("shmbus redis bridge: could not read the older backlog of %r from Redis: %s", channel, exc)
             return None
         epoch = bus.segment.read_epoch()
         older = []
         for line in lines:
             d = layout.parse_line(line)
             payload, meta = layout.decode_envelope(bus.codec, d.envelope)
-            older.append(Message(d.global_id, d.message_id, d.channel, payload, bus.codec, site_id=d.site_id,
-                                 meta=meta, epoch=epoch))
+            older.append(
+                Message(
+                    d.global_id, d.message_id, d.channel, payload, bus.codec, site_id=d.site_id, meta=meta, epoch=epoch
+                )
+            )
         if not older:
             return None
         merged = older + list(partial)

@@ -41,5 +41,14 @@ from .parser import PARSER
 from .serve import Server, serve
 from .worker import GunicornWorker
 
-__all__ = ["FEED_STEP", "MAX_BUFFERED", "MAX_HEAD_SIZE", "PARSER", "GunicornWorker", "Limits", "Server",
-           "gunicorn_config_value", "serve"]
+__all__ = [
+    "FEED_STEP",
+    "MAX_BUFFERED",
+    "MAX_HEAD_SIZE",
+    "PARSER",
+    "GunicornWorker",
+    "Limits",
+    "Server",
+    "gunicorn_config_value",
+    "serve",
+]

@@ -27,8 +27,22 @@ _DISCONNECT = {"type": "http.disconnect"}
 class Cycle:
     """One request/response handled by the wrapped ASGI app."""
 
-    __slots__ = ("body_done", "chunked", "conn", "continue_sent", "finished", "gone", "head", "head_only", "keep",
-                 "left", "req", "started", "task", "waiter")
+    __slots__ = (
+        "body_done",
+        "chunked",
+        "conn",
+        "continue_sent",
+        "finished",
+        "gone",
+        "head",
+        "head_only",
+        "keep",
+        "left",
+        "req",
+        "started",
+        "task",
+        "waiter",
+    )
 
     def __init__(self, conn: HttpConnection, req: Request) -> None:
         self.conn = conn
@@ -67,9 +81,10 @@ class Cycle:
                 self.started = True
                 body = b"Internal Server Error"
                 self.keep = False
-                self.conn.write(b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain; charset=utf-8\r\n"
-                                b"content-length: %d\r\nconnection: close\r\n%s\r\n%s"
-                                % (len(body), self.conn.srv.date, body))
+                self.conn.write(
+                    b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                    b"content-length: %d\r\nconnection: close\r\n%s\r\n%s" % (len(body), self.conn.srv.date, body)
+                )
                 self.finish()
             elif not self.finished:
                 self.keep = False
@@ -79,11 +94,14 @@ class Cycle:
             return
         if not self.finished:
             if not self.started and not self.gone:
-                log.error("shmbus server: ASGI app returned without a response on %s %s", self.req.method,
-                          self.req.path)
+                log.error(
+                    "shmbus server: ASGI app returned without a response on %s %s", self.req.method, self.req.path
+                )
                 self.started = True
-                self.conn.write(b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\nconnection: close\r\n"
-                                b"%s\r\n" % self.conn.srv.date)
+                self.conn.write(
+                    b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\nconnection: close\r\n"
+                    b"%s\r\n" % self.conn.srv.date
+                )
             self.keep = False
             self.finish()
 

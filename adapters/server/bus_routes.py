@@ -63,19 +63,32 @@ class BusRoutes:
     cur: Request | None
 
     if TYPE_CHECKING:
+
         def _done(self, req: Request, keep: bool) -> None: ...
 
         def scope(self, req: Request) -> MutableMapping[str, Any]: ...
 
-    def _respond(self, req: Request, status: int, headers: list[tuple[str, str]] | None, body: bytes,
-                 block: bytes | None = None) -> None:
+    def _respond(
+        self, req: Request, status: int, headers: list[tuple[str, str]] | None, body: bytes, block: bytes | None = None
+    ) -> None:
         srv = self.srv
         keep = req.keep and not srv.stopping
-        conn = b"" if keep == (req.version == "1.1") else (b"connection: keep-alive\r\n" if keep
-                                                          else b"connection: close\r\n")
-        self.transport.write(b"%s%scontent-length: %d\r\n%s%s\r\n%s" % (
-            srv.status_line(status), block if block is not None else _enc_headers(headers or []), len(body),
-            conn, srv.date, body if req.method != "HEAD" else b""))
+        conn = (
+            b""
+            if keep == (req.version == "1.1")
+            else (b"connection: keep-alive\r\n" if keep else b"connection: close\r\n")
+        )
+        self.transport.write(
+            b"%s%scontent-length: %d\r\n%s%s\r\n%s"
+            % (
+                srv.status_line(status),
+                block if block is not None else _enc_headers(headers or []),
+                len(body),
+                conn,
+                srv.date,
+                body if req.method != "HEAD" else b"",
+            )
+        )
         self._done(req, keep)
 
     def _request_body(self, req: Request) -> bytes:
@@ -90,9 +103,14 @@ class BusRoutes:
         req.started = True
         srv = self.srv
         content_type = req.header(b"content-type")
-        head = RequestHead(req.method, req.path, req.query.decode("latin-1"),
-                           content_type.decode("latin-1") if content_type is not None else None,
-                           dont_chunk=req.header(b"dont-chunk") is not None, http11=req.version == "1.1")
+        head = RequestHead(
+            req.method,
+            req.path,
+            req.query.decode("latin-1"),
+            content_type.decode("latin-1") if content_type is not None else None,
+            dont_chunk=req.header(b"dont-chunk") is not None,
+            http11=req.version == "1.1",
+        )
         scope: MutableMapping[str, Any] | None = None
 
         def call_lookup(step: CallLookup) -> Any:
@@ -102,8 +120,9 @@ class BusRoutes:
             return srv.lookup(step.fn, scope, *step.args)
 
         try:
-            poll = run_sync(serve(srv.proto, head, waker=_wake, signal=self), lambda: self._request_body(req),
-                            call_lookup)
+            poll = run_sync(
+                serve(srv.proto, head, waker=_wake, signal=self), lambda: self._request_body(req), call_lookup
+            )
         except Exception as exc:
             log.error("shmbus server: error on %s %s", req.method, req.path, exc_info=exc)
             req.keep = False
@@ -133,11 +152,15 @@ class BusRoutes:
             pending = srv.proto.stream_chunks(c) if c.pending and not c.done else None
             if pending:
                 first += b"".join(pending)
-            block = _STREAM_BLOCK if poll.headers is STREAM_HEADERS else (
-                _enc_headers(poll.headers) + b"transfer-encoding: chunked\r\n")
+            block = (
+                _STREAM_BLOCK
+                if poll.headers is STREAM_HEADERS
+                else (_enc_headers(poll.headers) + b"transfer-encoding: chunked\r\n")
+            )
             keep = b"" if req.keep and not srv.stopping else b"connection: close\r\n"
-            self.transport.write(b"%s%s%s%s\r\n%x\r\n%s\r\n" % (srv.status_line(200), block, keep, srv.date,
-                                                                    len(first), first))
+            self.transport.write(
+                b"%s%s%s%s\r\n%x\r\n%s\r\n" % (srv.status_line(200), block, keep, srv.date, len(first), first)
+            )
             if c.done or c.dropped:
                 self.woken(c)
                 return
@@ -206,8 +229,6 @@ class BusRoutes:
         self.transport.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data) if data else b"0\r\n\r\n")
         assert req is not None
         self._done(req, req.keep)
-
-
 
 
 _EMPTY_HEADERS: list[tuple[bytes, bytes]] = []

@@ -65,9 +65,20 @@ def _child(spec: str, sock: socket.socket, args: argparse.Namespace) -> int:
 
         options = json.loads(args.options)
     try:
-        loop.run_until_complete(serve(app, [sock], options=options, keepalive=args.keepalive,
-                                      max_requests=args.max_requests, graceful_timeout=args.graceful_timeout,
-                                      stop=stop, heartbeat=beat, backlog=args.backlog, limits=args.limits))
+        loop.run_until_complete(
+            serve(
+                app,
+                [sock],
+                options=options,
+                keepalive=args.keepalive,
+                max_requests=args.max_requests,
+                graceful_timeout=args.graceful_timeout,
+                stop=stop,
+                heartbeat=beat,
+                backlog=args.backlog,
+                limits=args.limits,
+            )
+        )
     finally:
         loop.close()
     return 0
@@ -86,9 +97,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--options", default="", help="JSON middleware options for a plain ASGI app ({'bus': name,...})")
     defaults = Limits()
     for f in fields(Limits):
-        ap.add_argument(f"--{f.name.replace('_', '-')}", type=type(getattr(defaults, f.name)), dest=f.name,
-                        default=getattr(defaults, f.name),
-                        help=f"server limit (default {getattr(defaults, f.name)}; see shmbus.adapters.server.Limits)")
+        ap.add_argument(
+            f"--{f.name.replace('_', '-')}",
+            type=type(getattr(defaults, f.name)),
+            dest=f.name,
+            default=getattr(defaults, f.name),
+            help=f"server limit (default {getattr(defaults, f.name)}; see shmbus.adapters.server.Limits)",
+        )
     args = ap.parse_args(argv)
     args.limits = Limits(**{f.name: getattr(args, f.name) for f in fields(Limits)})
     logging.basicConfig(level=logging.INFO, format="[%(process)d] %(levelname)s %(name)s: %(message)s")

@@ -27,9 +27,27 @@ _EMPTY_HEADERS: list[tuple[bytes, bytes]] = []
 class Request:
     """One parsed request (head, buffered body) while it is read and answered; released when answered."""
 
-    __slots__ = ("body", "body_size", "bus", "chunked", "complete", "cycle", "expect_continue", "head_done",
-                 "headers", "keep", "method", "path", "query", "raw_path", "refused", "started", "too_large", "url",
-                 "version")
+    __slots__ = (
+        "body",
+        "body_size",
+        "bus",
+        "chunked",
+        "complete",
+        "cycle",
+        "expect_continue",
+        "head_done",
+        "headers",
+        "keep",
+        "method",
+        "path",
+        "query",
+        "raw_path",
+        "refused",
+        "started",
+        "too_large",
+        "url",
+        "version",
+    )
 
     def __init__(self) -> None:
         self.url = b""
@@ -59,13 +77,35 @@ class Request:
         return None
 
 
-
 class HttpConnection(BusRoutes, asyncio.Protocol):
     """One client connection; also the parked-poll state (``client``, ``timer``) when a poll waits."""
 
-    __slots__ = ("buffered", "client", "closing", "cur", "cycle", "deadline", "drain_fut", "eof", "feeding", "head",
-                 "idle", "inbox", "kind", "linger_until", "parser", "paused_r", "paused_w", "phase", "pumping",
-                 "queue", "req", "srv", "timer", "transport")
+    __slots__ = (
+        "buffered",
+        "client",
+        "closing",
+        "cur",
+        "cycle",
+        "deadline",
+        "drain_fut",
+        "eof",
+        "feeding",
+        "head",
+        "idle",
+        "inbox",
+        "kind",
+        "linger_until",
+        "parser",
+        "paused_r",
+        "paused_w",
+        "phase",
+        "pumping",
+        "queue",
+        "req",
+        "srv",
+        "timer",
+        "transport",
+    )
 
     def __init__(self, srv: Server) -> None:
         self.srv = srv
@@ -108,8 +148,9 @@ class HttpConnection(BusRoutes, asyncio.Protocol):
             self.closing = True
             return
         if len(srv.connections) > srv.limits.max_connections:
-            log.warning("shmbus server: %d connections (max_connections): refusing one with 503",
-                        len(srv.connections) - 1)
+            log.warning(
+                "shmbus server: %d connections (max_connections): refusing one with 503", len(srv.connections) - 1
+            )
             self.fail(503, f"server busy: more than {srv.limits.max_connections} connections to this worker")
             return
         self._arm_idle()
@@ -140,7 +181,7 @@ class HttpConnection(BusRoutes, asyncio.Protocol):
                     self.inbox += data[pos:]
                     self.deadline = 0.0  # we stopped reading it: its clock restarts when we resume
                     break
-                self.parser.feed_data(data[pos:pos + FEED_STEP] if n > FEED_STEP else data)
+                self.parser.feed_data(data[pos : pos + FEED_STEP] if n > FEED_STEP else data)
                 pos += FEED_STEP
         except ParserUpgrade:
             # no upgrades: the request was handed over as plain HTTP; nothing after it is read
@@ -436,8 +477,14 @@ class HttpConnection(BusRoutes, asyncio.Protocol):
             self.idle = self.srv.now  # no timer per request: the server's 1 s tick closes expired idle ones
 
     def idle_expired(self, cutoff: float) -> None:
-        if self.idle and self.idle <= cutoff and self.cur is None and self.req is None and not self.queue \
-                and not self.closing:
+        if (
+            self.idle
+            and self.idle <= cutoff
+            and self.cur is None
+            and self.req is None
+            and not self.queue
+            and not self.closing
+        ):
             self.closing = True
             self.transport.close()
 
@@ -490,9 +537,10 @@ class HttpConnection(BusRoutes, asyncio.Protocol):
             answer = False  # its response head is already out (a stream) or it is mid-wait: just close
         if answer:
             body = reason.encode()
-            self.transport.write(b"%scontent-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n"
-                                 b"connection: close\r\n%s\r\n%s" % (self.srv.status_line(status), len(body),
-                                                                     self.srv.date, body))
+            self.transport.write(
+                b"%scontent-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n"
+                b"connection: close\r\n%s\r\n%s" % (self.srv.status_line(status), len(body), self.srv.date, body)
+            )
         self._linger_close()
 
     def _linger_close(self) -> None:
@@ -524,12 +572,19 @@ class HttpConnection(BusRoutes, asyncio.Protocol):
         """The ASGI scope of ``req`` (for the bridge, and for the middleware's lookups)."""
         t = self.transport
         scope: dict[str, Any] = {
-            "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": req.version,
-            "server": t.get_extra_info("sockname"), "client": t.get_extra_info("peername"), "scheme": "http",
-            "method": req.method, "root_path": "", "path": req.path, "raw_path": req.raw_path,
-            "query_string": req.query, "headers": req.headers,
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": req.version,
+            "server": t.get_extra_info("sockname"),
+            "client": t.get_extra_info("peername"),
+            "scheme": "http",
+            "method": req.method,
+            "root_path": "",
+            "path": req.path,
+            "raw_path": req.raw_path,
+            "query_string": req.query,
+            "headers": req.headers,
         }
         if self.srv.state is not None:
             scope["state"] = dict(self.srv.state)
         return scope
-

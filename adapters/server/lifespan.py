@@ -53,4 +53,3 @@ class Lifespan:
         await self.queue.put({"type": "lifespan.shutdown"})
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.events.get(), 5.0)
-

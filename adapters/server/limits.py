@@ -62,7 +62,6 @@ class Limits:
         return cls(**values)
 
 
-
 def gunicorn_config_value(worker: Any, name: str) -> Any:
     """A shmbus setting (``shmbus_options``, ``shmbus_server``) from the worker's gunicorn config file, or None.
 
@@ -74,7 +73,7 @@ def gunicorn_config_value(worker: Any, name: str) -> Any:
         return None
     try:
         if path.startswith("python:"):
-            ns = vars(importlib.import_module(path[len("python:"):]))
+            ns = vars(importlib.import_module(path[len("python:") :]))
         elif not os.path.exists(path):
             return None  # gunicorn's default ./gunicorn.conf.py, absent
         else:
@@ -83,4 +82,3 @@ def gunicorn_config_value(worker: Any, name: str) -> Any:
         log.exception("shmbus server: could not read %s from %s", name, path)
         return None
     return ns.get(name)
-

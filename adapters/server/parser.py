@@ -75,7 +75,7 @@ class HttpRequestParser:
                 pos = end + 4
             elif st == _LENGTH:
                 take = min(self._left, n - pos)
-                self._body(buf[pos:pos + take])
+                self._body(buf[pos : pos + take])
                 pos += take
                 self._left -= take
                 if not self._left:
@@ -94,7 +94,7 @@ class HttpRequestParser:
                 self._state = _CHUNK_DATA if self._left else _TRAILER
             elif st == _CHUNK_DATA:
                 take = min(self._left, n - pos)
-                self._body(buf[pos:pos + take])
+                self._body(buf[pos : pos + take])
                 pos += take
                 self._left -= take
                 if not self._left:
@@ -102,7 +102,7 @@ class HttpRequestParser:
             elif st == _CHUNK_END:
                 if n - pos < 2:
                     break
-                if buf[pos:pos + 2] != b"\r\n":
+                if buf[pos : pos + 2] != b"\r\n":
                     raise HttpParserError("missing CRLF after chunk data")
                 pos += 2
                 self._state = _CHUNK_SIZE
@@ -204,6 +204,9 @@ if os.environ.get("SHMBUS_SERVER_PARSER") != "pure":
         pass
     else:
         httptools = _httptools
-        Parser, ParserError, ParserUpgrade = (_httptools.HttpRequestParser, _httptools.HttpParserError,
-                                              _httptools.HttpParserUpgrade)
+        Parser, ParserError, ParserUpgrade = (
+            _httptools.HttpRequestParser,
+            _httptools.HttpParserError,
+            _httptools.HttpParserUpgrade,
+        )
         PARSER = "httptools"

@@ -25,9 +25,17 @@ log = logging.getLogger("shmbus.adapters.server")
 class Server:
     """Per-process server state: the wrapped app, the middleware and its protocol engine, limits, the clock."""
 
-    def __init__(self, app: Any, loop: asyncio.AbstractEventLoop, *, options: dict[str, Any] | None = None,
-                 keepalive: float = 5.0, max_requests: int = 0, on_max_requests: Callable[[], Any] | None = None,
-                 limits: Limits | None = None) -> None:
+    def __init__(
+        self,
+        app: Any,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        options: dict[str, Any] | None = None,
+        keepalive: float = 5.0,
+        max_requests: int = 0,
+        on_max_requests: Callable[[], Any] | None = None,
+        limits: Limits | None = None,
+    ) -> None:
         self.loop = loop
         self.root_app = app
         mw: MessageBusMiddleware | None = None
@@ -49,8 +57,13 @@ class Server:
         self.native = False
         if mw is not None:
             o = mw.options
-            lookups = (o.user_id_lookup, o.group_ids_lookup, o.site_id_lookup, o.extra_response_headers_lookup,
-                       o.on_middleware_error)
+            lookups = (
+                o.user_id_lookup,
+                o.group_ids_lookup,
+                o.site_id_lookup,
+                o.extra_response_headers_lookup,
+                o.on_middleware_error,
+            )
             if any(f is not None and _is_async(f) for f in lookups):
                 log.warning("shmbus server: async lookups: message-bus requests go through the ASGI bridge")
                 self.app = mw  # the middleware's own (coroutine) path for everything
@@ -155,18 +168,33 @@ def _is_async(fn: Any) -> bool:
     return inspect.iscoroutinefunction(fn) or (call is not None and inspect.iscoroutinefunction(call))
 
 
-
-
 # ---------------------------------------------------------------------------------------------------- serving
-async def serve(app: Any, sockets: Sequence[socket.socket], *, options: dict[str, Any] | None = None,
-                keepalive: float = 5.0, max_requests: int = 0, graceful_timeout: float = 5.0,
-                stop: asyncio.Event | None = None, heartbeat: Callable[[], Any] | None = None,
-                heartbeat_interval: float = 1.0, backlog: int = 2048, limits: Limits | None = None) -> None:
+async def serve(
+    app: Any,
+    sockets: Sequence[socket.socket],
+    *,
+    options: dict[str, Any] | None = None,
+    keepalive: float = 5.0,
+    max_requests: int = 0,
+    graceful_timeout: float = 5.0,
+    stop: asyncio.Event | None = None,
+    heartbeat: Callable[[], Any] | None = None,
+    heartbeat_interval: float = 1.0,
+    backlog: int = 2048,
+    limits: Limits | None = None,
+) -> None:
     """Serve ``app`` on already-bound listening ``sockets`` until ``stop`` is set (or ``max_requests``)."""
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
-    srv = Server(app, loop, options=options, keepalive=keepalive, max_requests=max_requests,
-                 on_max_requests=stop.set, limits=limits)
+    srv = Server(
+        app,
+        loop,
+        options=options,
+        keepalive=keepalive,
+        max_requests=max_requests,
+        on_max_requests=stop.set,
+        limits=limits,
+    )
     await srv.startup()
     servers = [await loop.create_server(srv.protocol_factory, sock=s, backlog=backlog) for s in sockets]
     try:
@@ -181,4 +209,3 @@ async def serve(app: Any, sockets: Sequence[socket.socket], *, options: dict[str
         await srv.shutdown(graceful_timeout)
         if srv.mw is not None:
             srv.mw.close()
-

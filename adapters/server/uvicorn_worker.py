@@ -69,8 +69,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         cycle = self.cycle  # on a kept-alive connection: the previous request's, possibly long complete
         if cycle is None or cycle.response_complete or not cycle.response_started:
             body = f"{phase} not received within {seconds:g} s".encode()
-            transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
-                            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+            transport.write(
+                b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+            )
         if cycle is not None and not cycle.response_complete:
             cycle.disconnected = True  # the app's receive() sees http.disconnect; its response is discarded
             cycle.message_event.set()
@@ -107,7 +109,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             if self.pipeline:
                 self._hold(data[pos:])
                 return
-            super().data_received(data[pos:pos + FEED_STEP] if n > FEED_STEP else data)
+            super().data_received(data[pos : pos + FEED_STEP] if n > FEED_STEP else data)
             pos += FEED_STEP
             if self.transport is None or self.transport.is_closing() or self._lingering:
                 return
@@ -134,8 +136,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._guard is not None and self._phase_open:
             self._disarm()
             body = b"the client closed its side in the middle of a request"
-            self.transport.write(b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n"
-                                 b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+            self.transport.write(
+                b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+            )
             if self.cycle is not None:
                 self.cycle.disconnected = True
                 self.cycle.message_event.set()
@@ -147,8 +151,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         return None
 
     def _close_after_eof(self) -> None:
-        if self._eof and not self.pipeline and not self._held and self.transport is not None \
-                and not self.transport.is_closing():
+        if (
+            self._eof
+            and not self.pipeline
+            and not self._held
+            and self.transport is not None
+            and not self.transport.is_closing()
+        ):
             self.transport.close()
 
     def on_message_begin(self) -> None:
@@ -176,8 +185,7 @@ class UvicornWorker(_UvicornWorker):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         limits = Limits.from_mapping(gunicorn_config_value(self, "shmbus_server"))
-        self.config.http = type("ConfiguredGuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,),
-                                {"limits": limits})
+        self.config.http = type("ConfiguredGuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), {"limits": limits})
         self.config.limit_concurrency = limits.max_connections
         # uvicorn waits for every open request on shutdown, parked 25 s polls included, and gunicorn kills the
         # worker at graceful_timeout ("Perhaps out of memory?"): cancel them a second before that instead.

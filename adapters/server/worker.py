@@ -76,12 +76,21 @@ class GunicornWorker(_gunicorn_base()):  # type: ignore[misc]
 
         socks = [s.sock if hasattr(s, "sock") else s for s in self.sockets]
         try:
-            loop.run_until_complete(serve(
-                self.wsgi, socks, options=self._shmbus_options(), keepalive=float(self.cfg.keepalive or 2),
-                max_requests=int(self.max_requests or 0) if self.cfg.max_requests else 0,
-                graceful_timeout=float(self.cfg.graceful_timeout), stop=stop, heartbeat=beat,
-                heartbeat_interval=min(1.0, max(self.timeout / 4, 0.1)) if self.timeout else 1.0,
-                backlog=int(self.cfg.backlog), limits=self._limits()))
+            loop.run_until_complete(
+                serve(
+                    self.wsgi,
+                    socks,
+                    options=self._shmbus_options(),
+                    keepalive=float(self.cfg.keepalive or 2),
+                    max_requests=int(self.max_requests or 0) if self.cfg.max_requests else 0,
+                    graceful_timeout=float(self.cfg.graceful_timeout),
+                    stop=stop,
+                    heartbeat=beat,
+                    heartbeat_interval=min(1.0, max(self.timeout / 4, 0.1)) if self.timeout else 1.0,
+                    backlog=int(self.cfg.backlog),
+                    limits=self._limits(),
+                )
+            )
         except Exception:
             log.exception("shmbus server: worker failed")
             sys.exit(1)
@@ -92,4 +101,3 @@ class GunicornWorker(_gunicorn_base()):  # type: ignore[misc]
                 loop.remove_signal_handler(sig)  # a late signal must not hit the closed loop's wakeup fd
                 signal.signal(sig, signal.SIG_IGN)  # exiting anyway
             loop.close()
-

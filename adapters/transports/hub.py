@@ -118,7 +118,7 @@ def relative_path(scope: Scope) -> str:
     path: str = scope.get("path") or "/"
     root = scope.get("root_path") or ""
     if root and path.startswith(root):
-        path = path[len(root):] or "/"
+        path = path[len(root) :] or "/"
     return path
 
 
@@ -129,8 +129,13 @@ def header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
-async def send_simple(send: Send, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8",
-                      extra: Iterable[tuple[bytes, bytes]] = ()) -> None:
+async def send_simple(
+    send: Send,
+    status: int,
+    body: bytes,
+    content_type: str = "text/plain; charset=utf-8",
+    extra: Iterable[tuple[bytes, bytes]] = (),
+) -> None:
     headers = [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode()), *extra]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
@@ -164,8 +169,14 @@ class Replay:
     gap_channels: list[str]
 
 
-def replay_since(bus: Bus, channels: Iterable[str], patterns: Iterable[tuple[str, str]], site: str | None,
-                 after_gid: int, upto_gid: int) -> Replay:
+def replay_since(
+    bus: Bus,
+    channels: Iterable[str],
+    patterns: Iterable[tuple[str, str]],
+    site: str | None,
+    after_gid: int,
+    upto_gid: int,
+) -> Replay:
     """Messages with ``after_gid < global_id <= upto_gid`` on ``channels`` or matching ``patterns``.
 
     Exact channels are read from their own backlogs (they hold ``max_backlog_size`` messages each). A gap is
@@ -207,9 +218,15 @@ class Sink:
     allowed message into the bytes/str to send; ``on_reset`` is called once when the bus's epoch changes.
     """
 
-    def __init__(self, bus: Bus, identity: Identity, encode: Callable[[Message], Any], *,
-                 max_buffer: int = DEFAULT_MAX_BUFFER, on_reset: Callable[[Sink, int, int], None] | None = None
-                 ) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        identity: Identity,
+        encode: Callable[[Message], Any],
+        *,
+        max_buffer: int = DEFAULT_MAX_BUFFER,
+        on_reset: Callable[[Sink, int, int], None] | None = None,
+    ) -> None:
         self.bus = bus
         self.identity = identity
         self.site = identity.lookups.site_id
@@ -445,8 +462,15 @@ class TransportApp:
     """What the SSE and WebSocket apps share: the bus (default :func:`shmbus.default_bus`), the wrapped app, the
     route, the buffer and subscription limits, the lookups, this process's :class:`Hub` and the drop count."""
 
-    def __init__(self, app: Callable[..., Any] | None, bus: Bus | None, path: str, max_buffer: int,
-                 max_subscriptions: int, lookups: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        app: Callable[..., Any] | None,
+        bus: Bus | None,
+        path: str,
+        max_buffer: int,
+        max_subscriptions: int,
+        lookups: dict[str, Any],
+    ) -> None:
         self.app = app
         self.bus = bus = bus_or_default(bus)
         self.path = path

@@ -59,7 +59,7 @@ def route(method: str, path: str, prefix: str) -> str | None:
         return None
     if method != "POST":
         raise ProtocolError(405, "use POST")
-    rest = path[len(prefix):]
+    rest = path[len(prefix) :]
     if not rest:
         raise ProtocolError(400, f"missing channel: POST {prefix}<channel>")
     return check_channel("/" + rest)
@@ -89,8 +89,9 @@ def parse_publish(channel: str, query: str, content_type: str | None, body: byte
         raise ProtocolError(400, "malformed query string")
     unknown = sorted(set(params) - {*_TARGET_PARAMS, "site_id"})
     if unknown:
-        raise ProtocolError(400, f"unknown query parameter(s) {unknown}; known: user_ids, group_ids, client_ids, "
-                                 "site_id")
+        raise ProtocolError(
+            400, f"unknown query parameter(s) {unknown}; known: user_ids, group_ids, client_ids, site_id"
+        )
     req = PublishRequest(channel)
     req.user_ids = _id_list("user_ids", params["user_ids"]) if "user_ids" in params else None
     req.group_ids = _id_list("group_ids", params["group_ids"]) if "group_ids" in params else None
@@ -119,8 +120,14 @@ def parse_publish(channel: str, query: str, content_type: str | None, body: byte
 def publish(bus: Bus, req: PublishRequest) -> bytes:
     """Publish and return the JSON answer; bus refusals become 4xx/503."""
     try:
-        mid = bus.publish(req.channel, req.data, user_ids=req.user_ids, group_ids=req.group_ids,
-                          client_ids=req.client_ids, site_id=req.site_id)
+        mid = bus.publish(
+            req.channel,
+            req.data,
+            user_ids=req.user_ids,
+            group_ids=req.group_ids,
+            client_ids=req.client_ids,
+            site_id=req.site_id,
+        )
     except PayloadTooLarge as exc:
         raise ProtocolError(413, str(exc))
     except (InvalidMessage, InvalidChannel, TypeError, ValueError) as exc:
@@ -132,8 +139,9 @@ def publish(bus: Bus, req: PublishRequest) -> bytes:
 
 def _check_authorize(authorize: Any) -> None:
     if authorize is None or not callable(authorize):
-        raise TypeError("authorize(environ_or_scope, channel) -> bool is required: REST publishing has no "
-                        "allow-all default")
+        raise TypeError(
+            "authorize(environ_or_scope, channel) -> bool is required: REST publishing has no allow-all default"
+        )
 
 
 def _length(value: Any, limit: int) -> None:
@@ -152,9 +160,15 @@ def _length(value: Any, limit: int) -> None:
 class _RestPublish:
     """The shells' shared part: options, and every step between the I/O (route, authorisation, body, answer)."""
 
-    def __init__(self, app: Callable[..., Any] | None = None, *, bus: Bus,
-                 authorize: Callable[[Any, str], Any], prefix: str = "/message/",
-                 max_body_size: int = MAX_BODY_SIZE) -> None:
+    def __init__(
+        self,
+        app: Callable[..., Any] | None = None,
+        *,
+        bus: Bus,
+        authorize: Callable[[Any, str], Any],
+        prefix: str = "/message/",
+        max_body_size: int = MAX_BODY_SIZE,
+    ) -> None:
         _check_authorize(authorize)
         self.app = app
         self.bus = bus
@@ -210,8 +224,12 @@ class AsgiRestPublish(_RestPublish):
             self.check_length(cl.decode("latin-1") if cl is not None else None)
             body = await self._body(receive)
             ctype = headers.get(b"content-type")
-            answer = self.answer(channel, scope.get("query_string", b"").decode("latin-1"),
-                                 ctype.decode("latin-1") if ctype is not None else None, body)
+            answer = self.answer(
+                channel,
+                scope.get("query_string", b"").decode("latin-1"),
+                ctype.decode("latin-1") if ctype is not None else None,
+                body,
+            )
         except ProtocolError as exc:
             await send_simple(send, exc.status, exc.reason.encode())
             return
@@ -265,9 +283,13 @@ class WsgiRestPublish(_RestPublish):
         return bytes(data)
 
 
-def _respond(start_response: Callable[..., Any], status: int, body: bytes,
-             content_type: str = "text/plain; charset=utf-8", extra: list[tuple[str, str]] | None = None
-             ) -> list[bytes]:
+def _respond(
+    start_response: Callable[..., Any],
+    status: int,
+    body: bytes,
+    content_type: str = "text/plain; charset=utf-8",
+    extra: list[tuple[str, str]] | None = None,
+) -> list[bytes]:
     headers = [("content-type", content_type), ("content-length", str(len(body))), *(extra or [])]
     start_response(status_line(status), headers)
     return [body]

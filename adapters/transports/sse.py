@@ -92,10 +92,18 @@ class SSEApp(TransportApp):
     async) plus ``client_id_lookup``.
     """
 
-    def __init__(self, app: Callable[..., Any] | None = None, *, bus: Bus | None = None, path: str = "/sse",
-                 keepalive_interval: float = 15.0, max_buffer: int = DEFAULT_MAX_BUFFER,
-                 max_subscriptions: int = MAX_SUBSCRIPTIONS, retry_ms: int | None = 2000,
-                 **lookups: Any) -> None:
+    def __init__(
+        self,
+        app: Callable[..., Any] | None = None,
+        *,
+        bus: Bus | None = None,
+        path: str = "/sse",
+        keepalive_interval: float = 15.0,
+        max_buffer: int = DEFAULT_MAX_BUFFER,
+        max_subscriptions: int = MAX_SUBSCRIPTIONS,
+        retry_ms: int | None = 2000,
+        **lookups: Any,
+    ) -> None:
         if not keepalive_interval > 0:
             raise ValueError("keepalive_interval must be > 0 seconds")
         super().__init__(app, bus, path, max_buffer, max_subscriptions, lookups)
@@ -122,16 +130,20 @@ class SSEApp(TransportApp):
 
     async def _open(self, scope: Scope) -> Sink:
         try:
-            query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True,
-                             errors="strict", max_num_fields=self.max_subscriptions + 10)
+            query = parse_qs(
+                scope.get("query_string", b"").decode("latin-1"),
+                keep_blank_values=True,
+                errors="strict",
+                max_num_fields=self.max_subscriptions + 10,
+            )
         except (UnicodeDecodeError, ValueError):
-            raise ProtocolError(400, f"malformed query string (or more than {self.max_subscriptions + 10} "
-                                     "parameters)")
+            raise ProtocolError(400, f"malformed query string (or more than {self.max_subscriptions + 10} parameters)")
         channels = [check_channel(c) for c in query.get("channel", [])]
         patterns = [(check_channel(p, "pattern"), kind) for kind in ("prefix", "glob") for p in query.get(kind, [])]
         if not channels and not patterns:
-            raise ProtocolError(400, "name at least one channel (?channel=/a), prefix (?prefix=/a) "
-                                     "or glob (?glob=/a/*)")
+            raise ProtocolError(
+                400, "name at least one channel (?channel=/a), prefix (?prefix=/a) or glob (?glob=/a/*)"
+            )
         if len(channels) + len(patterns) > self.max_subscriptions:
             raise ProtocolError(400, f"too many subscriptions (limit {self.max_subscriptions})")
         raw_id = header(scope, b"last-event-id")
@@ -156,8 +168,7 @@ class SSEApp(TransportApp):
             sink.add_pattern(p, kind, upto)
         return sink
 
-    def _replay(self, sink: Sink, channels: list[str], patterns: list[tuple[str, str]], after: int,
-                upto: int) -> None:
+    def _replay(self, sink: Sink, channels: list[str], patterns: list[tuple[str, str]], after: int, upto: int) -> None:
         rp = replay_since(self.bus, channels, patterns, sink.site, after, upto)
         if rp.gap:
             sink.push(format_event("gap", json.dumps({"epoch": sink.epoch, "channels": rp.gap_channels}).encode()))
@@ -237,4 +248,3 @@ class SSEApp(TransportApp):
         finally:
             if not gone.done():
                 gone.cancel()
-

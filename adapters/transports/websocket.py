@@ -65,8 +65,9 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
 
 
-def _int(obj: dict[str, Any], key: str, *, default: int | None = None, lo: int = -MAX_ID, hi: int = MAX_ID
-         ) -> int | None:
+def _int(
+    obj: dict[str, Any], key: str, *, default: int | None = None, lo: int = -MAX_ID, hi: int = MAX_ID
+) -> int | None:
     v = obj.get(key)
     if v is None:
         return default
@@ -91,10 +92,19 @@ class WebSocketApp(TransportApp):
     is refused. Lookups are the middleware's plus ``client_id_lookup`` (default: ``?client_id=``).
     """
 
-    def __init__(self, app: Callable[..., Any] | None = None, *, bus: Bus | None = None, path: str = "/ws",
-                 allow_publish: Callable[[Any, str], Any] | None = None, max_buffer: int = DEFAULT_MAX_BUFFER,
-                 max_subscriptions: int = MAX_SUBSCRIPTIONS, max_frame: int = MAX_FRAME,
-                 keepalive_interval: float = 15.0, **lookups: Any) -> None:
+    def __init__(
+        self,
+        app: Callable[..., Any] | None = None,
+        *,
+        bus: Bus | None = None,
+        path: str = "/ws",
+        allow_publish: Callable[[Any, str], Any] | None = None,
+        max_buffer: int = DEFAULT_MAX_BUFFER,
+        max_subscriptions: int = MAX_SUBSCRIPTIONS,
+        max_frame: int = MAX_FRAME,
+        keepalive_interval: float = 15.0,
+        **lookups: Any,
+    ) -> None:
         if allow_publish is not None and not callable(allow_publish):
             raise TypeError("allow_publish must be callable")
         super().__init__(app, bus, path, max_buffer, max_subscriptions, lookups)
@@ -139,8 +149,9 @@ class WebSocketApp(TransportApp):
                 drop.set()
 
         sink.wake = wake
-        sink.push(_dumps({"op": "status", "status": "connected", "epoch": sink.epoch,
-                          "client_id": sink.identity.client_id}))
+        sink.push(
+            _dumps({"op": "status", "status": "connected", "epoch": sink.epoch, "client_id": sink.identity.client_id})
+        )
         writer = asyncio.ensure_future(self._writer(sink, ready, drop, send))
         reader = asyncio.ensure_future(self._reader(sink, scope, receive))
         try:
@@ -153,8 +164,10 @@ class WebSocketApp(TransportApp):
         if sink.dropped:
             self.dropped += 1
             try:  # best effort: a client that does not read may never see it
-                await asyncio.wait_for(send({"type": "websocket.close", "code": CLOSE_POLICY,
-                                             "reason": "too slow: outgoing buffer full"}), 1.0)
+                await asyncio.wait_for(
+                    send({"type": "websocket.close", "code": CLOSE_POLICY, "reason": "too slow: outgoing buffer full"}),
+                    1.0,
+                )
             except Exception:
                 pass
 
@@ -231,8 +244,9 @@ class WebSocketApp(TransportApp):
             if not isinstance(obj, dict):
                 raise _BadInput("a command must be a JSON object with an 'op'")
             ref = obj.get("ref")
-            if ref is not None and not (isinstance(ref, (str, int)) and not isinstance(ref, bool)
-                                        and len(str(ref)) <= 100):
+            if ref is not None and not (
+                isinstance(ref, (str, int)) and not isinstance(ref, bool) and len(str(ref)) <= 100
+            ):
                 ref = None
                 raise _BadInput("ref must be a string or integer (at most 100 characters)")
             op = obj.get("op")
@@ -341,8 +355,9 @@ class WebSocketApp(TransportApp):
             raise _BadInput(f"not allowed to publish on {channel[:80]!r}")
         site = sink.site or ""  # the connection's own site; "" = no site (never the bus's zero-argument lookup)
         try:
-            mid = self.bus.publish(channel, obj["data"], site_id=site, user_ids=user_ids, group_ids=group_ids,
-                                   client_ids=client_ids)
+            mid = self.bus.publish(
+                channel, obj["data"], site_id=site, user_ids=user_ids, group_ids=group_ids, client_ids=client_ids
+            )
         except (ShmbusError, TypeError, ValueError) as exc:
             raise _BadInput(f"publish refused: {exc}")
         if mid is None:

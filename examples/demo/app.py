@@ -25,13 +25,17 @@ from typing import Any
 
 import falcon
 import falcon.asgi
-from shmbus.adapters.integrations.falcon import mount
 
 from shmbus import Bus
+from shmbus.adapters.integrations.falcon import mount
 
 STATIC = Path(__file__).resolve().parent / "static"
-STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
-                ".css": "text/css; charset=utf-8", ".md": "text/plain; charset=utf-8"}
+STATIC_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".md": "text/plain; charset=utf-8",
+}
 CHAT = "/chat"
 CLICKS = "/events/clicks"  # the Spark example's input channel
 WORKERS = "/dashboard/workers"
@@ -89,9 +93,16 @@ class Lifespan:
             parked = 0
             with contextlib.suppress(Exception):
                 parked = app.protocol().registry.parked
-            bus.publish(WORKERS, {"pid": os.getpid(), "parked": parked, "at": time.time(),
-                                  **{k: stats[k] for k in ("requests", "chats", "clicks")}},
-                        max_backlog_size=50)
+            bus.publish(
+                WORKERS,
+                {
+                    "pid": os.getpid(),
+                    "parked": parked,
+                    "at": time.time(),
+                    **{k: stats[k] for k in ("requests", "chats", "clicks")},
+                },
+                max_backlog_size=50,
+            )
             await asyncio.sleep(2.0)
 
 
@@ -119,8 +130,7 @@ class Chat:
         text = _text(body.get("text"), MAX_TEXT)
         if not text:
             raise falcon.HTTPBadRequest(description="empty message")
-        msg = {"user": _text(body.get("user"), 40) or "anonymous", "text": text, "pid": os.getpid(),
-               "at": time.time()}
+        msg = {"user": _text(body.get("user"), 40) or "anonymous", "text": text, "pid": os.getpid(), "at": time.time()}
         mid = bus.publish(CHAT, msg, max_backlog_size=200)
         stats["chats"] += 1
         resp.media = {"id": mid, "pid": os.getpid()}
@@ -132,8 +142,11 @@ class Click:
 
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         body = await _form(req)
-        event = {"page": _text(body.get("page"), 80) or "/", "user": _text(body.get("user"), 40) or "anonymous",
-                 "ts": time.time()}
+        event = {
+            "page": _text(body.get("page"), 80) or "/",
+            "user": _text(body.get("user"), 40) or "anonymous",
+            "ts": time.time(),
+        }
         mid = bus.publish(CLICKS, event, max_backlog_size=bus.max_backlog_size)
         stats["clicks"] += 1
         resp.media = {"id": mid, "pid": os.getpid()}

@@ -24,14 +24,25 @@ EVENTS_CHANNEL = "/events/clicks"
 DASHBOARD_CHANNEL = "/dashboard/clicks"
 
 
-def build_query(spark: Any, bus: str, checkpoint: str, *, available_now: bool = False,
-                trigger_seconds: float = 0.0, starting: str = "earliest") -> Any:
+def build_query(
+    spark: Any,
+    bus: str,
+    checkpoint: str,
+    *,
+    available_now: bool = False,
+    trigger_seconds: float = 0.0,
+    starting: str = "earliest",
+) -> Any:
     """Start the streaming query (returns the StreamingQuery)."""
     from pyspark.sql import functions as F
 
     events = (
-        spark.readStream.format("shmbus").option("bus", bus).option("channels", EVENTS_CHANNEL)
-        .option("startingOffsets", starting).option("maxRecordsPerTrigger", "50000").load()
+        spark.readStream.format("shmbus")
+        .option("bus", bus)
+        .option("channels", EVENTS_CHANNEL)
+        .option("startingOffsets", starting)
+        .option("maxRecordsPerTrigger", "50000")
+        .load()
         .select(F.from_json("data", "page STRING, user STRING, ts DOUBLE").alias("e"))
         .select("e.page", "e.user")
     )
@@ -44,9 +55,13 @@ def build_query(spark: Any, bus: str, checkpoint: str, *, available_now: bool = 
         F.to_json(F.struct("page", "clicks", "users")).alias("data"),
     )
     writer = (
-        out.writeStream.outputMode("complete").format("shmbus").option("bus", bus)
-        .option("sinkId", "dashboard-clicks").option("maxBacklogSize", "1000")
-        .option("checkpointLocation", checkpoint).queryName("dashboard_clicks")
+        out.writeStream.outputMode("complete")
+        .format("shmbus")
+        .option("bus", bus)
+        .option("sinkId", "dashboard-clicks")
+        .option("maxBacklogSize", "1000")
+        .option("checkpointLocation", checkpoint)
+        .queryName("dashboard_clicks")
     )
     if available_now:
         writer = writer.trigger(availableNow=True)
@@ -58,11 +73,17 @@ def build_query(spark: Any, bus: str, checkpoint: str, *, available_now: bool = 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bus", default="demo", help="bus name (default demo)")
-    ap.add_argument("--checkpoint", default="/tmp/shmbus-clicks-checkpoint",
-                    help="Spark checkpoint directory: where the job continues from after a restart")
-    ap.add_argument("--reset-checkpoint", action="store_true",
-                    help="delete the checkpoint directory first and start over (needed after the bus was reset or "
-                         "recreated, e.g. when scripts/demo restarted)")
+    ap.add_argument(
+        "--checkpoint",
+        default="/tmp/shmbus-clicks-checkpoint",
+        help="Spark checkpoint directory: where the job continues from after a restart",
+    )
+    ap.add_argument(
+        "--reset-checkpoint",
+        action="store_true",
+        help="delete the checkpoint directory first and start over (needed after the bus was reset or "
+        "recreated, e.g. when scripts/demo restarted)",
+    )
     ap.add_argument("--trigger", type=float, default=1.0, help="seconds between micro-batches (0: back to back)")
     ap.add_argument("--available-now", action="store_true", help="process what is there, then exit")
     ap.add_argument("--master", default=os.environ.get("SPARK_MASTER", "local[2]"), help="Spark master")
@@ -75,10 +96,14 @@ def main() -> int:
     from shmbus.adapters.spark import spark_session
 
     spark = spark_session("shmbus-clicks-dashboard", args.master)
-    query = build_query(spark, args.bus, args.checkpoint, available_now=args.available_now,
-                        trigger_seconds=args.trigger)
-    print(f"streaming {EVENTS_CHANNEL} -> {DASHBOARD_CHANNEL} on bus {args.bus!r}"
-          + ("" if args.available_now else "; Ctrl-C to stop"), flush=True)
+    query = build_query(
+        spark, args.bus, args.checkpoint, available_now=args.available_now, trigger_seconds=args.trigger
+    )
+    print(
+        f"streaming {EVENTS_CHANNEL} -> {DASHBOARD_CHANNEL} on bus {args.bus!r}"
+        + ("" if args.available_now else "; Ctrl-C to stop"),
+        flush=True,
+    )
     try:
         query.awaitTermination()
     except KeyboardInterrupt:  # a normal way to stop: no traceback from Spark's threads
@@ -87,9 +112,11 @@ def main() -> int:
         text = str(exc)
         if "BusDataLossError" in text:
             reason = next((line.strip() for line in text.splitlines() if "BusDataLossError" in line), text[:300])
-            print(f"pipeline.py: {reason}\n\nThe checkpoint {args.checkpoint} refers to messages this bus no longer "
-                  "has (the bus was reset or recreated since). Start over with --reset-checkpoint.",
-                  file=sys.stderr)
+            print(
+                f"pipeline.py: {reason}\n\nThe checkpoint {args.checkpoint} refers to messages this bus no longer "
+                "has (the bus was reset or recreated since). Start over with --reset-checkpoint.",
+                file=sys.stderr,
+            )
             return 2
         raise
     finally:

@@ -1,6 +1,6 @@
 """Print what a dashboard page would show: the latest count per page on ``/dashboard/clicks``.
 
-    python examples/spark_pipeline/watch_dashboard.py --bus demo
+python examples/spark_pipeline/watch_dashboard.py --bus demo
 """
 
 from __future__ import annotations

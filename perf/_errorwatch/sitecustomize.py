@@ -34,9 +34,14 @@ if _PATH:
                 message = record.getMessage()
             except Exception:  # a record whose arguments do not format: note what there is
                 message = str(record.msg)
-            _note(f"{record.levelname} {record.name}: {message}"
-                  + (f" ({record.exc_info[0].__name__}: {record.exc_info[1]})" if record.exc_info and
-                     record.exc_info[0] else ""))
+            _note(
+                f"{record.levelname} {record.name}: {message}"
+                + (
+                    f" ({record.exc_info[0].__name__}: {record.exc_info[1]})"
+                    if record.exc_info and record.exc_info[0]
+                    else ""
+                )
+            )
         _handle(self, record)
 
     logging.Logger.handle = _handle_and_note  # type: ignore[method-assign]
@@ -45,8 +50,7 @@ if _PATH:
 
     def _thread_hook_and_note(args: threading.ExceptHookArgs) -> None:
         if args.exc_type is not SystemExit:
-            _note(f"uncaught {args.exc_type.__name__} in thread {getattr(args.thread, 'name', '?')}: "
-                  f"{args.exc_value}")
+            _note(f"uncaught {args.exc_type.__name__} in thread {getattr(args.thread, 'name', '?')}: {args.exc_value}")
         _thread_hook(args)
 
     threading.excepthook = _thread_hook_and_note

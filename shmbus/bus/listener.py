@@ -24,6 +24,7 @@ KEEPALIVE_CHANNEL = "/__mb_keepalive__/"
 #: Intervals at or below this many seconds disable the keepalive (as in the gem).
 MIN_KEEPALIVE = 20
 
+
 class Listening(BusState):
     def _ensure_listener(self) -> None:
         if self._listener is not None and self._listener.is_alive() and self._pid == os.getpid():
@@ -67,8 +68,12 @@ class Listening(BusState):
                         n = recs[0].global_id - self._last_gid - 1
                         if n > 0:
                             self._lost += n
-                            log.warning("shmbus: listener of %r fell behind the ring; %d messages were "
-                                        "overwritten before this process read them", self.name, n)
+                            log.warning(
+                                "shmbus: listener of %r fell behind the ring; %d messages were "
+                                "overwritten before this process read them",
+                                self.name,
+                                n,
+                            )
                     self._last_gid = recs[-1].global_id
                     self._last_received = time.monotonic()
                     msgs = [self._message(r, epoch) for r in recs]
@@ -88,8 +93,13 @@ class Listening(BusState):
                 head = seg.head()
                 skipped = max(seg.global_id() - self._last_gid, 0)
                 self._lost += skipped
-                log.error("shmbus: bus %r is damaged (%s); the listener skips to the newest record, up to %d "
-                          "messages are lost", self.name, exc, skipped)
+                log.error(
+                    "shmbus: bus %r is damaged (%s); the listener skips to the newest record, up to %d "
+                    "messages are lost",
+                    self.name,
+                    exc,
+                    skipped,
+                )
                 self._cursor, self._last_gid = head, seg.global_id()
                 time.sleep(0.05)
             except Exception:  # never let the listener die: log and carry on
@@ -142,8 +152,9 @@ class Listening(BusState):
         try:
             sub.callback(msg)
         except Exception:
-            log.exception("shmbus: failed to deliver message, skipping (subscriber %r, channel %r)",
-                          sub.callback, msg.channel)
+            log.exception(
+                "shmbus: failed to deliver message, skipping (subscriber %r, channel %r)", sub.callback, msg.channel
+            )
 
     def _keepalive(self) -> None:
         interval = self.keepalive_interval
@@ -154,9 +165,13 @@ class Listening(BusState):
             except Exception:
                 log.exception("shmbus: keepalive publish failed on bus %r", self.name)
             if time.monotonic() - self._last_received > 3 * interval:
-                log.warning("shmbus: global messages on %d timed out, message bus %r is no longer functioning "
-                            "correctly (the listener received nothing for %.0f s)", os.getpid(), self.name,
-                            time.monotonic() - self._last_received)
+                log.warning(
+                    "shmbus: global messages on %d timed out, message bus %r is no longer functioning "
+                    "correctly (the listener received nothing for %.0f s)",
+                    os.getpid(),
+                    self.name,
+                    time.monotonic() - self._last_received,
+                )
 
     def health(self) -> dict[str, Any]:
         """What an operator wants to know: is this process attached, listening, and receiving?"""

@@ -44,11 +44,20 @@ class Publishing(BusState):
         try:
             payload = self.codec.encode(data)
         except (TypeError, ValueError, OverflowError) as exc:
-            raise TypeError(f"cannot encode data published on {channel!r} with the {self.codec.name} codec: "
-                            f"{exc}") from None
-        return self.publish_encoded(channel, payload, client_ids=client_ids, user_ids=user_ids,
-                                    group_ids=group_ids, site_id=site_id, max_backlog_size=max_backlog_size,
-                                    max_backlog_age=max_backlog_age, engine=engine)
+            raise TypeError(
+                f"cannot encode data published on {channel!r} with the {self.codec.name} codec: {exc}"
+            ) from None
+        return self.publish_encoded(
+            channel,
+            payload,
+            client_ids=client_ids,
+            user_ids=user_ids,
+            group_ids=group_ids,
+            site_id=site_id,
+            max_backlog_size=max_backlog_size,
+            max_backlog_age=max_backlog_age,
+            engine=engine,
+        )
 
     def publish_encoded(
         self,
@@ -80,15 +89,24 @@ class Publishing(BusState):
         else:
             if (user_ids is not None or group_ids is not None) and channel.startswith(GLOBAL_PREFIX):
                 raise InvalidMessage(f"user_ids/group_ids cannot be used on /global/ channels ({channel!r})")
-            meta = encode_meta(check_targets("client_ids", client_ids), check_targets("user_ids", user_ids),
-                               check_targets("group_ids", group_ids))
+            meta = encode_meta(
+                check_targets("client_ids", client_ids),
+                check_targets("user_ids", user_ids),
+                check_targets("group_ids", group_ids),
+            )
         if site_id is not None or self.site_id_lookup is not None:
             site_id = self._resolve_site(channel, site_id)
         site = self._site_key(site_id) if site_id else b""
-        size = self.max_backlog_size if max_backlog_size is None else check_count(
-            "max_backlog_size", max_backlog_size, error=InvalidMessage)
-        age = self.max_backlog_age if max_backlog_age is None else check_seconds(
-            "max_backlog_age", max_backlog_age, error=InvalidMessage)
+        size = (
+            self.max_backlog_size
+            if max_backlog_size is None
+            else check_count("max_backlog_size", max_backlog_size, error=InvalidMessage)
+        )
+        age = (
+            self.max_backlog_age
+            if max_backlog_age is None
+            else check_seconds("max_backlog_age", max_backlog_age, error=InvalidMessage)
+        )
         if engine is None:
             engine = self._default_engine
         if engine is self._shm_engine:  # the fast path: straight into the segment
@@ -101,8 +119,15 @@ class Publishing(BusState):
             raise TypeError("engine must be an Engine, None (the default) or False (this process only)")
         return engine.publish(self._as_bus(), Envelope(channel, site_id, payload, meta, size, age))
 
-    def store(self, envelope: Envelope, *, global_id: int | None = None, message_id: int | None = None,
-              timestamp: float | None = None, expect_global_id: int | None = None) -> int:
+    def store(
+        self,
+        envelope: Envelope,
+        *,
+        global_id: int | None = None,
+        message_id: int | None = None,
+        timestamp: float | None = None,
+        expect_global_id: int | None = None,
+    ) -> int:
         """Store ``envelope`` in this host's segment; return its message id (0 when skipped).
 
         The engine contract's way in: :class:`~shmbus.engines.SharedMemoryEngine` calls it to publish, and an
@@ -114,20 +139,32 @@ class Publishing(BusState):
         site = self._site_key(envelope.site_id) if envelope.site_id else b""
         check_count("max_backlog_size", envelope.max_backlog_size, error=InvalidMessage)
         check_seconds("max_backlog_age", envelope.max_backlog_age, error=InvalidMessage)
-        for name, value in (("global_id", global_id), ("message_id", message_id),
-                            ("expect_global_id", expect_global_id)):
+        for name, value in (
+            ("global_id", global_id),
+            ("message_id", message_id),
+            ("expect_global_id", expect_global_id),
+        ):
             if value is not None:
                 check_count(name, value, 0 if name == "expect_global_id" else 1, error=InvalidMessage)
         if not isinstance(envelope.payload, bytes) or not isinstance(envelope.meta, bytes):
             raise InvalidMessage("an envelope's payload and meta must be bytes")
-        return self.segment.append(channel_key, site, envelope.payload, envelope.meta,
-                                   max_backlog_size=envelope.max_backlog_size,
-                                   max_backlog_age=envelope.max_backlog_age, clear_every=self.clear_every,
-                                   global_id=global_id, message_id=message_id, timestamp=timestamp,
-                                   expect_global_id=expect_global_id)[1]
+        return self.segment.append(
+            channel_key,
+            site,
+            envelope.payload,
+            envelope.meta,
+            max_backlog_size=envelope.max_backlog_size,
+            max_backlog_age=envelope.max_backlog_age,
+            clear_every=self.clear_every,
+            global_id=global_id,
+            message_id=message_id,
+            timestamp=timestamp,
+            expect_global_id=expect_global_id,
+        )[1]
 
     def _dispatch_local(self, channel: str, site_id: str | None, payload: bytes, meta: bytes) -> None:
-        msg = Message(0, 0, channel, payload, self.codec, site_id=site_id, meta=meta, timestamp=time.time(),
-                      epoch=self._epoch)
+        msg = Message(
+            0, 0, channel, payload, self.codec, site_id=site_id, meta=meta, timestamp=time.time(), epoch=self._epoch
+        )
         with self._dispatch_lock:
             self._dispatch([msg], local=True)

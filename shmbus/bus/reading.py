@@ -14,6 +14,7 @@ __all__ = ["Reading"]
 
 log = logging.getLogger("shmbus")
 
+
 class Reading(BusState):
     def last_id(self, channel: str, site_id: str | None = None) -> int:
         """Id of the newest message on ``channel`` (0 when empty, unknown or expired)."""
@@ -24,8 +25,15 @@ class Reading(BusState):
         seg = self.segment
         return {ch: seg.last_id(self._key(ch, self._resolve_site(ch, site_id))) for ch in channels}
 
-    def backlog(self, channel: str | None = None, last_id: int | None = 0, site_id: str | None = None, *,
-                upto: int | None = None, limit: int | None = None) -> Backlog:
+    def backlog(
+        self,
+        channel: str | None = None,
+        last_id: int | None = 0,
+        site_id: str | None = None,
+        *,
+        upto: int | None = None,
+        limit: int | None = None,
+    ) -> Backlog:
         """Retained messages on ``channel`` with id above ``last_id`` (and at most ``upto``), oldest first.
 
         ``channel=None`` reads the global backlog. ``limit`` caps the count from the oldest end (guble's replay
@@ -38,8 +46,12 @@ class Reading(BusState):
             raise InvalidArgument(f"backlog limit must be >= 0, got {limit}")
         if channel is None:
             msgs = self.global_backlog(last_id)
-            return Backlog(msgs, after_id=last_id or 0, last_id=self.segment.global_id(),
-                           first_available=msgs[0].global_id if msgs else (last_id or 0) + 1)
+            return Backlog(
+                msgs,
+                after_id=last_id or 0,
+                last_id=self.segment.global_id(),
+                first_available=msgs[0].global_id if msgs else (last_id or 0) + 1,
+            )
         after = last_id or 0
         if after < 0:
             raise InvalidArgument("last_id must be >= 0 (use subscribe(..., last_id=-n) to look back)")

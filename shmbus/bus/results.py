@@ -1,4 +1,5 @@
-"""What reads and subscriptions hand back: :class:`Backlog` (messages plus what is missing) and :class:`Subscription`."""
+"""What reads and subscriptions hand back: :class:`Backlog` (messages, and what is missing) and
+:class:`Subscription`."""
 
 from __future__ import annotations
 

@@ -75,10 +75,18 @@ class BusState:
     publish: Callable[..., int | None]  # Publishing's, for the keepalive
 
     if TYPE_CHECKING:  # provided by the other parts of Bus
+
         def last_id(self, channel: str, site_id: str | None = None) -> int: ...
 
-        def backlog(self, channel: str | None = None, last_id: int | None = 0, site_id: str | None = None, *,
-                    upto: int | None = None, limit: int | None = None) -> Backlog: ...
+        def backlog(
+            self,
+            channel: str | None = None,
+            last_id: int | None = 0,
+            site_id: str | None = None,
+            *,
+            upto: int | None = None,
+            limit: int | None = None,
+        ) -> Backlog: ...
 
         def global_backlog(self, last_id: int | None = None) -> list[Message]: ...
 
@@ -107,13 +115,22 @@ class BusState:
             if self._closed:
                 raise BusClosed(f"bus {self.name!r} was closed in this process; call on() to attach again")
             if self._seg is None:
-                seg = Segment.open(self.name, ring_size=self.ring_size, max_channels=self.max_channels,
-                                   codec_name=self.codec.name, path=self.path, create=self.create,
-                                   mode=self.mode, lock_timeout=self.lock_timeout)
+                seg = Segment.open(
+                    self.name,
+                    ring_size=self.ring_size,
+                    max_channels=self.max_channels,
+                    codec_name=self.codec.name,
+                    path=self.path,
+                    create=self.create,
+                    mode=self.mode,
+                    lock_timeout=self.lock_timeout,
+                )
                 if seg.codec_name and seg.codec_name != self.codec.name:
                     seg.close()
-                    raise ValueError(f"bus {self.name!r} was created with codec {seg.codec_name!r}, "
-                                     f"this process uses {self.codec.name!r}; every process must use the same")
+                    raise ValueError(
+                        f"bus {self.name!r} was created with codec {seg.codec_name!r}, "
+                        f"this process uses {self.codec.name!r}; every process must use the same"
+                    )
                 self._epoch = seg.epoch
                 self._seg = seg
                 self._pid = os.getpid()
@@ -164,6 +181,7 @@ class BusState:
     def _key(self, channel: str, site_id: str | None) -> bytes:
         ch = self._channel_key(channel)
         return ch + SITE_SEPARATOR_BYTES + self._site_key(site_id) if site_id else ch
+
     def _as_bus(self) -> Bus:
         """``self`` as the :class:`~shmbus.bus.Bus` it is part of (engines are handed the bus)."""
         return cast("Bus", self)
@@ -177,5 +195,14 @@ class BusState:
                 self._name_cache.clear()
             self._name_cache[record.channel] = name
         site = record.site.decode() if record.site else None
-        return Message(record.global_id, record.message_id, name, record.payload, self.codec, site_id=site,
-                       meta=record.meta, timestamp=record.timestamp, epoch=epoch)
+        return Message(
+            record.global_id,
+            record.message_id,
+            name,
+            record.payload,
+            self.codec,
+            site_id=site,
+            meta=record.meta,
+            timestamp=record.timestamp,
+            epoch=epoch,
+        )

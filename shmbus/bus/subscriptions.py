@@ -12,6 +12,7 @@ from .state import BatchListener, BusState
 
 __all__ = ["Subscribing"]
 
+
 class Subscribing(BusState):
     def subscribe(
         self,
@@ -32,14 +33,22 @@ class Subscribing(BusState):
         """
         return self._subscribe(channel, callback, last_id, pattern, None, site_id)
 
-    def local_subscribe(self, channel: str | None, callback: Callback, last_id: int | None = None, *,
-                        pattern: bool | str = False) -> Subscription | None:
+    def local_subscribe(
+        self, channel: str | None, callback: Callback, last_id: int | None = None, *, pattern: bool | str = False
+    ) -> Subscription | None:
         """Like :meth:`subscribe`, but only for messages of the current site (``site_id_lookup()``)."""
         site = self.site_id_lookup() if self.site_id_lookup else None
         return self._subscribe(channel, callback, last_id, pattern, site or None, site or None)
 
-    def _subscribe(self, channel: str | None, callback: Callback, last_id: int | None, pattern: bool | str,
-                   only_site: str | None, replay_site: str | None) -> Subscription | None:
+    def _subscribe(
+        self,
+        channel: str | None,
+        callback: Callback,
+        last_id: int | None,
+        pattern: bool | str,
+        only_site: str | None,
+        replay_site: str | None,
+    ) -> Subscription | None:
         if self._destroyed:
             raise BusDestroyed(f"bus {self.name!r} was destroyed; call on() to use it again")
         if self._off:
@@ -89,14 +98,19 @@ class Subscribing(BusState):
             return list(self.backlog(channel, after, site))
         msgs = self.global_backlog(0 if last_id < 0 else last_id)
         if last_id < -1:
-            msgs = msgs[last_id + 1:]
+            msgs = msgs[last_id + 1 :]
         if kind is not None and channel is not None:
             match = compile_pattern(channel, kind)
             msgs = [m for m in msgs if match(m.channel)]
         return msgs
 
-    def unsubscribe(self, channel: str | None = None, callback: Callback | Subscription | None = None, *,
-                    pattern: bool | str = False) -> int:
+    def unsubscribe(
+        self,
+        channel: str | None = None,
+        callback: Callback | Subscription | None = None,
+        *,
+        pattern: bool | str = False,
+    ) -> int:
         """Remove subscriptions on ``channel`` (or pattern): the one given, or all of them. Returns how many."""
         removed = 0
         is_pat = bool(pattern)

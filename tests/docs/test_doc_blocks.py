@@ -42,8 +42,15 @@ def blocks() -> list[tuple[str, int, str, str, str | None]]:
             j = i + 1
             while j < len(lines) and not lines[j].startswith("```"):
                 j += 1
-            out.append((str(path.relative_to(REPO_ROOT)), start + 1, lang, "\n".join(lines[i + 1:j]),
-                        mark.group(1) if mark else None))
+            out.append(
+                (
+                    str(path.relative_to(REPO_ROOT)),
+                    start + 1,
+                    lang,
+                    "\n".join(lines[i + 1 : j]),
+                    mark.group(1) if mark else None,
+                )
+            )
             i = j + 1
     return out
 
@@ -69,8 +76,15 @@ def test_a_doc_block_runs_as_written(block: tuple[str, int, str, str, str | None
     venv_bin = REPO_ROOT / ".venv" / "bin"
     env = dict(os.environ, PATH=f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}", SHMBUS_NAME=bus_name)
     argv = [sys.executable, "-c", code] if lang == "python" else ["bash", "-euo", "pipefail", "-c", code]
-    proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        argv,
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 0, f"{file}:{line} failed ({proc.returncode}):\n{code}\n{out}"

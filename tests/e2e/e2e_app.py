@@ -24,10 +24,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
+from shmbus import Bus
 from shmbus.adapters.asgi import MessageBusMiddleware as AsgiMiddleware
 from shmbus.adapters.wsgi import MessageBusMiddleware as WsgiMiddleware
-
-from shmbus import Bus
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -71,8 +70,17 @@ def publish(query: str) -> tuple[int, bytes]:
 
 
 def poll_entry(query: str, dont_chunk: bool, t0: float) -> dict[str, Any]:
-    return {"kind": "poll", "pid": os.getpid(), "query": query, "dont_chunk": dont_chunk, "t0": t0,
-            "status": None, "ctype": None, "gids": [], "writes": 0}
+    return {
+        "kind": "poll",
+        "pid": os.getpid(),
+        "query": query,
+        "dont_chunk": dont_chunk,
+        "t0": t0,
+        "status": None,
+        "ctype": None,
+        "gids": [],
+        "writes": 0,
+    }
 
 
 def _note_body(entry: dict[str, Any], body: bytes) -> None:
@@ -112,8 +120,11 @@ async def asgi_app(scope: Any, receive: Any, send: Any) -> None:
     if scope["type"] != "http" or not scope["path"].startswith("/message-bus/"):
         await _asgi_mb(scope, receive, send)
         return
-    entry = poll_entry(scope.get("query_string", b"").decode(),
-                       any(k == b"dont-chunk" for k, _ in scope.get("headers") or ()), time.monotonic())
+    entry = poll_entry(
+        scope.get("query_string", b"").decode(),
+        any(k == b"dont-chunk" for k, _ in scope.get("headers") or ()),
+        time.monotonic(),
+    )
 
     async def logging_send(message: Any) -> None:
         if message["type"] == "http.response.start":
@@ -140,8 +151,10 @@ def _wsgi_inner(environ: dict[str, Any], start_response: Any) -> list[bytes]:
         return [body]
     if path == "/publish":
         status, body = publish(environ.get("QUERY_STRING", ""))
-        start_response(f"{status} X", [("content-type", "application/json"), ("connection", "close"),
-                                       ("content-length", str(len(body)))])
+        start_response(
+            f"{status} X",
+            [("content-type", "application/json"), ("connection", "close"), ("content-length", str(len(body)))],
+        )
         return [body]
     start_response("404 Not Found", [("content-type", "text/plain"), ("content-length", "9")])
     return [b"not found"]

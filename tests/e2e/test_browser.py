@@ -33,10 +33,12 @@ GUNICORN_CONFIG = "python:shmbus.adapters.integrations.gunicorn"
 NPM_CLIENT = E2E_DIR / "node_modules" / "message-bus-client"
 VENDORED = E2E_DIR.parent.parent / "examples" / "demo" / "static"
 MODES = ["stream", "nochunk", "poll", "background"]
-SHELLS = {"asgi-uvicornworker": ("e2e_app:asgi_app", "uvicorn.workers.UvicornWorker"),
-          "wsgi-gevent": ("e2e_app:wsgi_app", "gevent"),
-          # shmbus's own server: bus routes served natively (tests/server/e2e_native.py logs them)
-          "shmbus-server": ("e2e_native:app", "shmbus.adapters.server.GunicornWorker")}
+SHELLS = {
+    "asgi-uvicornworker": ("e2e_app:asgi_app", "uvicorn.workers.UvicornWorker"),
+    "wsgi-gevent": ("e2e_app:wsgi_app", "gevent"),
+    # shmbus's own server: bus routes served natively (tests/server/e2e_native.py logs them)
+    "shmbus-server": ("e2e_native:app", "shmbus.adapters.server.GunicornWorker"),
+}
 SERVER_DIR = E2E_DIR.parent / "server"
 
 
@@ -66,11 +68,19 @@ def start_server(procs: Any, bus_name: str, shell: str, log_path: Path) -> Any:
     env = {"SHMBUS_TEST_BUS": bus_name, "SHMBUS_E2E_LOG": str(log_path)}
     if shell == "shmbus-server":
         env["PYTHONPATH"] = str(E2E_DIR)  # e2e_native (in app_dir) imports e2e_app
-        return procs.gunicorn_server(spec, workers=2, worker_class=worker_class, env=env, app_dir=SERVER_DIR,
-                                     health_path="/page")
+        return procs.gunicorn_server(
+            spec, workers=2, worker_class=worker_class, env=env, app_dir=SERVER_DIR, health_path="/page"
+        )
     harness.require_module("uvicorn" if worker_class.startswith("uvicorn") else worker_class)
-    return procs.gunicorn_server(spec, workers=2, worker_class=worker_class, config=GUNICORN_CONFIG,
-                                 env=env, app_dir=E2E_DIR, health_path="/page")
+    return procs.gunicorn_server(
+        spec,
+        workers=2,
+        worker_class=worker_class,
+        config=GUNICORN_CONFIG,
+        env=env,
+        app_dir=E2E_DIR,
+        health_path="/page",
+    )
 
 
 def check_delivery(res: dict[str, Any], server_log: str) -> None:
@@ -81,8 +91,10 @@ def check_delivery(res: dict[str, Any], server_log: str) -> None:
     assert [p["id"] for p in published] == list(range(1, len(published) + 1)), "ids are not 1..n"
     got = [(r["i"], r["id"]) for r in received]
     want = [(p["i"], p["id"]) for p in published]
-    assert got == want, (f"lost/duplicated/reordered: want {len(want)} got {len(got)}\n"
-                         f"missing {sorted(set(want) - set(got))}\nreceived {got}{server_log}")
+    assert got == want, (
+        f"lost/duplicated/reordered: want {len(want)} got {len(got)}\n"
+        f"missing {sorted(set(want) - set(got))}\nreceived {got}{server_log}"
+    )
     assert [(r["pid"], r["gid"]) for r in received] == [(p["pid"], p["gid"]) for p in published]
 
 
@@ -149,7 +161,8 @@ def test_vendored_client_is_the_npm_package() -> None:
     """The demo's vendored message-bus.js is byte-identical to the npm package the browser tests use."""
     require_client()
     version = json.loads((NPM_CLIENT / "package.json").read_text())["version"]
-    assert (VENDORED / "message-bus.js").read_bytes() == (NPM_CLIENT / "assets" / "message-bus.js").read_bytes(), \
+    assert (VENDORED / "message-bus.js").read_bytes() == (NPM_CLIENT / "assets" / "message-bus.js").read_bytes(), (
         f"examples/demo/static/message-bus.js differs from message-bus-client {version}"
+    )
     assert (VENDORED / "LICENSE.message-bus-client").read_bytes() == (NPM_CLIENT / "LICENSE").read_bytes()
     assert version in (VENDORED / "README.md").read_text()

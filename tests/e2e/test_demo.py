@@ -29,8 +29,12 @@ _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def post_chat(url: str, text: str) -> dict[str, Any]:
-    req = urllib.request.Request(f"{url}/chat", data=json.dumps({"user": "t", "text": text}).encode(),
-                                 headers={"content-type": "application/json"}, method="POST")
+    req = urllib.request.Request(
+        f"{url}/chat",
+        data=json.dumps({"user": "t", "text": text}).encode(),
+        headers={"content-type": "application/json"},
+        method="POST",
+    )
     with _OPENER.open(req, timeout=10) as resp:
         return dict(json.loads(resp.read()))
 
@@ -38,8 +42,12 @@ def post_chat(url: str, text: str) -> dict[str, Any]:
 def start_demo(bus_name: str, procs: Any) -> tuple[subprocess.Popen[bytes], int, str]:
     """``scripts/demo`` on a free port and its own bus, once it answers: ``(process, port, url)``."""
     port = free_port()
-    proc = procs.spawn([str(REPO_ROOT / "scripts" / "demo"), "--port", str(port), "--bus", bus_name],
-                       env={"SHMBUS_SKIP_INSTALL": "1"}, stdout=subprocess.DEVNULL, stderr=None)
+    proc = procs.spawn(
+        [str(REPO_ROOT / "scripts" / "demo"), "--port", str(port), "--bus", bus_name],
+        env={"SHMBUS_SKIP_INSTALL": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=None,
+    )
     url = f"http://127.0.0.1:{port}"
     assert wait_http(url + "/whoami", timeout=60, proc=proc) == 200
     return proc, port, url
@@ -66,8 +74,10 @@ def test_scripts_demo(bus_name: str, procs: Any) -> None:
     # a streaming poll (what the npm client does by default), then chats until both workers published
     s = socket.create_connection(("127.0.0.1", port), timeout=20)
     body = b"%2Fchat=0&__seq=1"
-    s.sendall(b"POST /message-bus/demotest/poll HTTP/1.1\r\nHost: x\r\nContent-Type: "
-              b"application/x-www-form-urlencoded\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    s.sendall(
+        b"POST /message-bus/demotest/poll HTTP/1.1\r\nHost: x\r\nContent-Type: "
+        b"application/x-www-form-urlencoded\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
     data = b""
     while b"[]\r\n|\r\n" not in data:
         chunk = s.recv(65536)

@@ -7,8 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 
-def wait_for(pred: Callable[[], Any], timeout: float = 10.0, what: str = "condition", *,
-             interval: float = 0.01) -> Any:
+def wait_for(pred: Callable[[], Any], timeout: float = 10.0, what: str = "condition", *, interval: float = 0.01) -> Any:
     """Poll ``pred`` every ``interval`` seconds until it returns something truthy (returned);
     AssertionError naming ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

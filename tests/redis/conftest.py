@@ -6,9 +6,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from shmbus.adapters.redis import RedisBridge
 
 from shmbus import Bus
+from shmbus.adapters.redis import RedisBridge
 
 
 @pytest.fixture
@@ -16,11 +16,22 @@ def make_host(bus_name: str) -> Iterator[Callable[..., Bus]]:
     """``make_host(suffix, url, **bridge_options)`` -> a bridged Bus named ``<bus_name><suffix>``; destroyed after."""
     buses: list[Bus] = []
 
-    def make(suffix: str, url: str, *, codec: str | None = None, bus_options: dict[str, Any] | None = None,
-             **bridge_options: Any) -> Bus:
+    def make(
+        suffix: str,
+        url: str,
+        *,
+        codec: str | None = None,
+        bus_options: dict[str, Any] | None = None,
+        **bridge_options: Any,
+    ) -> Bus:
         bridge_options.setdefault("election_interval", 0.1)
-        bus = Bus(f"{bus_name}{suffix}", codec=codec, keepalive_interval=0, engine=RedisBridge(url, **bridge_options),
-                  **(bus_options or {}))
+        bus = Bus(
+            f"{bus_name}{suffix}",
+            codec=codec,
+            keepalive_interval=0,
+            engine=RedisBridge(url, **bridge_options),
+            **(bus_options or {}),
+        )
         buses.append(bus)
         return bus
 

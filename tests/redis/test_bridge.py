@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import redis
 from bridge_util import wait_for, wait_relaying
-from shmbus.adapters.redis import layout as rl
 
 from shmbus import Bus, Message
+from shmbus.adapters.redis import layout as rl
 
 pytestmark = pytest.mark.redis
 
@@ -47,10 +47,15 @@ def test_redis_layout_and_lines_are_the_gems(redis_server: Any, make_host: Calla
         (b'3|2|/a|{"data":"a2","user_ids":[1,2],"group_ids":null,"client_ids":null}', 2.0),
     ]
     assert r.zrange("__mb_global_backlog_n", 0, -1, withscores=True) == [
-        (b"1|/a", 1.0), (b"1|/b", 2.0), (b"2|/a", 3.0), (b"1|/p|q$|$s", 4.0)]
+        (b"1|/a", 1.0),
+        (b"1|/b", 2.0),
+        (b"2|/a", 3.0),
+        (b"1|/p|q$|$s", 4.0),
+    ]
     # the site suffix is part of the backend channel, and its pipes travel escaped in the line
     assert r.zrange("__mb_backlog_n_/p|q$|$s", 0, -1) == [
-        b'4|1|/p$$123$$q$$$123$$$s|{"data":{"k":[1]},"user_ids":null,"group_ids":null,"client_ids":null}']
+        b'4|1|/p$$123$$q$$$123$$$s|{"data":{"k":[1]},"user_ids":null,"group_ids":null,"client_ids":null}'
+    ]
     assert r.ttl("__mb_backlog_n_/a") == 604800
     assert r.ttl("__mb_backlog_id_n_/a") == 604800
     assert r.ttl("__mb_global_backlog_n") == 604800
@@ -83,8 +88,7 @@ def test_a_gem_publisher_is_seen_with_its_ids_and_targets(redis_server: Any, mak
     assert b.last_id("/chat|x", site_id="site1") == 1
 
 
-def test_two_hosts_see_the_same_messages_with_the_same_ids(redis_server: Any,
-                                                           make_host: Callable[..., Bus]) -> None:
+def test_two_hosts_see_the_same_messages_with_the_same_ids(redis_server: Any, make_host: Callable[..., Bus]) -> None:
     a, b = make_host("a", redis_server.url), make_host("b", redis_server.url)
     wait_relaying(a, b)
     on_b: list[Message] = []
@@ -102,7 +106,8 @@ def test_two_hosts_see_the_same_messages_with_the_same_ids(redis_server: Any,
 
 
 def test_a_client_moving_between_hosts_misses_nothing_and_sees_nothing_twice(
-        redis_server: Any, make_host: Callable[..., Bus]) -> None:
+    redis_server: Any, make_host: Callable[..., Bus]
+) -> None:
     a, b = make_host("a", redis_server.url), make_host("b", redis_server.url)
     wait_relaying(a, b)
     channels = ["/x", "/y"]
@@ -130,7 +135,8 @@ def test_a_client_moving_between_hosts_misses_nothing_and_sees_nothing_twice(
 
 
 def test_reads_cost_no_redis_command_and_older_gaps_are_filled_from_redis(
-        redis_server: Any, make_host: Callable[..., Bus]) -> None:
+    redis_server: Any, make_host: Callable[..., Bus]
+) -> None:
     small = {"max_global_backlog_size": 50}
     a = make_host("a", redis_server.url, bus_options=small)
     wait_relaying(a)
@@ -156,8 +162,7 @@ def test_reads_cost_no_redis_command_and_older_gaps_are_filled_from_redis(
     assert [m.data for m in b.backlog("/old", 10, upto=12)] == [11, 12]
 
 
-def test_flushall_resets_the_epoch_and_relaying_continues(redis_server: Any,
-                                                          make_host: Callable[..., Bus]) -> None:
+def test_flushall_resets_the_epoch_and_relaying_continues(redis_server: Any, make_host: Callable[..., Bus]) -> None:
     a, b = make_host("a", redis_server.url), make_host("b", redis_server.url)
     wait_relaying(a, b)
     for i in range(5):
@@ -215,14 +220,20 @@ def test_health_and_close(redis_server: Any, make_host: Callable[..., Bus]) -> N
     assert a.default.health()["relay"] is False
 
 
-def test_batch_script_writes_exactly_what_single_publishes_write(redis_server: Any,
-                                                                 make_host: Callable[..., Bus]) -> None:
+def test_batch_script_writes_exactly_what_single_publishes_write(
+    redis_server: Any, make_host: Callable[..., Bus]
+) -> None:
     """The batch path (one Lua run per group) must leave Redis as one EVALSHA per message would."""
     a = make_host("a", redis_server.url)
     r = _r(redis_server.url)
     bridge: Any = a.default
-    msgs = [("/a", "a1", {}), ("/b", "b1", {}), ("/a", "a2", {"user_ids": [1, 2]}),
-            ("/p|q", {"k": [1]}, {"site_id": "s"}), ("/a", "a3", {"max_backlog_size": 2})]
+    msgs = [
+        ("/a", "a1", {}),
+        ("/b", "b1", {}),
+        ("/a", "a2", {"user_ids": [1, 2]}),
+        ("/p|q", {"k": [1]}, {"site_id": "s"}),
+        ("/a", "a3", {"max_backlog_size": 2}),
+    ]
     singles = []
     for ch, data, kw in msgs:
         singles.append(a.publish(ch, data, **kw))
@@ -237,7 +248,8 @@ def test_batch_script_writes_exactly_what_single_publishes_write(redis_server: A
     assert after == before
     assert r.zrange("__mb_backlog_n_/a", 0, -1) == [  # the per-message size of the last publish trimmed to 2
         b'3|2|/a|{"data":"a2","user_ids":[1,2],"group_ids":null,"client_ids":null}',
-        b'5|3|/a|{"data":"a3","user_ids":null,"group_ids":null,"client_ids":null}']
+        b'5|3|/a|{"data":"a3","user_ids":null,"group_ids":null,"client_ids":null}',
+    ]
     assert r.ttl("__mb_backlog_n_/a") == 604800 and r.get("__mb_global_id_n") == b"5"
 
 
@@ -249,12 +261,20 @@ def test_cli_stats_shows_the_bridge(redis_server: Any, make_host: Callable[..., 
     a = make_host("a", redis_server.url)
     a.publish("/s", 1)
     wait_for(lambda: a.health()["engine_health"]["relay"], what="a relay in this process")
-    out = subprocess.run([sys.executable, "-m", "shmbus", "stats", "--bus", a.name, "--redis", redis_server.url,
-                          "--json"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "shmbus", "stats", "--bus", a.name, "--redis", redis_server.url, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     view = json.loads(out.stdout)["redis"]
     assert view["role"] == "master" and view["global_id"] == 1 and view["lag"] == 0 and view["relay_active"]
     redis_server.stop()
-    out = subprocess.run([sys.executable, "-m", "shmbus", "stats", "--bus", a.name, "--redis", redis_server.url],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "shmbus", "stats", "--bus", a.name, "--redis", redis_server.url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0 and "UNREACHABLE" in out.stdout

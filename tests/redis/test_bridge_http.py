@@ -24,8 +24,13 @@ def _poll(bus: Bus, channel: str, last: int) -> list[dict[str, Any]]:
     body = f"{channel}={last}".encode()
     env: dict[str, Any] = {}
     setup_testing_defaults(env)
-    env.update(REQUEST_METHOD="POST", PATH_INFO="/message-bus/client1/poll", QUERY_STRING="dlp=t",
-               CONTENT_TYPE="application/x-www-form-urlencoded", CONTENT_LENGTH=str(len(body)))
+    env.update(
+        REQUEST_METHOD="POST",
+        PATH_INFO="/message-bus/client1/poll",
+        QUERY_STRING="dlp=t",
+        CONTENT_TYPE="application/x-www-form-urlencoded",
+        CONTENT_LENGTH=str(len(body)),
+    )
     env["wsgi.input"] = io.BytesIO(body)
     status: list[str] = []
     out = b"".join(app(env, lambda s, h, e=None: status.append(s)))

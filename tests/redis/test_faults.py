@@ -14,9 +14,9 @@ import pytest
 import redis
 from bridge_util import wait_for, wait_relaying
 from harness.services import RedisServer
-from shmbus.adapters.redis import RedisReadOnly, RedisUnavailable
 
 from shmbus import Bus, EngineError
+from shmbus.adapters.redis import RedisReadOnly, RedisUnavailable
 
 pytestmark = pytest.mark.redis
 
@@ -53,6 +53,7 @@ class _Lines:
                     with self.cond:
                         self.seen.append((parts[0], int(parts[1])))
                         self.cond.notify_all()
+
         threading.Thread(target=read, daemon=True).start()
 
     def pids(self, tag: str) -> list[int]:
@@ -63,8 +64,7 @@ class _Lines:
         """The pids of the first ``count`` lines tagged ``tag`` (waiting for them)."""
         with self.cond:
             if not self.cond.wait_for(lambda: len(self.pids(tag)) >= count, timeout):
-                raise AssertionError(f"fewer than {count} {tag} lines from the children within {timeout}s: "
-                                     f"{self.seen}")
+                raise AssertionError(f"fewer than {count} {tag} lines from the children within {timeout}s: {self.seen}")
             return self.pids(tag)[:count]
 
 
@@ -74,8 +74,8 @@ def _segment_records(bus: Bus) -> list[tuple[int, int, bytes, bytes]]:
 
 @pytest.mark.slow
 def test_sigkill_of_the_relay_under_load_loses_and_doubles_nothing(
-        redis_server: Any, make_host: Callable[..., Bus], plain_bus: Callable[[str], Bus], procs: Any,
-        bus_name: str) -> None:
+    redis_server: Any, make_host: Callable[..., Bus], plain_bus: Callable[[str], Bus], procs: Any, bus_name: str
+) -> None:
     a = make_host("a", redis_server.url)
     wait_relaying(a)
     lines = _Lines()
@@ -118,8 +118,7 @@ def test_sigkill_of_the_relay_under_load_loses_and_doubles_nothing(
 
 
 @pytest.mark.slow
-def test_redis_restart_under_load_keeps_what_redis_kept(redis_server: Any,
-                                                        make_host: Callable[..., Bus]) -> None:
+def test_redis_restart_under_load_keeps_what_redis_kept(redis_server: Any, make_host: Callable[..., Bus]) -> None:
     a = make_host("a", redis_server.url)
     b = make_host("b", redis_server.url)
     wait_relaying(a, b)
@@ -164,8 +163,9 @@ def test_redis_restart_under_load_keeps_what_redis_kept(redis_server: Any,
         assert line.startswith(f"{gid}|{mid}|".encode()) and b'"data":' + payload + b"," in line
 
 
-def test_redis_stopped_publish_errors_clearly_and_the_bus_recovers(redis_server: Any,
-                                                                   make_host: Callable[..., Bus]) -> None:
+def test_redis_stopped_publish_errors_clearly_and_the_bus_recovers(
+    redis_server: Any, make_host: Callable[..., Bus]
+) -> None:
     a, b = make_host("a", redis_server.url), make_host("b", redis_server.url)
     wait_relaying(a, b)
     assert a.publish("/s", 1) == 1
@@ -184,8 +184,7 @@ def test_redis_stopped_publish_errors_clearly_and_the_bus_recovers(redis_server:
     assert a.health()["engine_health"]["state"] == "ok"
 
 
-def test_queue_in_memory_flushes_in_order_when_redis_returns(redis_server: Any,
-                                                             make_host: Callable[..., Bus]) -> None:
+def test_queue_in_memory_flushes_in_order_when_redis_returns(redis_server: Any, make_host: Callable[..., Bus]) -> None:
     a = make_host("a", redis_server.url, queue_in_memory=True, max_in_memory_publish_backlog=3)
     b = make_host("b", redis_server.url)
     wait_relaying(a, b)
@@ -200,7 +199,8 @@ def test_queue_in_memory_flushes_in_order_when_redis_returns(redis_server: Any,
 
 
 def test_read_only_replica_is_reported_and_queued_publishes_flush_after_promotion(
-        redis_server: Any, make_host: Callable[..., Bus]) -> None:
+    redis_server: Any, make_host: Callable[..., Bus]
+) -> None:
     replica = RedisServer(redis_server.binary)
     try:
         replica.start()
@@ -224,8 +224,9 @@ def test_read_only_replica_is_reported_and_queued_publishes_flush_after_promotio
         replica.close()
 
 
-def test_a_forked_child_neither_shares_nor_steals_the_relay_lock(redis_server: Any,
-                                                                 make_host: Callable[..., Bus]) -> None:
+def test_a_forked_child_neither_shares_nor_steals_the_relay_lock(
+    redis_server: Any, make_host: Callable[..., Bus]
+) -> None:
     a = make_host("a", redis_server.url)
     wait_relaying(a)
     r1, w1 = os.pipe()

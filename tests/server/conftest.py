@@ -38,16 +38,29 @@ def shared_bus(bus_name: str) -> Iterator[Bus]:
 
 @pytest.fixture
 def start(procs: Any, bus_name: str, shared_bus: Bus, tmp_path: Path) -> Callable[..., Any]:
-    def go(app: str = "server_apps:mw_app", workers: int = 2, config_text: str | None = None,
-           parser: str | None = None, extra_args: tuple[str, ...] = (), health_path: str = "/pid",
-           **opts: Any) -> Any:
-        env = {"SHMBUS_TEST_BUS": bus_name, "SHMBUS_TEST_OPTS": json.dumps(opts),
-               "SHMBUS_SERVER_PARSER": parser}
+    def go(
+        app: str = "server_apps:mw_app",
+        workers: int = 2,
+        config_text: str | None = None,
+        parser: str | None = None,
+        extra_args: tuple[str, ...] = (),
+        health_path: str = "/pid",
+        **opts: Any,
+    ) -> Any:
+        env = {"SHMBUS_TEST_BUS": bus_name, "SHMBUS_TEST_OPTS": json.dumps(opts), "SHMBUS_SERVER_PARSER": parser}
         config = None
         if config_text is not None:
             config = tmp_path / "gunicorn_conf.py"
             config.write_text(config_text)
-        return procs.gunicorn_server(app, workers=workers, worker_class=WORKER, config=config, env=env,
-                                     app_dir=SERVER_DIR, extra_args=extra_args, health_path=health_path)
+        return procs.gunicorn_server(
+            app,
+            workers=workers,
+            worker_class=WORKER,
+            config=config,
+            env=env,
+            app_dir=SERVER_DIR,
+            extra_args=extra_args,
+            health_path=health_path,
+        )
 
     return go

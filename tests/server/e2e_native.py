@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import e2e_app
+
 from shmbus.adapters import asgi
 from shmbus.adapters.http import Client, MessageBusProtocol, Poll
 

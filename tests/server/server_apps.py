@@ -15,9 +15,8 @@ import json
 import os
 from typing import Any
 
-from shmbus.adapters.asgi import MessageBusMiddleware
-
 from shmbus import Bus
+from shmbus.adapters.asgi import MessageBusMiddleware
 
 bus = Bus(os.environ["SHMBUS_TEST_BUS"], keepalive_interval=0)
 OPTS: dict[str, Any] = json.loads(os.environ.get("SHMBUS_TEST_OPTS") or "{}")
@@ -47,8 +46,13 @@ async def echo(scope: Any, receive: Any, send: Any) -> None:
         await asyncio.sleep(3)
     if path == "/pid":
         body = str(os.getpid()).encode()
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
         return
     if path == "/chunks":
@@ -68,16 +72,33 @@ async def echo(scope: Any, receive: Any, send: Any) -> None:
         if not m.get("more_body"):
             break
     body = b"".join(parts)
-    out = json.dumps({
-        "method": scope["method"], "path": scope["path"], "raw_path": scope["raw_path"].decode("latin-1"),
-        "query": scope["query_string"].decode("latin-1"), "http_version": scope["http_version"],
-        "headers": [[k.decode("latin-1"), v.decode("latin-1")] for k, v in scope["headers"]],
-        "body_len": len(body), "body_sha": hashlib.sha256(body).hexdigest(), "body_head": body[:100].decode("latin-1"),
-        "lifespan": LIFESPAN, "client": list(scope["client"] or ()), "pid": os.getpid(),
-    }).encode()
-    await send({"type": "http.response.start", "status": 201,
-                "headers": [(b"content-type", b"application/json"), (b"x-echo", b"yes"),
-                            (b"content-length", str(len(out)).encode())]})
+    out = json.dumps(
+        {
+            "method": scope["method"],
+            "path": scope["path"],
+            "raw_path": scope["raw_path"].decode("latin-1"),
+            "query": scope["query_string"].decode("latin-1"),
+            "http_version": scope["http_version"],
+            "headers": [[k.decode("latin-1"), v.decode("latin-1")] for k, v in scope["headers"]],
+            "body_len": len(body),
+            "body_sha": hashlib.sha256(body).hexdigest(),
+            "body_head": body[:100].decode("latin-1"),
+            "lifespan": LIFESPAN,
+            "client": list(scope["client"] or ()),
+            "pid": os.getpid(),
+        }
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 201,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"x-echo", b"yes"),
+                (b"content-length", str(len(out)).encode()),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": out})
 
 

@@ -32,10 +32,19 @@ def server(request: pytest.FixtureRequest, procs: Any, bus_name: str, shared_bus
     limits = dict(LIMITS, **getattr(request, "param_limits", {}))
     conf = tmp_path / "conf.py"
     conf.write_text(f"shmbus_server = {limits!r}\nkeepalive = 5\n")
-    env = {"SHMBUS_TEST_BUS": bus_name, "SHMBUS_TEST_OPTS": json.dumps({"long_polling_interval": 1.0,
-                                                                        "body_timeout": 2})}
-    srv = procs.gunicorn_server("server_apps:mw_app", workers=1, worker_class=SERVERS[request.param], config=conf,
-                                env=env, app_dir=SERVER_DIR, health_path="/pid")
+    env = {
+        "SHMBUS_TEST_BUS": bus_name,
+        "SHMBUS_TEST_OPTS": json.dumps({"long_polling_interval": 1.0, "body_timeout": 2}),
+    }
+    srv = procs.gunicorn_server(
+        "server_apps:mw_app",
+        workers=1,
+        worker_class=SERVERS[request.param],
+        config=conf,
+        env=env,
+        app_dir=SERVER_DIR,
+        health_path="/pid",
+    )
     srv.kind = request.param
     return srv
 
@@ -77,8 +86,9 @@ def test_a_generated_corpus_of_hostile_requests_gets_no_5xx_and_no_silent_close(
 
 
 def test_an_endless_chunk_size_on_a_bus_route_gets_411_at_once(server: Any) -> None:
-    c = Conn(server.port).send(b"POST /message-bus/cid/poll HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-                               b"ffffffffffffffff\r\nabc")
+    c = Conn(server.port).send(
+        b"POST /message-bus/cid/poll HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffff\r\nabc"
+    )
     r = c.read_response(timeout=1.5)  # well before the 2 s body timeout: refused from the head alone
     assert r.status == 411 and b"Content-Length" in r.body
     assert c.closed_by_peer()
@@ -88,8 +98,12 @@ def test_a_10_mb_body_gets_413_not_a_reset(server: Any) -> None:
     for _ in range(3):
         c = Conn(server.port)
         body = b"x" * (10 << 20)
-        head = request("POST", "/message-bus/cid/poll", b"", {"Content-Length": str(len(body)),
-                                                               "Content-Type": "application/x-www-form-urlencoded"})
+        head = request(
+            "POST",
+            "/message-bus/cid/poll",
+            b"",
+            {"Content-Length": str(len(body)), "Content-Type": "application/x-www-form-urlencoded"},
+        )
         c.sock.sendall(head)
         try:
             c.sock.sendall(body)  # the server may stop reading after its answer; that must not reset the answer
@@ -101,19 +115,29 @@ def test_a_10_mb_body_gets_413_not_a_reset(server: Any) -> None:
 
 
 def test_a_stalled_body_gets_408(server: Any) -> None:
-    c = Conn(server.port).send(b"POST /message-bus/cid/poll HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"
-                               b"Content-Type: application/x-www-form-urlencoded\r\n\r\n/a=0")
+    c = Conn(server.port).send(
+        b"POST /message-bus/cid/poll HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"
+        b"Content-Type: application/x-www-form-urlencoded\r\n\r\n/a=0"
+    )
     r = c.read_response(timeout=LIMITS["body_timeout"] + 5)
     assert r.status == 408
 
 
-def test_max_connections_refuses_the_surplus_with_503(procs: Any, bus_name: str, shared_bus: Any,
-                                                      tmp_path: Path) -> None:
+def test_max_connections_refuses_the_surplus_with_503(
+    procs: Any, bus_name: str, shared_bus: Any, tmp_path: Path
+) -> None:
     conf = tmp_path / "conf.py"
     conf.write_text(f"shmbus_server = {dict(LIMITS, max_connections=20)!r}\n")
     env = {"SHMBUS_TEST_BUS": bus_name}
-    srv = procs.gunicorn_server("server_apps:mw_app", workers=1, worker_class=SERVERS["lean"], config=conf, env=env,
-                                app_dir=SERVER_DIR, health_path="/pid")
+    srv = procs.gunicorn_server(
+        "server_apps:mw_app",
+        workers=1,
+        worker_class=SERVERS["lean"],
+        config=conf,
+        env=env,
+        app_dir=SERVER_DIR,
+        health_path="/pid",
+    )
     held = [Conn(srv.port) for _ in range(20)]  # idle keep-alive connections (5 s idle limit)
     time.sleep(0.3)
     extra = Conn(srv.port)
@@ -126,13 +150,21 @@ def test_max_connections_refuses_the_surplus_with_503(procs: Any, bus_name: str,
     assert c.read_response().status == 200
 
 
-def test_the_uvicorn_worker_stops_within_graceful_timeout_with_a_parked_poll(procs: Any, bus_name: str,
-                                                                             shared_bus: Any) -> None:
+def test_the_uvicorn_worker_stops_within_graceful_timeout_with_a_parked_poll(
+    procs: Any, bus_name: str, shared_bus: Any
+) -> None:
     """Stock UvicornWorker waits for a parked 25 s poll until gunicorn kills it ("Perhaps out of memory?");
     ours ends parked polls before graceful_timeout and exits by itself."""
     env = {"SHMBUS_TEST_BUS": bus_name, "SHMBUS_TEST_OPTS": json.dumps({"long_polling_interval": 60})}
-    srv = procs.gunicorn_server("server_apps:mw_app", workers=1, worker_class=SERVERS["uvicorn"], env=env,
-                                app_dir=SERVER_DIR, health_path="/pid", graceful_timeout=3)
+    srv = procs.gunicorn_server(
+        "server_apps:mw_app",
+        workers=1,
+        worker_class=SERVERS["uvicorn"],
+        env=env,
+        app_dir=SERVER_DIR,
+        health_path="/pid",
+        graceful_timeout=3,
+    )
     c = Conn(srv.port).send(poll("parked", {"/foo": 0}))  # long poll (Dont-Chunk): waits 60 s
     time.sleep(0.5)
     srv.proc.terminate()  # SIGTERM to the master: graceful stop
@@ -162,14 +194,22 @@ def test_a_stalled_second_head_on_a_kept_alive_connection_gets_408(server: Any) 
 
 
 @pytest.mark.parametrize("kind", sorted(SERVERS))
-def test_an_app_that_reads_its_body_slowly_is_not_a_slow_client(procs: Any, bus_name: str, shared_bus: Any,
-                                                                tmp_path: Path, kind: str) -> None:
+def test_an_app_that_reads_its_body_slowly_is_not_a_slow_client(
+    procs: Any, bus_name: str, shared_bus: Any, tmp_path: Path, kind: str
+) -> None:
     """A server stops reading while the app has not taken what was buffered: that wait is not the client's,
     so it must not count against body_timeout."""
     conf = tmp_path / "conf.py"
     conf.write_text(f"shmbus_server = {LIMITS!r}\n")
-    srv = procs.gunicorn_server("server_apps:mw_app", workers=1, worker_class=SERVERS[kind], config=conf,
-                                env={"SHMBUS_TEST_BUS": bus_name}, app_dir=SERVER_DIR, health_path="/pid")
+    srv = procs.gunicorn_server(
+        "server_apps:mw_app",
+        workers=1,
+        worker_class=SERVERS[kind],
+        config=conf,
+        env={"SHMBUS_TEST_BUS": bus_name},
+        app_dir=SERVER_DIR,
+        health_path="/pid",
+    )
     body = b"b" * (1 << 20)
     c = Conn(srv.port).send(request("POST", "/slowread", body))  # the app sleeps 3 s > body_timeout 2 s
     r = c.read_response(timeout=20)

@@ -34,16 +34,26 @@ def test_bad_input_precise_4xx_and_worker_keeps_serving(start: Any, shared_bus: 
     port = server.port
     shared_bus.publish("/ok", "fine")
     cases = [
-        (request("POST", "/message-bus/c1/poll", b"{nope", {"Content-Type": "application/json"}),
-         400, b"malformed JSON body"),
-        (request("POST", "/message-bus/c1/poll", b"/a=abc", {"Content-Type": "application/x-www-form-urlencoded"}),
-         400, b"invalid id for channel '/a': 'abc' is not an integer"),
+        (
+            request("POST", "/message-bus/c1/poll", b"{nope", {"Content-Type": "application/json"}),
+            400,
+            b"malformed JSON body",
+        ),
+        (
+            request("POST", "/message-bus/c1/poll", b"/a=abc", {"Content-Type": "application/x-www-form-urlencoded"}),
+            400,
+            b"invalid id for channel '/a': 'abc' is not an integer",
+        ),
         (request("POST", "/message-bus/bad!id/poll", b"/a=1"), 400, b"invalid client id"),
         (request("POST", "/message-bus/c1/nope", b"/a=1"), 404, b"unknown message-bus route"),
-        (request("POST", "/message-bus/c1/poll", b"x", {"Content-Type": "text/xml"}), 415,
-         b"unsupported content type"),
-        (request("POST", "/message-bus/c1/poll", b"/a=1&" * 300, {"Content-Type": "application/x-www-form-urlencoded"}),
-         413, b"request body too large (limit 1000 bytes)"),
+        (request("POST", "/message-bus/c1/poll", b"x", {"Content-Type": "text/xml"}), 415, b"unsupported content type"),
+        (
+            request(
+                "POST", "/message-bus/c1/poll", b"/a=1&" * 300, {"Content-Type": "application/x-www-form-urlencoded"}
+            ),
+            413,
+            b"request body too large (limit 1000 bytes)",
+        ),
     ]
     c = Conn(port)
     for raw, status, reason in cases:
@@ -55,19 +65,29 @@ def test_bad_input_precise_4xx_and_worker_keeps_serving(start: Any, shared_bus: 
             assert c.closed_by_peer()
             c = Conn(port)
     # a declared body over the limit with Expect: 100-continue is refused before the body is sent
-    c = Conn(port).send(request("POST", "/message-bus/c2/poll", b"", {"Content-Length": "5000",
-                                                                     "Expect": "100-continue"}))
+    c = Conn(port).send(
+        request("POST", "/message-bus/c2/poll", b"", {"Content-Length": "5000", "Expect": "100-continue"})
+    )
     r = c.read_response()
     assert (r.status, r.headers.get("connection")) == (413, "close")
     # within the limit: 100 Continue, then the answer
-    c = Conn(port).send(request("POST", "/message-bus/c2/poll?dlp=t", b"", {
-        "Content-Length": "8", "Expect": "100-continue", "Content-Type": "application/x-www-form-urlencoded"}))
+    c = Conn(port).send(
+        request(
+            "POST",
+            "/message-bus/c2/poll?dlp=t",
+            b"",
+            {"Content-Length": "8", "Expect": "100-continue", "Content-Type": "application/x-www-form-urlencoded"},
+        )
+    )
     assert c.read_response().status == 100
     r = c.send(b"/ok=0&x=").read_response()
     assert r.status == 200 and json.loads(r.body)[0]["data"] == "fine"
     # malformed HTTP: 400 and a close
-    for garbage in (b"GARBAGE\r\n\r\n", b"GET / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
-                    b"GET / HTTP/1.1\r\nBad Header\r\n\r\n"):
+    for garbage in (
+        b"GARBAGE\r\n\r\n",
+        b"GET / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+        b"GET / HTTP/1.1\r\nBad Header\r\n\r\n",
+    ):
         c = Conn(port).send(garbage)
         r = c.read_response()
         assert r.status == 400, (garbage, r)
@@ -91,7 +111,12 @@ def test_other_routes_reach_the_asgi_app(start: Any) -> None:
     body = os.urandom(300_000)
     e = echo(c, request("PUT", "/echo/a%20b?x=1&y=%20", body, {"X-Custom": "Value", "Content-Type": "app/bin"}))
     assert (e["method"], e["path"], e["raw_path"], e["query"], e["http_version"]) == (
-        "PUT", "/echo/a b", "/echo/a%20b", "x=1&y=%20", "1.1")
+        "PUT",
+        "/echo/a b",
+        "/echo/a%20b",
+        "x=1&y=%20",
+        "1.1",
+    )
     assert ["x-custom", "Value"] in e["headers"] and ["content-type", "app/bin"] in e["headers"]
     assert (e["body_len"], e["body_sha"]) == (len(body), hashlib.sha256(body).hexdigest())
     assert e["lifespan"] == ["startup"]
@@ -162,8 +187,9 @@ def test_plain_app_with_shmbus_options_and_max_requests(start: Any, procs: Any, 
     while pid == first:
         assert time.monotonic() < deadline, "max_requests did not restart the worker"
         try:
-            pid = int(Conn(server.port).send(request("GET", "/pid", headers={"Connection": "close"}))
-                      .read_response().body)
+            pid = int(
+                Conn(server.port).send(request("GET", "/pid", headers={"Connection": "close"})).read_response().body
+            )
         except (EOFError, ConnectionError):
             time.sleep(0.05)
     r = Conn(server.port).send(poll("x", {"/p": 0}, dlp=True).replace(b"/message-bus/", b"/mb/message-bus/"))
@@ -172,10 +198,20 @@ def test_plain_app_with_shmbus_options_and_max_requests(start: Any, procs: Any, 
 
 def test_standalone_cli(procs: Any, bus_name: str, shared_bus: Bus) -> None:
     port = harness.procs.free_port()
-    p = procs.spawn([sys.executable, "-m", "shmbus.adapters.server", "server_apps:mw_app", "--bind",
-                     f"127.0.0.1:{port}", "--workers", "2"], env={"SHMBUS_TEST_BUS": bus_name,
-                                                                   "PYTHONPATH": str(SERVER_DIR)},
-                    cwd=str(SERVER_DIR))
+    p = procs.spawn(
+        [
+            sys.executable,
+            "-m",
+            "shmbus.adapters.server",
+            "server_apps:mw_app",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--workers",
+            "2",
+        ],
+        env={"SHMBUS_TEST_BUS": bus_name, "PYTHONPATH": str(SERVER_DIR)},
+        cwd=str(SERVER_DIR),
+    )
     harness.procs.wait_http(f"http://127.0.0.1:{port}/pid", timeout=30, proc=p)
     s = Conn(port).send(poll("cli", {"/c": 0}, chunk=True))
     s.read_until(b"[]\r\n|\r\n")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from shmbus.adapters.server.parser import HttpParserError, HttpRequestParser
 
 
@@ -36,7 +37,7 @@ def feed(data: bytes, step: int = 0) -> tuple[Rec, HttpRequestParser]:
     p = HttpRequestParser(r)
     if step:
         for i in range(0, len(data), step):
-            p.feed_data(data[i:i + step])
+            p.feed_data(data[i : i + step])
     else:
         p.feed_data(data)
     return r, p
@@ -48,9 +49,11 @@ def bodies(r: Rec) -> bytes:
 
 @pytest.mark.parametrize("step", [0, 1, 3, 7])
 def test_pipelined_requests_split_anywhere(step: int) -> None:
-    data = (b"POST /a?x=1 HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhello"
-            b"POST /b HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nT: x\r\n\r\n"
-            b"GET /c HTTP/1.0\r\n\r\n")
+    data = (
+        b"POST /a?x=1 HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhello"
+        b"POST /b HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nT: x\r\n\r\n"
+        b"GET /c HTTP/1.0\r\n\r\n"
+    )
     r, p = feed(data, step)
     assert r.events.count("done") == 3
     assert [e[1] for e in r.events if isinstance(e, tuple) and e[0] == "url"] == [b"/a?x=1", b"/b", b"/c"]
@@ -64,18 +67,21 @@ def test_keep_alive_rules() -> None:
     assert feed(b"GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n")[1].should_keep_alive()
 
 
-@pytest.mark.parametrize("bad", [
-    b"GET / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",  # smuggling
-    b"GET / HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
-    b"GET / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n",
-    b"GET / HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
-    b"GET / HTTP/1.1\r\nX: a\r\n folded\r\n\r\n",
-    b"GET / HTTP/2.0\r\n\r\n",
-    b"GET /\r\n\r\n",
-    b"GET / HTTP/1.1\r\nBad Name: x\r\n\r\n",
-    b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
-    b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcXX",
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"GET / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",  # smuggling
+        b"GET / HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
+        b"GET / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n",
+        b"GET / HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
+        b"GET / HTTP/1.1\r\nX: a\r\n folded\r\n\r\n",
+        b"GET / HTTP/2.0\r\n\r\n",
+        b"GET /\r\n\r\n",
+        b"GET / HTTP/1.1\r\nBad Name: x\r\n\r\n",
+        b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcXX",
+    ],
+)
 def test_refused(bad: bytes) -> None:
     with pytest.raises(HttpParserError):
         feed(bad)

@@ -24,12 +24,14 @@ from shmbus import Bus
 pytestmark = pytest.mark.slow
 
 PARSERS = ["httptools", "pure"]
-PUBLISH = ("import sys, time; from shmbus import Bus; b = Bus(sys.argv[1], keepalive_interval=0)\n"
-           "n, pause = int(sys.argv[4]), float(sys.argv[5])\n"
-           "for i in range(n):\n"
-           "    r = b.publish(sys.argv[2], sys.argv[3])\n"
-           "    if pause: time.sleep(pause)\n"
-           "print(r)")
+PUBLISH = (
+    "import sys, time; from shmbus import Bus; b = Bus(sys.argv[1], keepalive_interval=0)\n"
+    "n, pause = int(sys.argv[4]), float(sys.argv[5])\n"
+    "for i in range(n):\n"
+    "    r = b.publish(sys.argv[2], sys.argv[3])\n"
+    "    if pause: time.sleep(pause)\n"
+    "print(r)"
+)
 
 
 def publish_elsewhere(procs: Any, bus_name: str, channel: str, data: str, n: int = 1, pause: float = 0) -> int:
@@ -64,8 +66,9 @@ def test_stream_and_long_poll_across_processes(start: Any, procs: Any, bus_name:
     time.sleep(0.2)  # not needed for correctness (a message before parking is in the backlog), only for coverage
     assert publish_elsewhere(procs, bus_name, "/smoke", "from-another-process") == 1
     r = lp.read_response()
-    assert json.loads(r.body) == [{"global_id": 1, "message_id": 1, "channel": "/smoke",
-                                   "data": "from-another-process"}], server.log()
+    assert json.loads(r.body) == [
+        {"global_id": 1, "message_id": 1, "channel": "/smoke", "data": "from-another-process"}
+    ], server.log()
     assert r.headers["content-type"] == "application/json; charset=utf-8"
     assert r.headers["access-control-allow-origin"] == "*"
     data = s.read_until(b"from-another-process")
@@ -90,8 +93,9 @@ def test_exact_wire_bytes_and_http10(start: Any, shared_bus: Bus, parser: str) -
     assert r.headers["content-type"] == "application/json; charset=utf-8"
     assert json.loads(r.body)[0]["data"] == "x"
     assert c.closed_by_peer(), "HTTP/1.0 without keep-alive must be closed"
-    c = Conn(server.port).send(poll("old", {"/foo": 1}, chunk=True, version="1.0",
-                                    headers={"Connection": "keep-alive"}))
+    c = Conn(server.port).send(
+        poll("old", {"/foo": 1}, chunk=True, version="1.0", headers={"Connection": "keep-alive"})
+    )
     r = c.read_response(timeout=15)
     assert (r.body, r.headers.get("connection")) == (b"[]", "keep-alive")  # parked unstreamed, ended at timeout
     r = c.send(poll("old", {"/foo": 0}, version="1.0", dlp=True, headers={"Connection": "keep-alive"})).read_response()
@@ -100,8 +104,9 @@ def test_exact_wire_bytes_and_http10(start: Any, shared_bus: Bus, parser: str) -
 
 
 @pytest.mark.parametrize("parser", PARSERS)
-def test_keep_alive_and_pipelined_polls_on_one_connection(start: Any, procs: Any, bus_name: str,
-                                                          shared_bus: Bus, parser: str) -> None:
+def test_keep_alive_and_pipelined_polls_on_one_connection(
+    start: Any, procs: Any, bus_name: str, shared_bus: Bus, parser: str
+) -> None:
     server = start(parser=parser_env(parser), long_polling_interval=20, workers=1)
     shared_bus.publish("/k", "one")
     c = Conn(server.port)
@@ -169,7 +174,7 @@ def worker_pids(server: Any) -> list[int]:
                     stat = f.read()
             except OSError:
                 continue
-            rest = stat[stat.rfind(b")") + 2:].split()
+            rest = stat[stat.rfind(b")") + 2 :].split()
             if int(rest[1]) == server.proc.pid:
                 out.append(int(entry))
     return out

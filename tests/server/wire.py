@@ -125,23 +125,34 @@ class Conn:
         self.sock.close()
 
 
-def request(method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None,
-            version: str = "1.1") -> bytes:
+def request(
+    method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None, version: str = "1.1"
+) -> bytes:
     h = {"Host": "127.0.0.1", **(headers or {})}
     if (body or method == "POST") and "Transfer-Encoding" not in h:
         h.setdefault("Content-Length", str(len(body)))
-    return (f"{method} {path} HTTP/{version}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in h.items())
-            + "\r\n").encode("latin-1") + body
+    return (f"{method} {path} HTTP/{version}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in h.items()) + "\r\n").encode(
+        "latin-1"
+    ) + body
 
 
-def poll(client_id: str, channels: dict[str, object], *, chunk: bool = False, dlp: bool = False, seq: int = 1,
-         version: str = "1.1", headers: dict[str, str] | None = None) -> bytes:
+def poll(
+    client_id: str,
+    channels: dict[str, object],
+    *,
+    chunk: bool = False,
+    dlp: bool = False,
+    seq: int = 1,
+    version: str = "1.1",
+    headers: dict[str, str] | None = None,
+) -> bytes:
     data = {**channels, "__seq": seq}
     h = {"Content-Type": "application/x-www-form-urlencoded", **(headers or {})}
     if not chunk:
         h["Dont-Chunk"] = "true"
-    return request("POST", f"/message-bus/{client_id}/poll" + ("?dlp=t" if dlp else ""),
-                   urlencode(data).encode(), h, version)
+    return request(
+        "POST", f"/message-bus/{client_id}/poll" + ("?dlp=t" if dlp else ""), urlencode(data).encode(), h, version
+    )
 
 
 def wire_chunk(payload: bytes) -> bytes:

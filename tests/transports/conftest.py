@@ -36,8 +36,7 @@ def bus(bus_name: str) -> Iterator[Bus]:
 def server(procs: Any, bus_name: str) -> Callable[..., Any]:
     def start(**env: str) -> Any:
         full = {"SHMBUS_TEST_BUS": bus_name, **env}
-        return procs.uvicorn_server("transport_apps:app", workers=1, env=full, app_dir=APP_DIR,
-                                    health_path="/health")
+        return procs.uvicorn_server("transport_apps:app", workers=1, env=full, app_dir=APP_DIR, health_path="/health")
 
     return start
 
@@ -80,5 +79,3 @@ def sse() -> Iterator[Callable[..., SSEClient]]:
     yield open_
     for c in made:
         c.close()
-
-

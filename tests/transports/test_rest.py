@@ -10,9 +10,9 @@ from urllib.parse import unquote
 import harness
 import httpx
 import pytest
-from shmbus.adapters.transports.rest import AsgiRestPublish, WsgiRestPublish
 
 from shmbus import Bus
+from shmbus.adapters.transports.rest import AsgiRestPublish, WsgiRestPublish
 
 TOKEN = {"x-token": "secret"}
 JSON = {"content-type": "application/json", **TOKEN}
@@ -68,12 +68,24 @@ def test_asgi_through_uvicorn(bus: Bus, server: Any, sse: Any) -> None:
         assert h.get(srv.url + "/health").status_code == 200  # other paths reach the wrapped app
 
 
-def _wsgi(app: WsgiRestPublish, method: str, path: str, query: str = "", headers: dict[str, str] | None = None,
-          body: bytes = b"") -> tuple[int, bytes]:
+def _wsgi(
+    app: WsgiRestPublish,
+    method: str,
+    path: str,
+    query: str = "",
+    headers: dict[str, str] | None = None,
+    body: bytes = b"",
+) -> tuple[int, bytes]:
     environ: dict[str, Any] = {
-        "REQUEST_METHOD": method, "SCRIPT_NAME": "", "QUERY_STRING": query, "SERVER_NAME": "x", "SERVER_PORT": "80",
+        "REQUEST_METHOD": method,
+        "SCRIPT_NAME": "",
+        "QUERY_STRING": query,
+        "SERVER_NAME": "x",
+        "SERVER_PORT": "80",
         "PATH_INFO": unquote(path, encoding="utf-8").encode("utf-8").decode("latin-1"),
-        "CONTENT_LENGTH": str(len(body)), "wsgi.input": io.BytesIO(body), "wsgi.url_scheme": "http",
+        "CONTENT_LENGTH": str(len(body)),
+        "wsgi.input": io.BytesIO(body),
+        "wsgi.url_scheme": "http",
     }
     for k, v in (headers or {}).items():
         if k == "content-type":
@@ -96,9 +108,14 @@ def test_wsgi_in_process(bus: Bus) -> None:
         assert (got, reason in out.decode("utf-8", "replace")) == (status, True), (path, q, got, out)
     assert _wsgi(app, "POST", "/elsewhere", headers=JSON, body=b"1")[0] == 404
     assert bus.backlog(None, 0) == []
-    status, out = _wsgi(app, "POST", "/api/message/chat/1",
-                        "user_ids=1,2&group_ids=7&group_ids=staff&client_ids=tab-1,42&site_id=s1", JSON,
-                        json.dumps({"text": "héllo"}).encode())
+    status, out = _wsgi(
+        app,
+        "POST",
+        "/api/message/chat/1",
+        "user_ids=1,2&group_ids=7&group_ids=staff&client_ids=tab-1,42&site_id=s1",
+        JSON,
+        json.dumps({"text": "héllo"}).encode(),
+    )
     _check_ok(bus, status, out)
     # a UTF-8 channel name survives the WSGI latin-1 path
     status, out = _wsgi(app, "POST", "/api/message/caf%C3%A9", headers=TOKEN, body="ünïcode".encode())

@@ -12,31 +12,50 @@ from typing import Any
 import httpx
 import pytest
 from harness.wait import wait_for
-from shmbus.adapters.transports.sse import SSEApp, format_event, parse_event_id
 from transport_util import Recorder, http_scope
 
 from shmbus import Bus
+from shmbus.adapters.transports.sse import SSEApp, format_event, parse_event_id
 
 SENTINEL = "/global/end"
 
 
 def datas(events: list[Any], channel: str | None = None) -> list[Any]:
-    return [e.json()["data"] for e in events if e.event and e.event.startswith("/") and
-            (channel is None or e.event == channel)]
+    return [
+        e.json()["data"]
+        for e in events
+        if e.event and e.event.startswith("/") and (channel is None or e.event == channel)
+    ]
 
 
-def test_cross_process_channels_and_patterns(bus: Bus, server: Any, sse: Any, publisher: Any, bus_name: str
-                                            ) -> None:
+def test_cross_process_channels_and_patterns(bus: Bus, server: Any, sse: Any, publisher: Any, bus_name: str) -> None:
     srv = server()
-    c = sse(srv.url + "/sse", params=[("channel", "/a"), ("prefix", "/tree"), ("glob", "/g/*"),
-                                      ("channel", SENTINEL)])
+    c = sse(srv.url + "/sse", params=[("channel", "/a"), ("prefix", "/tree"), ("glob", "/g/*"), ("channel", SENTINEL)])
     assert c.status == 200
     assert c.headers["content-type"].startswith("text/event-stream")
-    publisher(bus_name, [("/a", {"n": 1}), ("/b", "no"), ("/tree", "t0"), ("/tree/x/y", "t2"), ("/treeX", "no"),
-                         ("/g/1", "g1"), ("/g/1/2", "no"), ("/a", {"n": 2}), (SENTINEL, "end")])
+    publisher(
+        bus_name,
+        [
+            ("/a", {"n": 1}),
+            ("/b", "no"),
+            ("/tree", "t0"),
+            ("/tree/x/y", "t2"),
+            ("/treeX", "no"),
+            ("/g/1", "g1"),
+            ("/g/1/2", "no"),
+            ("/a", {"n": 2}),
+            (SENTINEL, "end"),
+        ],
+    )
     events = c.messages_until(SENTINEL)
     assert [(e.event, e.json()["data"]) for e in events] == [
-        ("/a", {"n": 1}), ("/tree", "t0"), ("/tree/x/y", "t2"), ("/g/1", "g1"), ("/a", {"n": 2}), (SENTINEL, "end")]
+        ("/a", {"n": 1}),
+        ("/tree", "t0"),
+        ("/tree/x/y", "t2"),
+        ("/g/1", "g1"),
+        ("/a", {"n": 2}),
+        (SENTINEL, "end"),
+    ]
     epoch = bus.epoch
     gids = []
     for e in events:
@@ -48,8 +67,7 @@ def test_cross_process_channels_and_patterns(bus: Bus, server: Any, sse: Any, pu
     assert bus.backlog("/a", 0)[1].message_id == events[4].json()["message_id"] == 2
 
 
-def test_resume_misses_nothing_repeats_nothing(bus: Bus, server: Any, sse: Any, publisher: Any,
-                                               bus_name: str) -> None:
+def test_resume_misses_nothing_repeats_nothing(bus: Bus, server: Any, sse: Any, publisher: Any, bus_name: str) -> None:
     srv = server()
     params = [("channel", "/r"), ("prefix", "/p"), ("channel", SENTINEL)]
     c = sse(srv.url + "/sse", params=params)
@@ -75,8 +93,9 @@ def test_epoch_change_detected(bus: Bus, server: Any, sse: Any, publisher: Any, 
     publisher(bus_name, [("/e", "old-1"), ("/e", "old-2")])
     epoch = bus.epoch
     # a client whose id carries another epoch: told about the reset, then gets the current epoch's backlog
-    c = sse(srv.url + "/sse", params=[("channel", "/e"), ("channel", SENTINEL)],
-            headers={"Last-Event-ID": f"{epoch + 1}:1"})
+    c = sse(
+        srv.url + "/sse", params=[("channel", "/e"), ("channel", SENTINEL)], headers={"Last-Event-ID": f"{epoch + 1}:1"}
+    )
     first = c.next()
     assert first.event == "reset"
     assert first.json() == {"epoch": epoch, "previous_epoch": epoch + 1}
@@ -102,16 +121,19 @@ def test_targeting_never_leaks(bus: Bus, server: Any, sse: Any, publisher: Any, 
     cc = sse(url, params=[*params, ("client_id", "tab-c")])
     d = sse(url, params=params, headers={"x-user": "1", "x-site": "s1"})
     anon = sse(url, params=params)
-    publisher(bus_name, [
-        ("/t", "u1", {"user_ids": [1]}),
-        ("/t", "g7", {"group_ids": [7]}),
-        ("/t", "tab-c", {"client_ids": ["tab-c"]}),
-        ("/t", "u2", {"user_ids": [2]}),
-        ("/t", "site-s1", {"site_id": "s1"}),
-        ("/t", "u1-s1", {"user_ids": [1], "site_id": "s1"}),
-        ("/t", "all"),
-        (SENTINEL, "end"),
-    ])
+    publisher(
+        bus_name,
+        [
+            ("/t", "u1", {"user_ids": [1]}),
+            ("/t", "g7", {"group_ids": [7]}),
+            ("/t", "tab-c", {"client_ids": ["tab-c"]}),
+            ("/t", "u2", {"user_ids": [2]}),
+            ("/t", "site-s1", {"site_id": "s1"}),
+            ("/t", "u1-s1", {"user_ids": [1], "site_id": "s1"}),
+            ("/t", "all"),
+            (SENTINEL, "end"),
+        ],
+    )
     assert datas(a.messages_until(SENTINEL)) == ["u1", "all", "end"]
     assert datas(b.messages_until(SENTINEL)) == ["g7", "u2", "all", "end"]
     assert datas(cc.messages_until(SENTINEL)) == ["tab-c", "all", "end"]
@@ -141,16 +163,19 @@ def test_gap_reported_when_backlog_trimmed(bus: Bus, server: Any, sse: Any) -> N
     assert ev.event == "/gp" and ev.json()["data"] == 11
 
 
-@pytest.mark.parametrize(("query", "headers", "method", "status", "reason"), [
-    (b"", [], "GET", 400, "at least one channel"),
-    (b"channel=nope", [], "GET", 400, "must start with '/'"),
-    (b"channel=/a%0Aevent:%20x", [], "GET", 400, "must not contain CR or LF"),
-    (b"channel=/__mb_keepalive__/", [], "GET", 400, "reserved"),
-    (b"channel=/a&client_id=bad%20id", [], "GET", 400, "invalid client id"),
-    (b"channel=/a", [(b"last-event-id", b"garbage")], "GET", 400, "invalid Last-Event-ID"),
-    (b"channel=/a&channel=/a%FF", [], "GET", 400, "malformed query"),
-    (b"channel=/a", [], "POST", 405, "use GET"),
-])
+@pytest.mark.parametrize(
+    ("query", "headers", "method", "status", "reason"),
+    [
+        (b"", [], "GET", 400, "at least one channel"),
+        (b"channel=nope", [], "GET", 400, "must start with '/'"),
+        (b"channel=/a%0Aevent:%20x", [], "GET", 400, "must not contain CR or LF"),
+        (b"channel=/__mb_keepalive__/", [], "GET", 400, "reserved"),
+        (b"channel=/a&client_id=bad%20id", [], "GET", 400, "invalid client id"),
+        (b"channel=/a", [(b"last-event-id", b"garbage")], "GET", 400, "invalid Last-Event-ID"),
+        (b"channel=/a&channel=/a%FF", [], "GET", 400, "malformed query"),
+        (b"channel=/a", [], "POST", 405, "use GET"),
+    ],
+)
 def test_bad_input(bus: Bus, query: bytes, headers: list[Any], method: str, status: int, reason: str) -> None:
     app = SSEApp(bus=bus)
     rec = Recorder()
@@ -238,8 +263,9 @@ def test_slow_client_dropped_by_real_server(bus: Bus, server: Any, publisher: An
             st = _stats(srv.url)["sse"]
             if st["dropped"]:
                 break
-        wait_for(lambda: _stats(srv.url)["sse"] == {"connections": 0, "dropped": 1}, 20.0, what="the drop",
-                 interval=0.02)
+        wait_for(
+            lambda: _stats(srv.url)["sse"] == {"connections": 0, "dropped": 1}, 20.0, what="the drop", interval=0.02
+        )
     finally:
         s.close()
     # the server keeps serving others
@@ -261,8 +287,9 @@ def _drive(app: SSEApp, bus: Bus, channel: str, act: Any, until: Any) -> list[An
             return {"type": "http.disconnect"}
 
         headers = [(b"last-event-id", f"{bus.epoch}:0".encode())]
-        task = asyncio.ensure_future(app(http_scope("/sse", f"channel={channel}".encode(), headers=headers),
-                                         receive, rec))
+        task = asyncio.ensure_future(
+            app(http_scope("/sse", f"channel={channel}".encode(), headers=headers), receive, rec)
+        )
         deadline = time.monotonic() + 20
         while rec.body_sends == 0:
             assert time.monotonic() < deadline

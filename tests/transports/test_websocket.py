@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 from harness import skip_or_fail
-from shmbus.adapters.transports.websocket import WebSocketApp
 from transport_util import Recorder
 
 from shmbus import Bus
+from shmbus.adapters.transports.websocket import WebSocketApp
 
 try:
     from websockets.exceptions import ConnectionClosed
@@ -83,15 +83,25 @@ def ws_connect(server: Any) -> Iterator[Callable[..., WS]]:
         yield open_
 
 
-def test_cross_process_subscribe_patterns_unsubscribe(bus: Bus, ws_connect: Any, publisher: Any,
-                                                      bus_name: str) -> None:
+def test_cross_process_subscribe_patterns_unsubscribe(bus: Bus, ws_connect: Any, publisher: Any, bus_name: str) -> None:
     ws = ws_connect()
     assert ws.request({"op": "subscribe", "channel": "/a"})[-1]["status"] == "subscribed"
     assert ws.request({"op": "subscribe", "pattern": "/tree"})[-1]["kind"] == "prefix"
     assert ws.request({"op": "subscribe", "pattern": "/g/*", "kind": "glob"})[-1]["status"] == "subscribed"
     ws.request({"op": "subscribe", "channel": END})
-    publisher(bus_name, [("/a", 1), ("/b", "no"), ("/tree", 2), ("/tree/x/y", 3), ("/treeX", "no"), ("/g/1", 4),
-                         ("/g/1/2", "no"), (END, "end")])
+    publisher(
+        bus_name,
+        [
+            ("/a", 1),
+            ("/b", "no"),
+            ("/tree", 2),
+            ("/tree/x/y", 3),
+            ("/treeX", "no"),
+            ("/g/1", 4),
+            ("/g/1/2", "no"),
+            (END, "end"),
+        ],
+    )
     frames = ws.until(on(END))
     assert datas(frames) == [1, 2, 3, 4, "end"]
     first = frames[0]
@@ -105,8 +115,9 @@ def test_cross_process_subscribe_patterns_unsubscribe(bus: Bus, ws_connect: Any,
     assert datas(ws.until(on(END))) == [5, "end2"]
 
 
-def test_subscribe_with_last_id_replays_then_live_without_duplicates(bus: Bus, ws_connect: Any, publisher: Any,
-                                                                      bus_name: str) -> None:
+def test_subscribe_with_last_id_replays_then_live_without_duplicates(
+    bus: Bus, ws_connect: Any, publisher: Any, bus_name: str
+) -> None:
     for i in range(1, 6):
         bus.publish("/r", i)
     ws = ws_connect()
@@ -146,8 +157,13 @@ def test_publish_only_when_allowed(bus: Bus, ws_connect: Any) -> None:
     for w in (ws, other):
         w.request({"op": "subscribe", "pattern": "/pub"})
     seen = ws.request({"op": "publish", "channel": "/pub/x", "data": {"hi": 1}})
-    assert seen[-1] == {"op": "status", "status": "published", "channel": "/pub/x", "message_id": 1,
-                        "ref": seen[-1]["ref"]}
+    assert seen[-1] == {
+        "op": "status",
+        "status": "published",
+        "channel": "/pub/x",
+        "message_id": 1,
+        "ref": seen[-1]["ref"],
+    }
     assert bus.backlog("/pub/x", 0)[0].data == {"hi": 1}
     seen += ws.request({"op": "publish", "channel": "/secret", "data": 1})
     assert seen[-1]["op"] == "error" and "not allowed" in seen[-1]["reason"]
@@ -224,10 +240,19 @@ def test_targeting_never_leaks(bus: Bus, ws_connect: Any, publisher: Any, bus_na
         w.request({"op": "subscribe", "channel": "/t"})
         w.request({"op": "subscribe", "pattern": "/tp"})
         w.request({"op": "subscribe", "channel": "/global/end"})
-    publisher(bus_name, [("/t", "u1", {"user_ids": [1]}), ("/tp/x", "g7", {"group_ids": [7]}),
-                         ("/t", "tab-c", {"client_ids": ["tab-c"]}), ("/tp/y", "u2", {"user_ids": [2]}),
-                         ("/t", "s1", {"site_id": "s1"}), ("/tp", "u1-s1", {"user_ids": [1], "site_id": "s1"}),
-                         ("/t", "all"), ("/global/end", "end")])
+    publisher(
+        bus_name,
+        [
+            ("/t", "u1", {"user_ids": [1]}),
+            ("/tp/x", "g7", {"group_ids": [7]}),
+            ("/t", "tab-c", {"client_ids": ["tab-c"]}),
+            ("/tp/y", "u2", {"user_ids": [2]}),
+            ("/t", "s1", {"site_id": "s1"}),
+            ("/tp", "u1-s1", {"user_ids": [1], "site_id": "s1"}),
+            ("/t", "all"),
+            ("/global/end", "end"),
+        ],
+    )
     assert datas(a.until(on("/global/end"))) == ["u1", "all", "end"]
     assert datas(b.until(on("/global/end"))) == ["g7", "u2", "all", "end"]
     assert datas(c.until(on("/global/end"))) == ["tab-c", "all", "end"]
@@ -237,8 +262,9 @@ def test_targeting_never_leaks(bus: Bus, ws_connect: Any, publisher: Any, bus_na
     assert datas(a.request({"op": "subscribe", "channel": "/t", "last_id": 0})) == ["u1", "all"]
 
 
-def test_live_reset_reported_and_new_epoch_delivered_once(bus: Bus, ws_connect: Any, publisher: Any,
-                                                          bus_name: str) -> None:
+def test_live_reset_reported_and_new_epoch_delivered_once(
+    bus: Bus, ws_connect: Any, publisher: Any, bus_name: str
+) -> None:
     ws = ws_connect()
     ws.request({"op": "subscribe", "channel": "/e"})
     ws.request({"op": "subscribe", "channel": END})
@@ -251,8 +277,13 @@ def test_live_reset_reported_and_new_epoch_delivered_once(bus: Bus, ws_connect: 
     assert datas(frames) == ["new-1", "end"]
 
 
-def _run_ws(app: WebSocketApp, commands: list[Any], rec: Recorder | None = None,
-            until: Callable[[], bool] | None = None, publish: Callable[[int], None] | None = None) -> list[Any]:
+def _run_ws(
+    app: WebSocketApp,
+    commands: list[Any],
+    rec: Recorder | None = None,
+    until: Callable[[], bool] | None = None,
+    publish: Callable[[int], None] | None = None,
+) -> list[Any]:
     """Drive the app in-process: connect, send ``commands``, keep the socket open until ``until()``."""
     rec = rec or Recorder()
 
@@ -286,8 +317,13 @@ def _run_ws(app: WebSocketApp, commands: list[Any], rec: Recorder | None = None,
 def test_slow_client_dropped_in_process(bus: Bus) -> None:
     app = WebSocketApp(bus=bus, max_buffer=32 * 1024)
     rec = Recorder(block_after=2)  # "connected" and "subscribed" go out, then the client stops reading
-    _run_ws(app, [{"op": "subscribe", "channel": "/slow"}], rec, until=lambda: app.stats()["dropped"] == 1,
-            publish=lambda i: bus.publish("/slow", "z" * 3000 + str(i)))
+    _run_ws(
+        app,
+        [{"op": "subscribe", "channel": "/slow"}],
+        rec,
+        until=lambda: app.stats()["dropped"] == 1,
+        publish=lambda i: bus.publish("/slow", "z" * 3000 + str(i)),
+    )
     app.close()
     assert rec.blocked
     closes = [m for m in rec.messages if m["type"] == "websocket.close"]
@@ -308,8 +344,13 @@ def test_late_batch_never_repeats_replayed_messages(bus: Bus) -> None:
             state["n"] = 1
 
     rec = Recorder()
-    frames = _run_ws(app, [{"op": "subscribe", "channel": "/d", "last_id": 0}], rec,
-                     until=lambda: any('"data":4' in m.get("text", "") for m in rec.messages), publish=step)
+    frames = _run_ws(
+        app,
+        [{"op": "subscribe", "channel": "/d", "last_id": 0}],
+        rec,
+        until=lambda: any('"data":4' in m.get("text", "") for m in rec.messages),
+        publish=step,
+    )
     app.close()
     assert datas(frames) == [1, 2, 3, 4]
 
@@ -355,9 +396,18 @@ def test_index_follows_subscriptions(bus: Bus) -> None:
         seen.append((dict(h.by_channel), set(h.pattern_sinks), len(h.sinks)))
         return True
 
-    _run_ws(app, [{"op": "subscribe", "channel": "/i"}, {"op": "subscribe", "pattern": "/p"},
-                  {"op": "subscribe", "channel": "/j"}, {"op": "unsubscribe", "channel": "/i"},
-                  {"op": "unsubscribe", "pattern": "/p"}], rec, until=check)
+    _run_ws(
+        app,
+        [
+            {"op": "subscribe", "channel": "/i"},
+            {"op": "subscribe", "pattern": "/p"},
+            {"op": "subscribe", "channel": "/j"},
+            {"op": "unsubscribe", "channel": "/i"},
+            {"op": "unsubscribe", "pattern": "/p"},
+        ],
+        rec,
+        until=check,
+    )
     (h,) = app.hub._loops.values()
     app.close()
     by_channel, pattern_sinks, n = seen[0]

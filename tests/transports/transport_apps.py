@@ -12,12 +12,11 @@ import json
 import os
 from typing import Any
 
+from shmbus import Bus
 from shmbus.adapters.asgi import MessageBusMiddleware
 from shmbus.adapters.transports.rest import AsgiRestPublish
 from shmbus.adapters.transports.sse import SSEApp
 from shmbus.adapters.transports.websocket import WebSocketApp
-
-from shmbus import Bus
 
 bus = Bus(os.environ["SHMBUS_TEST_BUS"], keepalive_interval=0)
 MAX_BUFFER = int(os.environ.get("SHMBUS_TEST_MAX_BUFFER") or (1 << 20))

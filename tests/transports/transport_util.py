@@ -139,7 +139,16 @@ class Recorder:
         return next(m for m in self.messages if m["type"] == "http.response.start")
 
 
-def http_scope(path: str, query: bytes = b"", method: str = "GET", headers: list[tuple[bytes, bytes]] | None = None
-               ) -> dict[str, Any]:
-    return {"type": "http", "method": method, "path": path, "root_path": "", "query_string": query,
-            "headers": headers or [], "http_version": "1.1", "asgi": {"version": "3.0"}}
+def http_scope(
+    path: str, query: bytes = b"", method: str = "GET", headers: list[tuple[bytes, bytes]] | None = None
+) -> dict[str, Any]:
+    return {
+        "type": "http",
+        "method": method,
+        "path": path,
+        "root_path": "",
+        "query_string": query,
+        "headers": headers or [],
+        "http_version": "1.1",
+        "asgi": {"version": "3.0"},
+    }

@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 from rawhttp import split_stream
-from shmbus.adapters.asgi import MessageBusMiddleware as AsgiMiddleware
-from shmbus.adapters.wsgi import MessageBusMiddleware as WsgiMiddleware
 
 from shmbus import Bus
+from shmbus.adapters.asgi import MessageBusMiddleware as AsgiMiddleware
+from shmbus.adapters.wsgi import MessageBusMiddleware as WsgiMiddleware
 
 WEB_DIR = Path(__file__).resolve().parent
 END = object()
@@ -115,14 +115,33 @@ class Driver:
     kind = ""
     mw: Any
 
-    def request(self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None,
-                version: str = "1.1", *, form: dict[str, Any] | None = None, json_body: Any = None,
-                extra_env: dict[str, Any] | None = None) -> Call:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+        version: str = "1.1",
+        *,
+        form: dict[str, Any] | None = None,
+        json_body: Any = None,
+        extra_env: dict[str, Any] | None = None,
+    ) -> Call:
         raise NotImplementedError
 
-    def poll(self, client_id: str, channels: dict[str, Any], *, seq: int | None = None, dlp: bool = False,
-             chunk: bool = False, json: bool = False, version: str = "1.1",
-             headers: dict[str, str] | None = None, extra_env: dict[str, Any] | None = None) -> Call:
+    def poll(
+        self,
+        client_id: str,
+        channels: dict[str, Any],
+        *,
+        seq: int | None = None,
+        dlp: bool = False,
+        chunk: bool = False,
+        json: bool = False,
+        version: str = "1.1",
+        headers: dict[str, str] | None = None,
+        extra_env: dict[str, Any] | None = None,
+    ) -> Call:
         """A poll like the JS client's (form body) or, with ``json=True``, like the Ruby client's."""
         from urllib.parse import urlencode
 
@@ -139,8 +158,14 @@ class Driver:
             h["Content-Type"] = "application/json"
             return self.request("POST", path, _json.dumps(data).encode(), h, version, extra_env=extra_env)
         h["Content-Type"] = "application/x-www-form-urlencoded"
-        return self.request("POST", path, urlencode({k: "" if v is None else v for k, v in data.items()}).encode(),
-                            h, version, extra_env=extra_env)
+        return self.request(
+            "POST",
+            path,
+            urlencode({k: "" if v is None else v for k, v in data.items()}).encode(),
+            h,
+            version,
+            extra_env=extra_env,
+        )
 
     prefix = "/"
 
@@ -167,15 +192,33 @@ class WsgiDriver(Driver):
     def protocol(self) -> Any:
         return self.mw.protocol
 
-    def request(self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None,
-                version: str = "1.1", *, form: dict[str, Any] | None = None, json_body: Any = None,
-                extra_env: dict[str, Any] | None = None) -> Call:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+        version: str = "1.1",
+        *,
+        form: dict[str, Any] | None = None,
+        json_body: Any = None,
+        extra_env: dict[str, Any] | None = None,
+    ) -> Call:
         path, _, query = path.partition("?")
         env: dict[str, Any] = {
-            "REQUEST_METHOD": method, "PATH_INFO": path, "QUERY_STRING": query, "SCRIPT_NAME": "",
-            "SERVER_PROTOCOL": f"HTTP/{version}", "SERVER_NAME": "test", "SERVER_PORT": "80",
-            "wsgi.input": io.BytesIO(body), "wsgi.multithread": self.multithread, "wsgi.multiprocess": False,
-            "wsgi.url_scheme": "http", "wsgi.errors": io.StringIO(), "wsgi.version": (1, 0),
+            "REQUEST_METHOD": method,
+            "PATH_INFO": path,
+            "QUERY_STRING": query,
+            "SCRIPT_NAME": "",
+            "SERVER_PROTOCOL": f"HTTP/{version}",
+            "SERVER_NAME": "test",
+            "SERVER_PORT": "80",
+            "wsgi.input": io.BytesIO(body),
+            "wsgi.multithread": self.multithread,
+            "wsgi.multiprocess": False,
+            "wsgi.url_scheme": "http",
+            "wsgi.errors": io.StringIO(),
+            "wsgi.version": (1, 0),
             "wsgi.run_once": False,
         }
         if body:
@@ -247,17 +290,35 @@ class AsgiDriver(Driver):
     async def _proto(self) -> Any:
         return self.mw.protocol()
 
-    def request(self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None,
-                version: str = "1.1", *, form: dict[str, Any] | None = None, json_body: Any = None,
-                extra_env: dict[str, Any] | None = None) -> Call:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+        version: str = "1.1",
+        *,
+        form: dict[str, Any] | None = None,
+        json_body: Any = None,
+        extra_env: dict[str, Any] | None = None,
+    ) -> Call:
         path, _, query = path.partition("?")
         hdrs = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
         if body:
             hdrs.append((b"content-length", str(len(body)).encode()))
         scope: dict[str, Any] = {
-            "type": "http", "asgi": {"version": "3.0"}, "http_version": version, "method": method,
-            "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": query.encode(),
-            "root_path": "", "headers": hdrs, "client": ("127.0.0.1", 1), "server": ("test", 80),
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": version,
+            "method": method,
+            "scheme": "http",
+            "path": path,
+            "raw_path": path.encode(),
+            "query_string": query.encode(),
+            "root_path": "",
+            "headers": hdrs,
+            "client": ("127.0.0.1", 1),
+            "server": ("test", 80),
         }
         scope.update(extra_env or {})
         call = Call()

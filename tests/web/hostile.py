@@ -46,11 +46,19 @@ def http_get(port: int, path: str, timeout: float = 10.0) -> tuple[int, bytes]:
     return int(head.split()[1]), body
 
 
-def poll_request(client_id: str, body: bytes, *, dlp: bool = True, content_type: str =
-                 "application/x-www-form-urlencoded", extra: str = "") -> bytes:
+def poll_request(
+    client_id: str,
+    body: bytes,
+    *,
+    dlp: bool = True,
+    content_type: str = "application/x-www-form-urlencoded",
+    extra: str = "",
+) -> bytes:
     path = f"/message-bus/{client_id}/poll" + ("?dlp=t" if dlp else "")
-    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {content_type}\r\nDont-Chunk: true\r\n"
-            f"Content-Length: {len(body)}\r\n{extra}\r\n").encode() + body
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {content_type}\r\nDont-Chunk: true\r\n"
+        f"Content-Length: {len(body)}\r\n{extra}\r\n"
+    ).encode() + body
 
 
 def read_statuses(s: socket.socket, deadline: float, quiet: float = 0.5) -> tuple[list[int], bool, bytes]:
@@ -215,48 +223,114 @@ def _cases(rng: random.Random) -> Iterator[Case]:
         lambda: Case("header no colon", [b"GET /pid HTTP/1.1\r\nHost x\r\n\r\n"]),
         lambda: Case("space before colon", [b"GET /pid HTTP/1.1\r\nHost : x\r\n\r\n"]),
         lambda: Case("obs fold", [b"GET /pid HTTP/1.1\r\nHost: x\r\n  folded\r\n\r\n"]),
-        lambda: Case("many headers", [b"GET /pid HTTP/1.1\r\n" + b"".join(b"X-%d: v\r\n" % i for i in range(
-            rng.choice([100, 2000]))) + b"\r\n"]),
-        lambda: Case("huge header", [b"GET /pid HTTP/1.1\r\nX-Big: " + b"b" * rng.choice([9000, 80_000])
-                                     + b"\r\n\r\n"]),
+        lambda: Case(
+            "many headers",
+            [b"GET /pid HTTP/1.1\r\n" + b"".join(b"X-%d: v\r\n" % i for i in range(rng.choice([100, 2000]))) + b"\r\n"],
+        ),
+        lambda: Case(
+            "huge header", [b"GET /pid HTTP/1.1\r\nX-Big: " + b"b" * rng.choice([9000, 80_000]) + b"\r\n\r\n"]
+        ),
         lambda: Case("bare CR", [b"GET /pid HTTP/1.1\rHost: x\r\n\r\n"]),
         lambda: Case("NUL in header", [b"GET /pid HTTP/1.1\r\nX-A: a\x00b\r\n\r\n"]),
-        lambda: Case("content-length huge", [b"POST /message-bus/a/poll HTTP/1.1\r\nContent-Length: %d\r\n\r\n"
-                                             % abs(big) + b"x" * 100]),
-        lambda: Case("content-length negative", [b"POST /message-bus/a/poll HTTP/1.1\r\nContent-Length: -5\r\n\r\n"
-                                                 b"abc"]),
+        lambda: Case(
+            "content-length huge",
+            [b"POST /message-bus/a/poll HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % abs(big) + b"x" * 100],
+        ),
+        lambda: Case(
+            "content-length negative", [b"POST /message-bus/a/poll HTTP/1.1\r\nContent-Length: -5\r\n\r\nabc"]
+        ),
         lambda: Case("content-length text", [b"POST /echo HTTP/1.1\r\nContent-Length: ten\r\n\r\n"]),
-        lambda: Case("conflicting lengths", [b"POST /echo HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 5\r\n\r\n"
-                                             b"abcde"]),
-        lambda: Case("te and cl", [b"POST /echo HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"
-                                   b"3\r\nabc\r\n0\r\n\r\n"]),
-        lambda: Case("chunk size", [b"POST /message-bus/a/poll HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
-                                    + rng.choice([b"ffffffffffffffff", b"-1", b"zz", b"1" * 40, b"8;ext=1"])
-                                    + b"\r\nabc"]),
-        lambda: Case("chunk size bridged", [b"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
-                                            + rng.choice([b"-1", b"zz", b"1" * 40, b"g"]) + b"\r\nabc\r\n"]),
-        lambda: Case("short body, half-close", [b"POST /message-bus/a/poll HTTP/1.1\r\nContent-Length: 100\r\n"
-                                                b"Content-Type: application/x-www-form-urlencoded\r\n\r\n/a=0"],
-                     half_close=True),
-        lambda: Case("deep json", [poll_request(cid, b'{"a":' * rng.choice([100, 5000, 20000]) + b"1"
-                                                + b"}" * 10, content_type="application/json")]),
-        lambda: Case("json not object", [poll_request("j", rng.choice([b"[1,2]", b"null", b'"s"', b"1e999", b"{",
-                                                                        b'{"/a": [1]}', b'{"/a": {"b": 1}}']),
-                                                      content_type="application/json")]),
+        lambda: Case(
+            "conflicting lengths", [b"POST /echo HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 5\r\n\r\nabcde"]
+        ),
+        lambda: Case(
+            "te and cl",
+            [b"POST /echo HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"],
+        ),
+        lambda: Case(
+            "chunk size",
+            [
+                b"POST /message-bus/a/poll HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+                + rng.choice([b"ffffffffffffffff", b"-1", b"zz", b"1" * 40, b"8;ext=1"])
+                + b"\r\nabc"
+            ],
+        ),
+        lambda: Case(
+            "chunk size bridged",
+            [
+                b"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+                + rng.choice([b"-1", b"zz", b"1" * 40, b"g"])
+                + b"\r\nabc\r\n"
+            ],
+        ),
+        lambda: Case(
+            "short body, half-close",
+            [
+                b"POST /message-bus/a/poll HTTP/1.1\r\nContent-Length: 100\r\n"
+                b"Content-Type: application/x-www-form-urlencoded\r\n\r\n/a=0"
+            ],
+            half_close=True,
+        ),
+        lambda: Case(
+            "deep json",
+            [
+                poll_request(
+                    cid, b'{"a":' * rng.choice([100, 5000, 20000]) + b"1" + b"}" * 10, content_type="application/json"
+                )
+            ],
+        ),
+        lambda: Case(
+            "json not object",
+            [
+                poll_request(
+                    "j",
+                    rng.choice([b"[1,2]", b"null", b'"s"', b"1e999", b"{", b'{"/a": [1]}', b'{"/a": {"b": 1}}']),
+                    content_type="application/json",
+                )
+            ],
+        ),
         lambda: Case("huge ids", [poll_request("h", f"/a={big}&/b=1e9&/c=NaN&__seq={big}".encode())]),
         lambda: Case("bad percent", [poll_request("p", b"/a%=0&%zz=1&%ff%fe=2&" + garbage.replace(b"\r", b""))]),
         lambda: Case("invalid utf8", [poll_request("u", b"\xff\xfe/a=0")]),
-        lambda: Case("many channels", [poll_request("m", "&".join(f"/c{i}=0" for i in range(
-            rng.choice([100, 5000]))).encode())]),
+        lambda: Case(
+            "many channels", [poll_request("m", "&".join(f"/c{i}=0" for i in range(rng.choice([100, 5000]))).encode())]
+        ),
         lambda: Case("weird client id", [poll_request(quote(cid, safe="%"), b"/a=0")]),
-        lambda: Case("content type", [poll_request("t", b"/a=0", content_type=rng.choice(
-            ["text/plain", "multipart/form-data; boundary=x", "application/json; charset=utf-16", "\x01"]))]),
-        lambda: Case("expect", [b"POST /message-bus/e/poll HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 4\r\n"
-                                b"Content-Type: application/x-www-form-urlencoded\r\n\r\n/a=0"]),
+        lambda: Case(
+            "content type",
+            [
+                poll_request(
+                    "t",
+                    b"/a=0",
+                    content_type=rng.choice(
+                        ["text/plain", "multipart/form-data; boundary=x", "application/json; charset=utf-16", "\x01"]
+                    ),
+                )
+            ],
+        ),
+        lambda: Case(
+            "expect",
+            [
+                b"POST /message-bus/e/poll HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 4\r\n"
+                b"Content-Type: application/x-www-form-urlencoded\r\n\r\n/a=0"
+            ],
+        ),
         lambda: Case("expect odd", [b"POST /echo HTTP/1.1\r\nExpect: 200-ok\r\nContent-Length: 0\r\n\r\n"]),
-        lambda: Case("pipelined mix", [b"".join(rng.choice([_valid_poll(rng), b"GET /pid HTTP/1.1\r\nHost: x\r\n\r\n",
-                                                            poll_request("q", b"/a=" + str(big).encode())])
-                                                for _ in range(rng.randrange(2, 8)))]),
+        lambda: Case(
+            "pipelined mix",
+            [
+                b"".join(
+                    rng.choice(
+                        [
+                            _valid_poll(rng),
+                            b"GET /pid HTTP/1.1\r\nHost: x\r\n\r\n",
+                            poll_request("q", b"/a=" + str(big).encode()),
+                        ]
+                    )
+                    for _ in range(rng.randrange(2, 8))
+                )
+            ],
+        ),
         lambda: Case("pipelined then garbage", [_valid_poll(rng) + garbage + b"\r\n\r\n"]),
         lambda: Case("valid, half-close", [_valid_poll(rng)], half_close=True),
         lambda: Case("split bytes", [bytes([b]) for b in _valid_poll(rng)[:60]] + [_valid_poll(rng)[60:]]),

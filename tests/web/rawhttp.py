@@ -104,12 +104,19 @@ def dechunk(data: bytes) -> bytes:
         if n == 0:
             return b"".join(out)
         out.append(rest[:n])
-        assert rest[n:n + 2] == b"\r\n", data
-        data = rest[n + 2:]
+        assert rest[n : n + 2] == b"\r\n", data
+        data = rest[n + 2 :]
 
 
-def send(port: int, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None,
-         version: str = "1.1", close: bool = True) -> RawResponse:
+def send(
+    port: int,
+    method: str,
+    path: str,
+    body: bytes = b"",
+    headers: dict[str, str] | None = None,
+    version: str = "1.1",
+    close: bool = True,
+) -> RawResponse:
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
     h = {"Host": "127.0.0.1"}
     if close:
@@ -122,9 +129,18 @@ def send(port: int, method: str, path: str, body: bytes = b"", headers: dict[str
     return RawResponse(sock)
 
 
-def poll(port: int, client_id: str, channels: dict[str, Any], *, chunk: bool = False, dlp: bool = False,
-         seq: int | None = 1, json_body: bool = False, version: str = "1.1",
-         headers: dict[str, str] | None = None) -> RawResponse:
+def poll(
+    port: int,
+    client_id: str,
+    channels: dict[str, Any],
+    *,
+    chunk: bool = False,
+    dlp: bool = False,
+    seq: int | None = 1,
+    json_body: bool = False,
+    version: str = "1.1",
+    headers: dict[str, str] | None = None,
+) -> RawResponse:
     data = dict(channels)
     if seq is not None:
         data["__seq"] = seq

@@ -33,27 +33,56 @@ CASES: list[tuple[str, str, bytes, dict[str, str], int, bytes]] = [
     ("POST", P, b'{"/foo":1.5}', JSONH, 400, b"invalid id for channel '/foo': '1.5'"),
     ("POST", P, b'{"/foo":true}', JSONH, 400, b"invalid id for channel '/foo': True"),
     ("POST", P, b'{"/foo":[1]}', JSONH, 400, b"invalid id for channel '/foo': '[1]'"),
-    ("POST", P, b"/foo=99999999999999999999", FORM, 400,
-     b"id out of range for channel '/foo' (|id| must be <= 9007199254740991)"),
-    ("POST", P, b'{"/foo":-99999999999999999999}', JSONH, 400,
-     b"id out of range for channel '/foo' (|id| must be <= 9007199254740991)"),
+    (
+        "POST",
+        P,
+        b"/foo=99999999999999999999",
+        FORM,
+        400,
+        b"id out of range for channel '/foo' (|id| must be <= 9007199254740991)",
+    ),
+    (
+        "POST",
+        P,
+        b'{"/foo":-99999999999999999999}',
+        JSONH,
+        400,
+        b"id out of range for channel '/foo' (|id| must be <= 9007199254740991)",
+    ),
     ("POST", P, b"/foo=0&__seq=x", FORM, 400, b"invalid id for channel '__seq': 'x' is not an integer"),
     ("POST", P, b'{"":0}', JSONH, 400, b"channel must not be empty"),
     ("POST", P, b'{"/a\\u0000b":0}', JSONH, 400, b"channel must not contain NUL: '/a\\x00b'"),
     ("POST", P, ("/" + "x" * 200 + "=0").encode(), FORM, 400, b"channel is longer than 160 bytes in UTF-8"),
     ("POST", P, many, FORM, 400, b"too many channels in one poll (limit 200)"),
     ("POST", P, b"x" * (64 * 1024 + 1), FORM, 413, b"request body too large (limit 65536 bytes)"),
-    ("POST", P, b"<xml/>", {"Content-Type": "text/xml"}, 415,
-     b"unsupported content type (use application/x-www-form-urlencoded or application/json)"),
+    (
+        "POST",
+        P,
+        b"<xml/>",
+        {"Content-Type": "text/xml"},
+        415,
+        b"unsupported content type (use application/x-www-form-urlencoded or application/json)",
+    ),
     ("POST", "/message-bus/", b"", FORM, 404, b"not found"),
     ("POST", "/message-bus//poll", b"", FORM, 404, b"missing client id"),
     ("POST", "/message-bus/abc/poll/extra", b"", FORM, 404, b"unknown message-bus route"),
-    ("POST", "/message-bus/a%20b/poll", b"", FORM, 400,
-     b"invalid client id (1-128 characters of A-Z a-z 0-9 . _ ~ -)"),
-    ("POST", "/message-bus/" + "a" * 129 + "/poll", b"", FORM, 400,
-     b"invalid client id (1-128 characters of A-Z a-z 0-9 . _ ~ -)"),
-    ("POST", "/message-bus/broadcast", b"channel=/x&data=1", FORM, 404,
-     b"broadcast is disabled (allow_broadcast=False)"),
+    ("POST", "/message-bus/a%20b/poll", b"", FORM, 400, b"invalid client id (1-128 characters of A-Z a-z 0-9 . _ ~ -)"),
+    (
+        "POST",
+        "/message-bus/" + "a" * 129 + "/poll",
+        b"",
+        FORM,
+        400,
+        b"invalid client id (1-128 characters of A-Z a-z 0-9 . _ ~ -)",
+    ),
+    (
+        "POST",
+        "/message-bus/broadcast",
+        b"channel=/x&data=1",
+        FORM,
+        404,
+        b"broadcast is disabled (allow_broadcast=False)",
+    ),
 ]
 IDS = [f"{c[4]}-{c[5][:30].decode('latin-1')}" for c in CASES]
 
@@ -86,14 +115,19 @@ def shared_bus(bus_name: str) -> Any:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("server_kind", ["gunicorn", "uvicorn"])
-def test_bad_input_real_server_keeps_serving(procs: Any, bus_name: str, shared_bus: Bus,
-                                             server_kind: str) -> None:
+def test_bad_input_real_server_keeps_serving(procs: Any, bus_name: str, shared_bus: Bus, server_kind: str) -> None:
     env = {"SHMBUS_TEST_BUS": bus_name, "SHMBUS_TEST_OPTS": json.dumps({"long_polling_interval": 5})}
     if server_kind == "uvicorn":
         server = procs.uvicorn_server("webapps:asgi_app", env=env, app_dir=WEB_DIR)
     else:
-        server = procs.gunicorn_server("webapps:wsgi_app", workers=1, worker_class="gthread",
-                                       config="python:shmbus.adapters.integrations.gunicorn", env=env, app_dir=WEB_DIR)
+        server = procs.gunicorn_server(
+            "webapps:wsgi_app",
+            workers=1,
+            worker_class="gthread",
+            config="python:shmbus.adapters.integrations.gunicorn",
+            env=env,
+            app_dir=WEB_DIR,
+        )
     for method, path, body, headers, status, reason in CASES:
         r = rawhttp.send(server.port, method, path, body, headers).read_head()
         got = r.read_all()
@@ -118,19 +152,29 @@ class _RecordingInput:
         return b"a" * n
 
 
-@pytest.mark.parametrize(("headers", "status"), [
-    ({"CONTENT_LENGTH": "60000"}, "400"),  # within max_body_size: read, in pieces, then refused as a bad body
-    ({"wsgi.input_terminated": True}, "413"),  # no length, endless input: stops after max_body_size + 1
-    ({"HTTP_TRANSFER_ENCODING": "chunked"}, "411"),  # refused before reading anything
-])
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        ({"CONTENT_LENGTH": "60000"}, "400"),  # within max_body_size: read, in pieces, then refused as a bad body
+        ({"wsgi.input_terminated": True}, "413"),  # no length, endless input: stops after max_body_size + 1
+        ({"HTTP_TRANSFER_ENCODING": "chunked"}, "411"),  # refused before reading anything
+    ],
+)
 def test_wsgi_reads_bodies_in_bounded_pieces(bus: Bus, headers: dict[str, Any], status: str) -> None:
     from shmbus.adapters.wsgi import READ_PIECE, MessageBusMiddleware
 
     app = MessageBusMiddleware(lambda env, start: [], bus=bus)
     stream = _RecordingInput(10 << 20)
-    environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/message-bus/abc/poll", "QUERY_STRING": "dlp=t",
-               "CONTENT_TYPE": "application/x-www-form-urlencoded", "wsgi.input": stream,
-               "wsgi.multithread": True, "SERVER_PROTOCOL": "HTTP/1.1", **headers}
+    environ = {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": "/message-bus/abc/poll",
+        "QUERY_STRING": "dlp=t",
+        "CONTENT_TYPE": "application/x-www-form-urlencoded",
+        "wsgi.input": stream,
+        "wsgi.multithread": True,
+        "SERVER_PROTOCOL": "HTTP/1.1",
+        **headers,
+    }
     got: list[str] = []
     b"".join(app(environ, lambda s, h, exc=None: got.append(s)))
     assert got and got[0].startswith(status), got

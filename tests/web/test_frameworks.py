@@ -43,6 +43,7 @@ def test_falcon_wsgi(bus: Bus) -> None:
 def test_falcon_asgi(bus: Bus) -> None:
     harness.require_module("falcon")
     import falcon.asgi
+
     from shmbus.adapters.asgi import MessageBusMiddleware
     from shmbus.adapters.integrations.falcon import mount
 
@@ -93,11 +94,12 @@ def test_flask_session_cookie_never_resent(bus: Bus) -> None:
 
 def test_starlette_and_fastapi_install(bus: Bus) -> None:
     harness.require_module("starlette")
-    from shmbus.adapters.integrations.starlette import install
     from starlette.applications import Starlette
     from starlette.middleware.sessions import SessionMiddleware
     from starlette.responses import PlainTextResponse
     from starlette.routing import Route
+
+    from shmbus.adapters.integrations.starlette import install
 
     async def hello(request: Any) -> Any:
         request.session["u"] = 1
@@ -133,9 +135,11 @@ def test_optional_frameworks_not_imported_by_core() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, shmbus, shmbus.adapters.http, shmbus.adapters.wsgi, shmbus.adapters.asgi, "
-            "shmbus.adapters.integrations.gunicorn, shmbus.adapters.integrations.uwsgi\n"
-            "bad = [m for m in ('falcon', 'flask', 'starlette', 'gevent', 'uvicorn', 'fastapi') if m in sys.modules]\n"
-            "print(bad)")
+    code = (
+        "import sys, shmbus, shmbus.adapters.http, shmbus.adapters.wsgi, shmbus.adapters.asgi, "
+        "shmbus.adapters.integrations.gunicorn, shmbus.adapters.integrations.uwsgi\n"
+        "bad = [m for m in ('falcon', 'flask', 'starlette', 'gevent', 'uvicorn', 'fastapi') if m in sys.modules]\n"
+        "print(bad)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stderr

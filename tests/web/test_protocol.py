@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from harness.wait import wait_for
 from rawhttp import split_stream
-from shmbus.adapters import http as P
 
 from shmbus import Bus
+from shmbus.adapters import http as P
 
 BASE = [
     ("cache-control", "must-revalidate, private, max-age=0"),
@@ -52,8 +52,12 @@ def J(b: bytes) -> Any:
 def test_t1_form_poll_with_backlog_exact_bytes(bus: Bus, driver: Any, kind: str) -> None:
     bus.publish("/foo", "hello")
     d = driver(kind)
-    r = d.request("POST", "/message-bus/abc123/poll?dlp=t", b"/foo=0&__seq=1",
-                  {"Content-Type": "application/x-www-form-urlencoded"})
+    r = d.request(
+        "POST",
+        "/message-bus/abc123/poll?dlp=t",
+        b"/foo=0&__seq=1",
+        {"Content-Type": "application/x-www-form-urlencoded"},
+    )
     body = r.body()
     assert r.status == 200
     assert r.headers == [*BASE, ("content-length", "64")]
@@ -64,16 +68,19 @@ def test_t2_up_to_date_and_t3_minus_one(bus: Bus, driver: Any, kind: str) -> Non
     bus.publish("/foo", "hello")
     d = driver(kind)
     assert d.poll("abc", {"/foo": 1}, seq=2, dlp=True).body() == b"[]"
-    r = d.request("POST", "/message-bus/abc/poll?dlp=t", b"/foo=-1&/bar=-1&__seq=3",
-                  {"Content-Type": "application/x-www-form-urlencoded"})
+    r = d.request(
+        "POST",
+        "/message-bus/abc/poll?dlp=t",
+        b"/foo=-1&/bar=-1&__seq=3",
+        {"Content-Type": "application/x-www-form-urlencoded"},
+    )
     assert r.body() == b'[{"global_id":-1,"message_id":-1,"channel":"/__status","data":{"/foo":1,"/bar":0}}]'
 
 
 def test_t4_json_body_identical_and_string_ids(bus: Bus, driver: Any, kind: str) -> None:
     bus.publish("/foo", "hello")
     d = driver(kind)
-    a = d.request("POST", "/message-bus/abc/poll?dlp=t", b'{"/foo":0,"__seq":4}',
-                  {"Content-Type": "application/json"})
+    a = d.request("POST", "/message-bus/abc/poll?dlp=t", b'{"/foo":0,"__seq":4}', {"Content-Type": "application/json"})
     assert a.body() == b'[{"global_id":1,"message_id":1,"channel":"/foo","data":"hello"}]'
     assert a.headers == [*BASE, ("content-length", "64")]
     for _ in range(3):
@@ -86,8 +93,13 @@ def test_t5_options_before_lookups_with_extra_headers(bus: Bus, driver: Any, kin
     def boom(env: Any) -> Any:
         raise AssertionError("lookup must not run for OPTIONS")
 
-    d = driver(kind, user_id_lookup=boom, group_ids_lookup=boom, site_id_lookup=boom,
-               extra_response_headers_lookup=lambda env: {"access-control-allow-origin": "http://example.com"})
+    d = driver(
+        kind,
+        user_id_lookup=boom,
+        group_ids_lookup=boom,
+        site_id_lookup=boom,
+        extra_response_headers_lookup=lambda env: {"access-control-allow-origin": "http://example.com"},
+    )
     r = d.request("OPTIONS", "/message-bus/abc123/poll")
     assert r.body() == b"OK"
     assert r.status == 200
@@ -95,8 +107,10 @@ def test_t5_options_before_lookups_with_extra_headers(bus: Bus, driver: Any, kin
 
 
 def test_extra_headers_on_polls_and_set_cookie_dropped(bus: Bus, driver: Any, kind: str) -> None:
-    d = driver(kind, extra_response_headers_lookup=lambda env: [("Access-Control-Allow-Origin", "*"),
-                                                                 ("Set-Cookie", "session=x")])
+    d = driver(
+        kind,
+        extra_response_headers_lookup=lambda env: [("Access-Control-Allow-Origin", "*"), ("Set-Cookie", "session=x")],
+    )
     r = d.poll("abc", {"/foo": 0}, dlp=True)
     assert r.body() == b"[]"
     assert ("Access-Control-Allow-Origin", "*") in r.headers
@@ -121,8 +135,9 @@ def test_base_route(bus: Bus, driver: Any, kind: str) -> None:
     bus.publish("/foo", "x")
     d = driver(kind, base_route="//base///route")
     assert d.prefix == "/base/route/"
-    r = d.request("POST", "/base/route/message-bus/ABC?dlp=t", b"/foo=0",
-                  {"Content-Type": "application/x-www-form-urlencoded"})
+    r = d.request(
+        "POST", "/base/route/message-bus/ABC?dlp=t", b"/foo=0", {"Content-Type": "application/x-www-form-urlencoded"}
+    )
     assert r.status == 200 and J(r.body())[0]["data"] == "x"
     assert d.request("POST", "/message-bus/ABC?dlp=t").status == 404
 
@@ -141,8 +156,9 @@ def test_t7_stream_first_chunk_at_once_then_timeout(bus: Bus, driver: Any, kind:
 def test_t7_first_chunk_is_immediate_with_long_interval(bus: Bus, driver: Any, kind: str) -> None:
     d = driver(kind, long_polling_interval=60)
     r = d.poll("abc", {"/foo": -1}, chunk=True).wait_started()
-    assert split_stream(r.next_piece(5) or b"") == [b'[{"global_id":-1,"message_id":-1,"channel":"/__status",'
-                                                    b'"data":{"/foo":0}}]']
+    assert split_stream(r.next_piece(5) or b"") == [
+        b'[{"global_id":-1,"message_id":-1,"channel":"/__status","data":{"/foo":0}}]'
+    ]
     r.disconnect()  # ASGI: at once (http.disconnect); WSGI: the socket check within about a second
     wait_for(r.is_finished, what="stream end after disconnect")
     assert d.parked() == 0
@@ -157,7 +173,7 @@ def test_t8_stream_receives_live_message(bus: Bus, driver: Any, kind: str) -> No
     bus.publish("/foo", "second")
     p = r.next_piece()
     assert p == b'[{"global_id":2,"message_id":2,"channel":"/foo","data":"second"}]\r\n|\r\n'
-    assert r.body() .endswith(b"[]\r\n|\r\n")
+    assert r.body().endswith(b"[]\r\n|\r\n")
     assert split_stream(b"".join(r.received)).count(p[:-5]) == 1
 
 
@@ -188,8 +204,7 @@ def test_t11_backlog_available(bus: Bus, driver: Any, kind: str) -> None:
     assert [m["data"] for m in J(d.poll("a", {"/foo": 2}).body())] == ["third", "fourth"]
     assert J(d.poll("a", {"/foo": -1}).body()) == [status({"/foo": 4})]
     r = d.poll("b", {"/foo": -1}, chunk=True)
-    assert r.next_piece() == (b'[{"global_id":-1,"message_id":-1,"channel":"/__status","data":{"/foo":4}}]'
-                              b"\r\n|\r\n")
+    assert r.next_piece() == (b'[{"global_id":-1,"message_id":-1,"channel":"/__status","data":{"/foo":4}}]\r\n|\r\n')
     assert r.body().endswith(b"\r\n|\r\n[]\r\n|\r\n")
     r = d.poll("c", {"/foo": 0}, chunk=True)
     first = split_stream(r.next_piece() or b"")
@@ -201,8 +216,12 @@ def test_dlp_and_dont_chunk_and_switches(bus: Bus, driver: Any, kind: str) -> No
     d = driver(kind, long_polling_interval=30)
     assert d.poll("a", {"/foo": 0}, dlp=True).body() == b"[]"
     # the gem matched /dlp=t/ anywhere; only a real dlp parameter counts here
-    r = d.request("POST", "/message-bus/a/poll?xdlp=true", b"/foo=0", {"Dont-Chunk": "1",
-                  "Content-Type": "application/x-www-form-urlencoded"})
+    r = d.request(
+        "POST",
+        "/message-bus/a/poll?xdlp=true",
+        b"/foo=0",
+        {"Dont-Chunk": "1", "Content-Type": "application/x-www-form-urlencoded"},
+    )
     wait_for(lambda: d.parked() == 1, what="parked")
     bus.publish("/foo", 1)
     assert len(J(r.body())) == 1
@@ -295,8 +314,9 @@ def test_wsgi_thread_capacity_cap(bus: Bus, driver: Any) -> None:
 # ------------------------------------------------------------------------------------------ broadcast
 def test_t16_broadcast(bus: Bus, driver: Any, kind: str) -> None:
     d = driver(kind, allow_broadcast=True)
-    r = d.request("POST", "/message-bus/broadcast", b"channel=/foo&data=bc",
-                  {"Content-Type": "application/x-www-form-urlencoded"})
+    r = d.request(
+        "POST", "/message-bus/broadcast", b"channel=/foo&data=bc", {"Content-Type": "application/x-www-form-urlencoded"}
+    )
     assert (r.status, r.body()) == (200, b"sent")
     assert r.headers == [("content-type", "text/html"), ("content-length", "4")]
     assert [m.data for m in bus.backlog("/foo")] == ["bc"]
@@ -304,8 +324,15 @@ def test_t16_broadcast(bus: Bus, driver: Any, kind: str) -> None:
     assert r.body() == b"sent"
     assert d.request("POST", "/message-bus/broadcast").status == 400
     d2 = driver(kind)
-    assert d2.request("POST", "/message-bus/broadcast", b"channel=/foo&data=bc",
-                      {"Content-Type": "application/x-www-form-urlencoded"}).status == 404
+    assert (
+        d2.request(
+            "POST",
+            "/message-bus/broadcast",
+            b"channel=/foo&data=bc",
+            {"Content-Type": "application/x-www-form-urlencoded"},
+        ).status
+        == 404
+    )
     assert len(bus.backlog("/foo")) == 2
 
 
@@ -355,8 +382,10 @@ def test_t18_targeting_backlog(bus: Bus, driver: Any, kind: str) -> None:
     assert poll("abc", "u1", {"/priv": 9}) == [msg(19, 10, "/priv", "secret"), status({"/priv": 12})]
     assert poll("abc", "g6", {"/priv": 9}) == [msg(20, 11, "/priv", "grp"), status({"/priv": 12})]
     assert poll("cid1", "anon", {"/priv": 9}) == [msg(21, 12, "/priv", "forclient"), status({"/priv": 12})]
-    assert poll("abc", "u1", {"/priv": 9, "/foo": -1}) == [msg(19, 10, "/priv", "secret"),
-                                                           status({"/priv": 12, "/foo": 9})]
+    assert poll("abc", "u1", {"/priv": 9, "/foo": -1}) == [
+        msg(19, 10, "/priv", "secret"),
+        status({"/priv": 12, "/foo": 9}),
+    ]
     # string "1" is not integer 1 (Ruby == semantics)
     users["s1"] = "1"
     assert poll("abc", "s1", {"/priv": 9}) == [status({"/priv": 12})]
@@ -372,8 +401,7 @@ def _hdr(env: Any, name: str) -> str | None:
 
 
 def test_targeted_live_never_leaks_and_reports_status(bus: Bus, driver: Any, kind: str) -> None:
-    d = driver(kind, long_polling_interval=1.0, user_id_lookup=lambda env: 1 if _hdr(env, "x-who") == "u1"
-               else None)
+    d = driver(kind, long_polling_interval=1.0, user_id_lookup=lambda env: 1 if _hdr(env, "x-who") == "u1" else None)
     anon = d.poll("anon", {"/priv": 0}, chunk=True)
     u1 = d.poll("u1c", {"/priv": 0}, headers={"X-Who": "u1"})
     other = d.poll("oth", {"/priv": 0})
@@ -400,8 +428,7 @@ def test_t19_sites_and_global_live_delivery(bus: Bus, driver: Any, kind: str) ->
     def poll(site: str, channels: dict[str, Any], **kw: Any) -> Any:
         return d.poll("c" + site, channels, headers={"X-Site": site}, **kw)
 
-    assert [m["data"] for m in J(poll("a", {"/foo": 0, "/global/foo": 0}, dlp=True).body())] == ["for-a",
-                                                                                                 "everyone"]
+    assert [m["data"] for m in J(poll("a", {"/foo": 0, "/global/foo": 0}, dlp=True).body())] == ["for-a", "everyone"]
     assert [m["data"] for m in J(poll("b", {"/foo": 0}, dlp=True).body())] == ["for-b"]
     assert J(poll("c", {"/foo": -1}, dlp=True).body()) == [status({"/foo": 0})]
     # live: a site-a client parked on /global/foo receives a global message (gem row 4 fixed)
@@ -418,8 +445,7 @@ def test_t19_sites_and_global_live_delivery(bus: Bus, driver: Any, kind: str) ->
 # ------------------------------------------------------------------------------------------ races, dupes
 @pytest.mark.parametrize("when", ["before_last_ids", "after_last_ids", "after_backlog"])
 @pytest.mark.parametrize("chunk", [False, True])
-def test_publish_while_parking_is_delivered_once(bus: Bus, driver: Any, kind: str, when: str,
-                                                 chunk: bool) -> None:
+def test_publish_while_parking_is_delivered_once(bus: Bus, driver: Any, kind: str, when: str, chunk: bool) -> None:
     """§10 row 3: a publish between the backlog read and parking is neither delayed nor duplicated."""
     bus.publish("/foo", "old")
     d = driver(kind, long_polling_interval=1.0)
@@ -515,8 +541,7 @@ def test_client_message_filters_backlog_and_live(bus: Bus, driver: Any, kind: st
     bus.publish("/test/x", {"b": 1})
     bus.publish("/test/x", {"ok": 1})
     d = driver(kind, long_polling_interval=20)
-    assert J(d.poll("a", {"/test/x": 0}, dlp=True).body()) == [msg(3, 3, "/test/x", {"ok": 1}),
-                                                              status({"/test/x": 3})]
+    assert J(d.poll("a", {"/test/x": 0}, dlp=True).body()) == [msg(3, 3, "/test/x", {"ok": 1}), status({"/test/x": 3})]
     r = d.poll("a", {"/test/x": 3})
     wait_for(lambda: d.parked() == 1, what="parked")
     bus.publish("/test/x", {"a": 1})
@@ -529,8 +554,9 @@ def test_on_middleware_error_maps_and_bad_input_is_4xx(bus: Bus, driver: Any, ki
     def boom(env: Any) -> Any:
         raise RuntimeError("lookup failed")
 
-    d = driver(kind, user_id_lookup=boom,
-               on_middleware_error=lambda env, exc: (407, {"X-Err": type(exc).__name__}, "mapped"))
+    d = driver(
+        kind, user_id_lookup=boom, on_middleware_error=lambda env, exc: (407, {"X-Err": type(exc).__name__}, "mapped")
+    )
     r = d.poll("a", {"/foo": 0}, dlp=True)
     assert (r.status, r.body(), r.header("X-Err")) == (407, b"mapped", "RuntimeError")
     d2 = driver(kind, user_id_lookup=boom)
@@ -545,8 +571,13 @@ def test_on_middleware_error_maps_and_bad_input_is_4xx(bus: Bus, driver: Any, ki
 def test_channels_override_from_env(bus: Bus, driver: Any, kind: str) -> None:
     bus.publish("/over", "x")
     d = driver(kind)
-    r = d.request("POST", "/message-bus/a/poll?dlp=t", b"/foo=0", {"Content-Type":
-                  "application/x-www-form-urlencoded"}, extra_env={"message_bus.channels": {"/over": 0}})
+    r = d.request(
+        "POST",
+        "/message-bus/a/poll?dlp=t",
+        b"/foo=0",
+        {"Content-Type": "application/x-www-form-urlencoded"},
+        extra_env={"message_bus.channels": {"/over": 0}},
+    )
     assert [m["data"] for m in J(r.body())] == ["x"]
 
 
@@ -571,7 +602,7 @@ def test_frame_chunk_escapes_separator() -> None:
 
 
 def test_encode_message_splices_raw_json(bus: Bus) -> None:
-    bus.publish("/c\"h", {"k": [1, 2]})
+    bus.publish('/c"h', {"k": [1, 2]})
     m = bus.backlog('/c"h')[0]
     assert P.encode_message(m) == b'{"global_id":1,"message_id":1,"channel":"/c\\"h","data":{"k":[1,2]}}'
 
@@ -607,8 +638,10 @@ def test_one_shared_frame_per_channel_per_batch(bus: Bus) -> None:
     frames = [proto.stream_chunks(c) for c in clients]
     assert all(len(f) == 1 for f in frames)
     assert frames[0][0] is frames[1][0] is frames[2][0]  # encoded once, shared
-    assert split_stream(frames[0][0]) == [b'[{"global_id":1,"message_id":1,"channel":"/foo","data":1},'
-                                          b'{"global_id":2,"message_id":2,"channel":"/foo","data":2}]']
+    assert split_stream(frames[0][0]) == [
+        b'[{"global_id":1,"message_id":1,"channel":"/foo","data":1},'
+        b'{"global_id":2,"message_id":2,"channel":"/foo","data":2}]'
+    ]
     for c in clients:
         proto.abandon(c)
     assert proto.registry.parked == 0 and not proto.registry.index and not proto.registry.by_id

@@ -26,8 +26,14 @@ SEP = b"\r\n|\r\n"
 
 
 class RubyLikeClient:
-    def __init__(self, port: int, *, enable_long_polling: bool = True, enable_chunked_encoding: bool = True,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        port: int,
+        *,
+        enable_long_polling: bool = True,
+        enable_chunked_encoding: bool = True,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         self.port = port
         self.long_polling = enable_long_polling
         self.chunked = enable_chunked_encoding
@@ -89,24 +95,34 @@ def shared_bus(bus_name: str) -> Any:
         b.destroy()
 
 
-PUBLISH = ("import sys, time; from shmbus import Bus; b = Bus(sys.argv[1], keepalive_interval=0)\n"
-           "time.sleep(float(sys.argv[2]))\n"
-           "b.publish('/test', {'hello': 'world'}); b.publish('/test2', {'hello': 'world'})")
+PUBLISH = (
+    "import sys, time; from shmbus import Bus; b = Bus(sys.argv[1], keepalive_interval=0)\n"
+    "time.sleep(float(sys.argv[2]))\n"
+    "b.publish('/test', {'hello': 'world'}); b.publish('/test2', {'hello': 'world'})"
+)
 
 
 @pytest.mark.parametrize("server_kind", ["gunicorn", "uvicorn"])
 @pytest.mark.parametrize("mode", ["streaming", "no-chunk", "no-long-poll", "user-dont-chunk"])
-def test_ruby_http_client_pattern(procs: Any, bus_name: str, shared_bus: Bus, server_kind: str,
-                                  mode: str) -> None:
+def test_ruby_http_client_pattern(procs: Any, bus_name: str, shared_bus: Bus, server_kind: str, mode: str) -> None:
     env = {"SHMBUS_TEST_BUS": bus_name, "SHMBUS_TEST_OPTS": json.dumps({"long_polling_interval": 1.0})}
     if server_kind == "uvicorn":
         server = procs.uvicorn_server("webapps:asgi_app", env=env, app_dir=WEB_DIR)
     else:
-        server = procs.gunicorn_server("webapps:wsgi_app", workers=2, worker_class="gthread",
-                                       config="python:shmbus.adapters.integrations.gunicorn", env=env, app_dir=WEB_DIR)
-    client = RubyLikeClient(server.port, enable_chunked_encoding=mode != "no-chunk",
-                            enable_long_polling=mode != "no-long-poll",
-                            headers={"Dont-Chunk": "true"} if mode == "user-dont-chunk" else None)
+        server = procs.gunicorn_server(
+            "webapps:wsgi_app",
+            workers=2,
+            worker_class="gthread",
+            config="python:shmbus.adapters.integrations.gunicorn",
+            env=env,
+            app_dir=WEB_DIR,
+        )
+    client = RubyLikeClient(
+        server.port,
+        enable_chunked_encoding=mode != "no-chunk",
+        enable_long_polling=mode != "no-long-poll",
+        headers={"Dont-Chunk": "true"} if mode == "user-dont-chunk" else None,
+    )
     client.subscribe("/test")
     client.subscribe("/test2")
     client.poll_once()  # -1 -> status: ids learnt

@@ -23,8 +23,10 @@ WEB_DIR = Path(__file__).resolve().parent  # not "from conftest import": tests/s
 pytestmark = pytest.mark.slow
 
 GUNICORN_CONFIG = "python:shmbus.adapters.integrations.gunicorn"
-PUBLISH = "import sys; from shmbus import Bus; b = Bus(sys.argv[1], keepalive_interval=0); " \
-          "print(b.publish(sys.argv[2], sys.argv[3]))"
+PUBLISH = (
+    "import sys; from shmbus import Bus; b = Bus(sys.argv[1], keepalive_interval=0); "
+    "print(b.publish(sys.argv[2], sys.argv[3]))"
+)
 
 
 def publish_elsewhere(procs: Any, bus_name: str, channel: str, data: str) -> int:
@@ -43,16 +45,30 @@ def env_for(bus_name: str, **opts: Any) -> dict[str, str]:
     return {"SHMBUS_TEST_BUS": bus_name, "SHMBUS_TEST_OPTS": json.dumps(opts)}
 
 
-def start(kind: str, procs: Any, bus_name: str, worker_class: str = "gthread", workers: int = 2,
-          extra_args: tuple[str, ...] = (), **opts: Any) -> Any:
+def start(
+    kind: str,
+    procs: Any,
+    bus_name: str,
+    worker_class: str = "gthread",
+    workers: int = 2,
+    extra_args: tuple[str, ...] = (),
+    **opts: Any,
+) -> Any:
     env = env_for(bus_name, **opts)
     if kind == "uvicorn":
         return procs.uvicorn_server("webapps:asgi_app", workers=1, env=env, app_dir=WEB_DIR)
     spec = "webapps:asgi_app" if worker_class.startswith("uvicorn") else "webapps:wsgi_app"
     if worker_class == "gevent":
         harness.require_module("gevent")
-    return procs.gunicorn_server(spec, workers=workers, worker_class=worker_class, config=GUNICORN_CONFIG,
-                                 env=env, app_dir=WEB_DIR, extra_args=extra_args)
+    return procs.gunicorn_server(
+        spec,
+        workers=workers,
+        worker_class=worker_class,
+        config=GUNICORN_CONFIG,
+        env=env,
+        app_dir=WEB_DIR,
+        extra_args=extra_args,
+    )
 
 
 def server_log(server: Any) -> str:
@@ -75,8 +91,9 @@ def check_stream_and_long_poll(server: Any, procs: Any, bus_name: str) -> None:
     n = publish_elsewhere(procs, bus_name, "/smoke", "from-another-process")
     assert n == 1
     body = lp.read_head().read_all()
-    assert json.loads(body) == [{"global_id": 1, "message_id": 1, "channel": "/smoke",
-                                 "data": "from-another-process"}], server_log(server)
+    assert json.loads(body) == [
+        {"global_id": 1, "message_id": 1, "channel": "/smoke", "data": "from-another-process"}
+    ], server_log(server)
     assert lp.headers["content-type"] == "application/json; charset=utf-8"
     data = s.read_until(b"from-another-process")
     assert wire_chunk(b'[{"global_id":1,"message_id":1,"channel":"/smoke","data":"from-another-process"}]') in data
@@ -108,14 +125,14 @@ def test_uvicorn_stream_and_long_poll(procs: Any, bus_name: str, shared_bus: Bus
 
 
 def test_gunicorn_uvicorn_worker(procs: Any, bus_name: str, shared_bus: Bus) -> None:
-    server = start("gunicorn", procs, bus_name, worker_class="uvicorn.workers.UvicornWorker",
-                   long_polling_interval=20)
+    server = start("gunicorn", procs, bus_name, worker_class="uvicorn.workers.UvicornWorker", long_polling_interval=20)
     check_stream_and_long_poll(server, procs, bus_name)
 
 
 def test_gunicorn_sync_polls_at_once_by_default(procs: Any, bus_name: str, shared_bus: Bus) -> None:
-    server = start("gunicorn", procs, bus_name, worker_class="sync", extra_args=("--threads", "1"),
-                   long_polling_interval=20)
+    server = start(
+        "gunicorn", procs, bus_name, worker_class="sync", extra_args=("--threads", "1"), long_polling_interval=20
+    )
     r = rawhttp.poll(server.port, "c", {"/smoke": 0}, chunk=True).read_head()
     assert (r.status, r.read_all()) == (200, b"[]")  # no parking on a one-request-at-a-time worker
     publish_elsewhere(procs, bus_name, "/smoke", "later")
@@ -124,8 +141,16 @@ def test_gunicorn_sync_polls_at_once_by_default(procs: Any, bus_name: str, share
 
 
 def test_gunicorn_sync_long_polling_opt_in(procs: Any, bus_name: str, shared_bus: Bus) -> None:
-    server = start("gunicorn", procs, bus_name, worker_class="sync", workers=3, extra_args=("--threads", "1"),
-                   long_polling_interval=20, long_polling_on_sync_workers=True)
+    server = start(
+        "gunicorn",
+        procs,
+        bus_name,
+        worker_class="sync",
+        workers=3,
+        extra_args=("--threads", "1"),
+        long_polling_interval=20,
+        long_polling_on_sync_workers=True,
+    )
     check_stream_and_long_poll(server, procs, bus_name)
 
 
@@ -173,7 +198,16 @@ def test_disconnect_mid_stream_is_cleaned_up(procs: Any, bus_name: str, shared_b
 
 
 def test_gunicorn_config_module_values() -> None:
-    out = subprocess.run([sys.executable, "-c", "import shmbus.adapters.integrations.gunicorn as g; "
-                          "print(g.worker_class, g.threads, g.timeout, callable(g.post_fork), "
-                          "callable(g.worker_exit))"], capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import shmbus.adapters.integrations.gunicorn as g; "
+            "print(g.worker_class, g.threads, g.timeout, callable(g.post_fork), "
+            "callable(g.worker_exit))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.stdout.split() == ["gthread", "32", "60", "True", "True"]

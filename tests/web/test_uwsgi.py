@@ -52,9 +52,25 @@ def test_uwsgi_preforked_threaded_workers(procs: Any, bus_name: str, tmp_path: A
     seed.last_id("/x")
     port = free_port()
     log = str(tmp_path / "uwsgi.log")
-    argv = [binary, "--http", f"127.0.0.1:{port}", "--master", "--processes", "2", "--threads", "8",
-            "--enable-threads", "--module", "uwsgi_app:application", "--pythonpath", str(WEB_DIR),
-            "--die-on-term", "--logto", log, "--need-app"]
+    argv = [
+        binary,
+        "--http",
+        f"127.0.0.1:{port}",
+        "--master",
+        "--processes",
+        "2",
+        "--threads",
+        "8",
+        "--enable-threads",
+        "--module",
+        "uwsgi_app:application",
+        "--pythonpath",
+        str(WEB_DIR),
+        "--die-on-term",
+        "--logto",
+        log,
+        "--need-app",
+    ]
     if sys.prefix != sys.base_prefix:
         argv += ["--home", sys.prefix]
     env = env_for(bus_name, long_polling_interval=20)
@@ -73,8 +89,9 @@ def test_uwsgi_preforked_threaded_workers(procs: Any, bus_name: str, tmp_path: A
         lp = rawhttp.poll(port, "longpoller", {"/smoke": 0})
         assert publish_elsewhere(procs, bus_name, "/smoke", "from-another-process") == 1
         body = lp.read_head().read_all()
-        assert json.loads(body) == [{"global_id": 1, "message_id": 1, "channel": "/smoke",
-                                     "data": "from-another-process"}], server.log()
+        assert json.loads(body) == [
+            {"global_id": 1, "message_id": 1, "channel": "/smoke", "data": "from-another-process"}
+        ], server.log()
         assert b"from-another-process" in s.read_until(b"from-another-process")
         s.close()
         r = rawhttp.poll(port, "after", {"/smoke": 0}, dlp=True).read_head()

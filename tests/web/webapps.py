@@ -9,10 +9,9 @@ import json
 import os
 from typing import Any
 
+from shmbus import Bus
 from shmbus.adapters.asgi import MessageBusMiddleware as AsgiMiddleware
 from shmbus.adapters.wsgi import MessageBusMiddleware as WsgiMiddleware
-
-from shmbus import Bus
 
 bus = Bus(os.environ["SHMBUS_TEST_BUS"], keepalive_interval=0)
 OPTS: dict[str, Any] = json.loads(os.environ.get("SHMBUS_TEST_OPTS") or "{}")

@@ -65,8 +65,9 @@ def fan_out(port: int, bus: Bus, n: int, server: Any) -> None:
             await load.wait_counts(conns, 1, timeout=30)
             got = sum(1 for c in conns if c.count == 1)
             extra = sum(1 for c in conns if c.count > 1)
-            assert (got, extra) == (n, 0), f"{got}/{n} clients got the message, {extra} more than once" \
-                f"\n--- server log ---\n{server.log()[-3000:]}"
+            assert (got, extra) == (n, 0), (
+                f"{got}/{n} clients got the message, {extra} more than once\n--- server log ---\n{server.log()[-3000:]}"
+            )
         finally:
             load.close_all(conns)
 
@@ -76,8 +77,14 @@ def fan_out(port: int, bus: Bus, n: int, server: Any) -> None:
 def test_uvicorn_asgi_10k(bus: Bus, procs: Any) -> None:
     n = 10_000
     need_fds(n)
-    server = procs.uvicorn_server("_http_apps:asgi_app", workers=2, env=env_for(bus, n), app_dir=PERF,
-                                  extra_args=("--backlog", "4096"), health_path="/")
+    server = procs.uvicorn_server(
+        "_http_apps:asgi_app",
+        workers=2,
+        env=env_for(bus, n),
+        app_dir=PERF,
+        extra_args=("--backlog", "4096"),
+        health_path="/",
+    )
     fan_out(server.port, bus, n, server)
 
 
@@ -85,14 +92,21 @@ def test_gunicorn_gevent_wsgi_2k(bus: Bus, procs: Any) -> None:
     harness.require_module("gevent")
     n = 2_000
     need_fds(n)
-    server = procs.gunicorn_server("_http_apps:wsgi_app", workers=2, worker_class="gevent",
-                                   config="python:shmbus.adapters.integrations.gunicorn", env=env_for(bus, n), app_dir=PERF,
-                                   extra_args=("--worker-connections", str(n + 500), "--backlog", "4096"))
+    server = procs.gunicorn_server(
+        "_http_apps:wsgi_app",
+        workers=2,
+        worker_class="gevent",
+        config="python:shmbus.adapters.integrations.gunicorn",
+        env=env_for(bus, n),
+        app_dir=PERF,
+        extra_args=("--worker-connections", str(n + 500), "--backlog", "4096"),
+    )
     fan_out(server.port, bus, n, server)
 
 
 def test_client_counts_deliveries_exactly(tmp_path: Path) -> None:
     """The load client's counter: a token split across reads is counted once, the first chunk parks."""
+
     async def run() -> None:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
@@ -100,7 +114,7 @@ def test_client_counts_deliveries_exactly(tmp_path: Path) -> None:
         msg = b'[{"global_id":1,"message_id":1,"channel":"/x","data":1}]\r\n|\r\n'
         stream = b"HTTP/1.1 200 OK\r\n\r\n7\r\n[]\r\n|\r\n\r\n" + msg * 3
         for i in range(0, len(stream), 5):
-            c.data_received(stream[i:i + 5])
+            c.data_received(stream[i : i + 5])
         assert fut.done() and c.count == 3
 
     asyncio.run(run())
