@@ -1,5 +1,5 @@
-"""Small ASGI helpers shared by the middleware (:mod:`.asgi`) and the transports (:mod:`._transport`, SSE, REST,
-WebSocket)."""
+"""Small ASGI helpers shared by the middleware (:mod:`.asgi`), the transports, and the test and benchmark apps
+(:func:`lifespan` is the one lifespan stub for an app with nothing to start)."""
 
 from __future__ import annotations
 
@@ -18,11 +18,14 @@ async def maybe_await(value: Any) -> Any:
     return value
 
 
-async def lifespan(receive: Receive, send: Send) -> None:
-    """Complete the ASGI lifespan protocol (for an app that has nothing to start or stop)."""
+async def lifespan(receive: Receive, send: Send, on_startup: Callable[[], Any] | None = None) -> None:
+    """Complete the ASGI lifespan protocol for an app that has nothing to start or stop (``on_startup()`` is
+    called at startup, for an app that wants to know)."""
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":
+            if on_startup is not None:
+                on_startup()
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
             await send({"type": "lifespan.shutdown.complete"})

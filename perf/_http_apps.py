@@ -19,6 +19,8 @@ import json
 import os
 from typing import Any
 
+from shmbus.adapters.asgi_support import lifespan
+
 _mb: dict[str, Any] = {}
 
 
@@ -86,13 +88,8 @@ _STREAM_HEADERS = [
 
 async def bare_asgi(scope: Any, receive: Any, send: Any) -> None:
     if scope["type"] == "lifespan":
-        while True:
-            m = await receive()
-            if m["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            else:
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+        await lifespan(receive, send)
+        return
     while True:  # read the body, as the middleware does
         m = await receive()
         if not m.get("more_body"):

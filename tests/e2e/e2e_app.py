@@ -26,6 +26,7 @@ from urllib.parse import parse_qs
 
 from shmbus import Bus
 from shmbus.adapters.asgi import MessageBusMiddleware as AsgiMiddleware
+from shmbus.adapters.asgi_support import lifespan
 from shmbus.adapters.wsgi import MessageBusMiddleware as WsgiMiddleware
 
 HERE = Path(__file__).resolve().parent
@@ -92,13 +93,8 @@ def _note_body(entry: dict[str, Any], body: bytes) -> None:
 # ---------------------------------------------------------------------------------------------------- ASGI
 async def _asgi_inner(scope: Any, receive: Any, send: Any) -> None:
     if scope["type"] == "lifespan":
-        while True:
-            m = await receive()
-            if m["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            else:
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+        await lifespan(receive, send)
+        return
     path = scope["path"]
     headers = [(b"content-type", b"text/plain")]
     if path in FILES:

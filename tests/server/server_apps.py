@@ -17,6 +17,7 @@ from typing import Any
 
 from shmbus import Bus
 from shmbus.adapters.asgi import MessageBusMiddleware
+from shmbus.adapters.asgi_support import lifespan
 
 bus = Bus(os.environ["SHMBUS_TEST_BUS"], keepalive_interval=0)
 OPTS: dict[str, Any] = json.loads(os.environ.get("SHMBUS_TEST_OPTS") or "{}")
@@ -25,14 +26,8 @@ LIFESPAN: list[str] = []
 
 async def echo(scope: Any, receive: Any, send: Any) -> None:
     if scope["type"] == "lifespan":
-        while True:
-            m = await receive()
-            if m["type"] == "lifespan.startup":
-                LIFESPAN.append("startup")
-                await send({"type": "lifespan.startup.complete"})
-            else:
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+        await lifespan(receive, send, on_startup=lambda: LIFESPAN.append("startup"))
+        return
     path = scope["path"]
     if path == "/boom":
         raise RuntimeError("boom")

@@ -14,6 +14,7 @@ from typing import Any
 
 from shmbus import Bus
 from shmbus.adapters.asgi import MessageBusMiddleware
+from shmbus.adapters.asgi_support import lifespan
 from shmbus.adapters.transports.rest import AsgiRestPublish
 from shmbus.adapters.transports.sse import SSEApp
 from shmbus.adapters.transports.websocket import WebSocketApp
@@ -57,13 +58,8 @@ LOOKUPS: dict[str, Any] = {"user_id_lookup": user_id, "group_ids_lookup": group_
 
 async def inner(scope: Any, receive: Any, send: Any) -> None:
     if scope["type"] == "lifespan":
-        while True:
-            m = await receive()
-            if m["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            else:
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+        await lifespan(receive, send)
+        return
     if scope["type"] != "http":
         await send({"type": "websocket.close", "code": 1000})
         return

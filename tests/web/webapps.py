@@ -11,6 +11,7 @@ from typing import Any
 
 from shmbus import Bus
 from shmbus.adapters.asgi import MessageBusMiddleware as AsgiMiddleware
+from shmbus.adapters.asgi_support import lifespan
 from shmbus.adapters.wsgi import MessageBusMiddleware as WsgiMiddleware
 
 bus = Bus(os.environ["SHMBUS_TEST_BUS"], keepalive_interval=0)
@@ -28,13 +29,8 @@ def hello(environ: dict[str, Any], start_response: Any) -> list[bytes]:
 
 async def hello_asgi(scope: Any, receive: Any, send: Any) -> None:
     if scope["type"] == "lifespan":
-        while True:
-            m = await receive()
-            if m["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            else:
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+        await lifespan(receive, send)
+        return
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
     await send({"type": "http.response.body", "body": b"hello"})
 
