@@ -52,7 +52,6 @@ class Client:
         "stale",
         "status_due",
         "streaming",
-        "superseded",
         "user_id",
         "waker",
     )
@@ -61,7 +60,7 @@ class Client:
         self,
         client_id: str,
         seq: int,
-        lk: Lookups,
+        lookups: Lookups,
         channels: Iterable[str],
         streaming: bool,
         epoch: int,
@@ -70,11 +69,11 @@ class Client:
     ) -> None:
         self.client_id = client_id
         self.seq = seq
-        self.user_id = lk.user_id
-        self.group_ids = lk.group_ids
-        self.site_id = lk.site_id
+        self.user_id = lookups.user_id
+        self.group_ids = lookups.group_ids
+        self.site_id = lookups.site_id
         self.channels = tuple(channels)
-        self.keys = tuple((None if ch.startswith("/global/") else lk.site_id, ch) for ch in self.channels)
+        self.keys = tuple((None if ch.startswith("/global/") else lookups.site_id, ch) for ch in self.channels)
         self.streaming = streaming
         self.epoch = epoch
         self.last: dict[str, int] = {}
@@ -86,7 +85,6 @@ class Client:
         self.registered = False
         self.done = False
         self.dropped = False
-        self.superseded = False
         self.reset = False
         self.stale = False  # rejected at once (a newer __seq is parked): its first chunk is the whole answer
         #: called (on the registry's thread) when the client has something to send or must end

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Literal
 
 from shmbus.bus import Bus
 
@@ -113,12 +113,17 @@ _OPTION_NAMES = frozenset(f.name for f in fields(Options) if f.init)
 
 
 # ---------------------------------------------------------------------------------------------------- routing
+#: What a path under the base route is: not ours (``app``), a CORS preflight, the broadcast route, a poll, or an
+#: error to answer.
+RouteKind = Literal["app", "options", "broadcast", "poll", "error"]
+
+
 @dataclass
 class Route:
     """What a request path means: ``kind`` is ``"app"`` (not ours), ``"options"``, ``"broadcast"``, ``"poll"``
     (with ``client_id``) or ``"error"`` (with ``error``)."""
 
-    kind: str
+    kind: RouteKind
     client_id: str = ""
     error: ProtocolError | None = None
 

@@ -6,7 +6,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import Any, Literal
 
 from shmbus.bus import Bus
 from shmbus.message import Message
@@ -31,6 +31,11 @@ log = logging.getLogger("shmbus.adapters")
 
 
 # ---------------------------------------------------------------------------------------------------- polls
+#: ``immediate``: send the response now; ``long``: wait, then send the long poll's body; ``stream``: send the head
+#: and first chunk now, more chunks as woken.
+PollMode = Literal["immediate", "long", "stream"]
+
+
 class Poll:
     """The outcome of starting a poll.
 
@@ -44,7 +49,7 @@ class Poll:
 
     def __init__(
         self,
-        mode: str,
+        mode: PollMode,
         response: Response | None = None,
         client: Client | None = None,
         headers: list[tuple[str, str]] | None = None,
@@ -117,7 +122,7 @@ class MessageBusProtocol:
     def start_poll(
         self,
         req: PollRequest,
-        lk: Lookups,
+        lookups: Lookups,
         extra: list[tuple[str, str]],
         *,
         can_park: bool = True,
@@ -136,7 +141,7 @@ class MessageBusProtocol:
         long_poll = can_park and opts.long_polling_enabled and not req.dlp and reg.parked < opts.max_active_clients
         streaming = long_poll and req.http11 and not req.dont_chunk and opts.chunked_encoding_enabled
         epoch = self.bus.epoch if long_poll else 0
-        c = Client(req.client_id, req.seq, lk, req.channels, streaming, epoch, waker, signal)
+        c = Client(req.client_id, req.seq, lookups, req.channels, streaming, epoch, waker, signal)
         if long_poll:
             reg.capture(c)
         try:

@@ -108,7 +108,6 @@ class Registry:
                     self._unindex(c)
                     c.held = None
                     return False, wake
-                old.superseded = True
                 old.done = True
                 self._unindex(old)
                 wake.append(old)

@@ -104,12 +104,12 @@ class LookupOptions:
             values = query.get("client_id")
             cid = values[-1] if values else None
         cid = check_client_id(cid if cid is None else str(cid))
-        lk = MessageBusProtocol.lookups(
+        lookups = MessageBusProtocol.lookups(
             await maybe_await(self.user_id_lookup(scope)) if self.user_id_lookup else None,
             await maybe_await(self.group_ids_lookup(scope)) if self.group_ids_lookup else None,
             await maybe_await(self.site_id_lookup(scope)) if self.site_id_lookup else None,
         )
-        return Identity(cid, lk)
+        return Identity(cid, lookups)
 
 
 # ---------------------------------------------------------------------------------------------------- ASGI bits
@@ -189,11 +189,11 @@ def replay_since(
     gaps: list[str] = []
     site_key = site or ""
     for ch in channels:
-        bl = bus.backlog(ch, 0, site_key)
-        for m in bl:
+        backlog = bus.backlog(ch, 0, site_key)
+        for m in backlog:
             if after_gid < m.global_id <= upto_gid:
                 out[m.global_id] = m
-        if bl.first_available > 1 and (not bl or bl[0].global_id > after_gid + 1):
+        if backlog.first_available > 1 and (not backlog or backlog[0].global_id > after_gid + 1):
             gaps.append(ch)
     pats = [(p, compile_pattern(p, kind)) for p, kind in patterns]
     if pats and upto_gid > after_gid:

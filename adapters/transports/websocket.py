@@ -297,9 +297,9 @@ class WebSocketApp(TransportApp):
             if last_id is not None:
                 last = bus.last_id(channel, site)
                 after = last_id if last_id >= 0 else max(last + last_id, 0)
-                bl = bus.backlog(channel, min(after, last), site)
-                gap = bl.gap
-                sink.push_allowed(m for m in bl if m.global_id <= upto)
+                backlog = bus.backlog(channel, min(after, last), site)
+                gap = backlog.gap
+                sink.push_allowed(m for m in backlog if m.global_id <= upto)
             sink.set_channel(channel, upto)
             self._status(sink, "subscribed", ref, channel=channel, last_id=bus.last_id(channel, site), gap=gap)
             return
@@ -334,15 +334,15 @@ class WebSocketApp(TransportApp):
         site = sink.site or ""
         last = self.bus.last_id(channel, site)
         after = start - 1 if start > 0 else (max(last + start, 0) if start < 0 else 0)
-        bl = self.bus.backlog(channel, min(after, last), site, limit=count)
+        backlog = self.bus.backlog(channel, min(after, last), site, limit=count)
         sent = 0
         top = after
-        for m in bl:
+        for m in backlog:
             top = max(top, m.message_id)
             if sink.allowed(m):
                 sink.push(self._encode(m), count=True)
                 sent += 1
-        self._status(sink, "replayed", ref, channel=channel, count=sent, last_id=top, gap=bl.gap)
+        self._status(sink, "replayed", ref, channel=channel, count=sent, last_id=top, gap=backlog.gap)
 
     async def _publish(self, sink: Sink, scope: Scope, obj: dict[str, Any], ref: Any) -> None:
         channel = check_channel(obj.get("channel"))

@@ -1,7 +1,7 @@
 """The message_bus HTTP protocol (docs/protocol.md), through both shells (WSGI and ASGI), in-process.
 
-Transcripts T1-T19 of the reference are reproduced; where the gem has a bug (§10 rows 2, 3, 4, 5, 6, 8, 9, 12
-and the duplicate live delivery) the fixed behaviour is asserted instead.
+The exchanges are grouped as T1-T19 (polls, modes, ids, targeting, sites). Where the gem has a bug (the
+"deliberate differences from the gem" listed in :mod:`shmbus.adapters.http`) the fixed behaviour is asserted.
 """
 
 from __future__ import annotations
@@ -412,7 +412,7 @@ def test_targeted_live_never_leaks_and_reports_status(bus: Bus, driver: Any, kin
     # "oth" may not see "secret": it gets its own message plus a status covering the withheld one
     assert J(other.body()) == [msg(2, 2, "/priv", "mine"), status({"/priv": 2})]
     pieces = [J(p) for p in split_stream(anon.body())]
-    # the anonymous stream never saw the messages; its closing piece tells it the channel's id (row 12 fixed)
+    # the anonymous stream never saw the messages; its closing piece tells it the channel's id (a gem bug, fixed)
     flat = [m for p in pieces for m in p]
     assert all(m["channel"] == "/__status" for m in flat)
     assert flat == [status({"/priv": 2})]
@@ -431,7 +431,7 @@ def test_t19_sites_and_global_live_delivery(bus: Bus, driver: Any, kind: str) ->
     assert [m["data"] for m in J(poll("a", {"/foo": 0, "/global/foo": 0}, dlp=True).body())] == ["for-a", "everyone"]
     assert [m["data"] for m in J(poll("b", {"/foo": 0}, dlp=True).body())] == ["for-b"]
     assert J(poll("c", {"/foo": -1}, dlp=True).body()) == [status({"/foo": 0})]
-    # live: a site-a client parked on /global/foo receives a global message (gem row 4 fixed)
+    # live: a site-a client parked on /global/foo receives a global message (a gem bug, fixed)
     ra = poll("a", {"/global/foo": 1, "/foo": 1})
     rb = poll("b", {"/foo": 1})
     wait_for(lambda: d.parked() == 2, what="parked")
@@ -446,7 +446,7 @@ def test_t19_sites_and_global_live_delivery(bus: Bus, driver: Any, kind: str) ->
 @pytest.mark.parametrize("when", ["before_last_ids", "after_last_ids", "after_backlog"])
 @pytest.mark.parametrize("chunk", [False, True])
 def test_publish_while_parking_is_delivered_once(bus: Bus, driver: Any, kind: str, when: str, chunk: bool) -> None:
-    """§10 row 3: a publish between the backlog read and parking is neither delayed nor duplicated."""
+    """A gem bug, fixed: a publish between the backlog read and parking is neither delayed nor duplicated."""
     bus.publish("/foo", "old")
     d = driver(kind, long_polling_interval=1.0)
     proto = d.protocol
@@ -511,7 +511,7 @@ def test_no_duplicate_when_backlog_already_had_the_message(bus: Bus, driver: Any
     assert [m["message_id"] for p in pieces for m in p] == [1, 2]
 
 
-# ------------------------------------------------------------------------------------------ row 8, reset
+# ------------------------------------------------------------------------------------------ reset while parked
 def test_trimmed_backlog_reports_status(bus_name: str, driver: Any, kind: str, bus: Bus) -> None:
     for i in range(5):
         bus.publish("/foo", i, max_backlog_size=2)
