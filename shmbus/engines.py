@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 if TYPE_CHECKING:
     from .bus import Backlog, Bus
 
-__all__ = ["Engine", "Envelope", "SharedMemoryEngine"]
+__all__ = ["BacklogGap", "Engine", "Envelope", "SharedMemoryEngine"]
 
 
 class Envelope(NamedTuple):
@@ -32,6 +32,17 @@ class Envelope(NamedTuple):
     meta: bytes  # packed targeting (empty = everyone)
     max_backlog_size: int
     max_backlog_age: float
+
+
+class BacklogGap(NamedTuple):
+    """A channel backlog read that came back with a gap (``partial.gap``), for :meth:`Engine.backlog` to fill."""
+
+    channel: str
+    site_id: str | None
+    after_id: int
+    upto: int | None
+    limit: int | None
+    partial: Backlog
 
 
 class Engine:
@@ -62,18 +73,10 @@ class Engine:
         """Carry out a publish; return the channel's new message id (or None if it was queued)."""
         raise NotImplementedError(f"{type(self).__name__} must implement publish()")
 
-    def backlog(
-        self,
-        bus: Bus,
-        channel: str,
-        site_id: str | None,
-        after_id: int,
-        upto: int | None,
-        limit: int | None,
-        partial: Backlog,
-    ) -> Backlog | None:
-        """Fill a gap: ``partial`` (read from the segment) misses messages after ``after_id`` that the segment no
-        longer holds. Return a fuller :class:`~shmbus.bus.Backlog`, or None to keep ``partial`` (the default)."""
+    def backlog(self, bus: Bus, gap: BacklogGap) -> Backlog | None:
+        """Fill a gap: ``gap.partial`` (read from the segment) misses messages after ``gap.after_id`` that the
+        segment no longer holds. Return a fuller :class:`~shmbus.bus.Backlog`, or None to keep ``partial`` (the
+        default)."""
         return None
 
     def health(self) -> dict[str, Any] | None:

@@ -243,37 +243,27 @@ class RedisBridge(Relay, Engine):
         return c
 
     def _set_state(self, state: PublishState, error: BaseException | None = None) -> None:
-        if error is not None:
-            self.last_error = f"{type(error).__name__}: {error}"
-            self.last_error_at = time.time()
+        self._record(error)
         if state != self.state:
             old, self.state = self.state, state
-            level = logging.INFO if state == "ok" else logging.WARNING
-            log.log(
-                level,
-                "shmbus redis bridge %s: publish state %s -> %s%s",
-                redact_url(self.url),
-                old,
-                state,
-                f" ({self.last_error})" if state != "ok" and self.last_error else "",
-            )
+            detail = state != "ok" and self.last_error is not None
+            self._log_transition(logging.INFO if state == "ok" else logging.WARNING, "publish", old, state, detail)
 
     def _set_relay_state(self, state: RelayState, error: BaseException | None = None) -> None:
-        if error is not None:
-            self.last_error = f"{type(error).__name__}: {error}"
-            self.last_error_at = time.time()
+        self._record(error)
         if state != self.relay_state:
             old, self.relay_state = self.relay_state, state
             level = logging.WARNING if state == "reconnecting" else logging.INFO
-            log.log(
-                level,
-                "shmbus redis bridge %s (pid %d): relay %s -> %s%s",
-                redact_url(self.url),
-                os.getpid(),
-                old,
-                state,
-                f" ({self.last_error})" if error is not None else "",
-            )
+            self._log_transition(level, f"relay (pid {os.getpid()})", old, state, error is not None)
+
+    def _record(self, error: BaseException | None) -> None:
+        if error is not None:
+            self.last_error = f"{type(error).__name__}: {error}"
+            self.last_error_at = time.time()
+
+    def _log_transition(self, level: int, side: str, old: str, new: str, with_error: bool) -> None:
+        suffix = f" ({self.last_error})" if with_error and self.last_error else ""
+        log.log(level, "shmbus redis bridge %s: %s state %s -> %s%s", redact_url(self.url), side, old, new, suffix)
 
     # ------------------------------------------------------------------ publish
     def _bus_of(self, bus: Bus | None) -> Bus:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from shmbus.bus import Backlog, Bus
-from shmbus.engines import Envelope
+from shmbus.engines import BacklogGap, Envelope
 from shmbus.message import Message
 from shmbus.segment import Segment
 
@@ -276,21 +276,13 @@ class Relay:
             return True
 
     # ------------------------------------------------------------------ reads older than the segment
-    def backlog(
-        self,
-        bus: Bus,
-        channel: str,
-        site_id: str | None,
-        after_id: int,
-        upto: int | None,
-        limit: int | None,
-        partial: Backlog,
-    ) -> Backlog | None:
+    def backlog(self, bus: Bus, gap: BacklogGap) -> Backlog | None:
         """Fill a gap in the segment's backlog from Redis's channel backlog (called by ``Bus.backlog``).
 
         Only ids Redis can still hold are asked for (it trims to ``max_backlog_size`` like the segment), so a
         client that is simply too far behind costs no Redis command. None: nothing better than ``partial``.
         """
+        channel, site_id, after_id, upto, limit, partial = gap
         last = partial.last_id
         lo = max(after_id, last - bus.max_backlog_size)
         hi = partial.first_available - 1

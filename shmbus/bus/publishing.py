@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..channels import GLOBAL_PREFIX
 from ..engines import Engine, Envelope
@@ -13,31 +13,44 @@ from ..message import Message, encode_meta
 from .state import BusState
 from .validation import check_count, check_seconds, check_targets
 
-__all__ = ["Publishing"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["PublishOptions", "Publishing"]
+
+
+class PublishOptions(TypedDict, total=False):
+    """The keyword options of :meth:`Publishing.publish` and :meth:`Publishing.publish_encoded`."""
+
+    #: deliver only to these HTTP client ids / users / groups (``None``: everyone)
+    client_ids: Iterable[str] | None
+    user_ids: Iterable[int | str] | None
+    group_ids: Iterable[int | str] | None
+    #: the site (multisite); None asks ``site_id_lookup``; ignored on ``/global/`` channels
+    site_id: str | None
+    #: per-channel limits for this channel (default: the bus's)
+    max_backlog_size: int | None
+    max_backlog_age: float | None
+    #: None: the default engine; an :class:`~shmbus.engines.Engine`; False: this process's subscribers only
+    engine: Engine | bool | None
+
+
+_OPTION_NAMES = frozenset(PublishOptions.__annotations__)
 
 
 class Publishing(BusState):
     """``publish`` and ``publish_encoded`` for applications; ``store`` for engines."""
 
-    def publish(
-        self,
-        channel: str,
-        data: Any,
-        *,
-        client_ids: Iterable[str] | None = None,
-        user_ids: Iterable[int | str] | None = None,
-        group_ids: Iterable[int | str] | None = None,
-        site_id: str | None = None,
-        max_backlog_size: int | None = None,
-        max_backlog_age: float | None = None,
-        engine: Engine | bool | None = None,
-    ) -> int | None:
+    def publish(self, channel: str, data: Any, **options: Unpack[PublishOptions]) -> int | None:
         """Publish ``data`` on ``channel``; return the channel's new message id.
 
-        Returns None when publishing is switched off (``off()``), and 0 for ``engine=False`` (delivered to this
-        process's subscribers only, nothing stored). Raises ``TypeError`` (naming the channel) when the codec
-        cannot encode ``data``, and :class:`InvalidMessage` / :class:`InvalidChannel` for bad input; nothing is
-        written in either case. Unlike the gem, ``max_backlog_size`` is honoured together with ``max_backlog_age``.
+        Options (:class:`PublishOptions`): ``client_ids``, ``user_ids``, ``group_ids`` (targeting), ``site_id``,
+        ``max_backlog_size``, ``max_backlog_age`` (this channel's limits), ``engine``. Returns None when
+        publishing is switched off (``off()``), and 0 for ``engine=False`` (delivered to this process's
+        subscribers only, nothing stored). Raises ``TypeError`` (naming the channel) when the codec cannot encode
+        ``data`` or an option is unknown, and :class:`InvalidMessage` / :class:`InvalidChannel` for bad input;
+        nothing is written in either case. Unlike the gem, ``max_backlog_size`` is honoured together with
+        ``max_backlog_age``.
         """
         if self._publish_off:
             return None
@@ -47,35 +60,16 @@ class Publishing(BusState):
             raise TypeError(
                 f"cannot encode data published on {channel!r} with the {self.codec.name} codec: {exc}"
             ) from None
-        return self.publish_encoded(
-            channel,
-            payload,
-            client_ids=client_ids,
-            user_ids=user_ids,
-            group_ids=group_ids,
-            site_id=site_id,
-            max_backlog_size=max_backlog_size,
-            max_backlog_age=max_backlog_age,
-            engine=engine,
-        )
+        return self._publish_payload(channel, payload, options)
 
-    def publish_encoded(
-        self,
-        channel: str,
-        payload: bytes,
-        *,
-        client_ids: Iterable[str] | None = None,
-        user_ids: Iterable[int | str] | None = None,
-        group_ids: Iterable[int | str] | None = None,
-        site_id: str | None = None,
-        max_backlog_size: int | None = None,
-        max_backlog_age: float | None = None,
-        engine: Engine | bool | None = None,
-    ) -> int | None:
+    def publish_encoded(self, channel: str, payload: bytes, **options: Unpack[PublishOptions]) -> int | None:
         """:meth:`publish` for data already in the bus's codec (``payload`` is stored as is: a pipeline that
         holds encoded rows skips a decode and an encode). The caller vouches that ``payload`` decodes."""
         if self._publish_off:
             return None
+        return self._publish_payload(channel, payload, options)
+
+    def _publish_payload(self, channel: str, payload: bytes, options: PublishOptions) -> int | None:
         if self._destroyed:
             raise BusDestroyed(f"bus {self.name!r} was destroyed; call on() to use it again")
         try:
@@ -84,6 +78,18 @@ class Publishing(BusState):
             channel_key = self._channel_key(channel)
         if not isinstance(payload, bytes):
             raise InvalidMessage(f"payload must be bytes, got {type(payload).__name__}")
+        if not options:  # the common case: nothing to look at
+            segment = self._seg
+            if segment is not None and self._default_engine is self._shm_engine and self.site_id_lookup is None:
+                return segment.append(
+                    channel_key, b"", payload, b"", self.max_backlog_size, self.max_backlog_age, self.clear_every
+                )[1]
+        elif not _OPTION_NAMES.issuperset(options):
+            unknown = sorted(set(options) - _OPTION_NAMES)
+            raise TypeError(f"unknown publish option(s) {unknown}; known: {sorted(_OPTION_NAMES)}")
+        client_ids = options.get("client_ids")
+        user_ids = options.get("user_ids")
+        group_ids = options.get("group_ids")
         if client_ids is None and user_ids is None and group_ids is None:
             meta = b""
         else:
@@ -94,19 +100,23 @@ class Publishing(BusState):
                 check_targets("user_ids", user_ids),
                 check_targets("group_ids", group_ids),
             )
+        site_id = options.get("site_id")
         if site_id is not None or self.site_id_lookup is not None:
             site_id = self._resolve_site(channel, site_id)
         site = self._site_key(site_id) if site_id else b""
+        max_backlog_size = options.get("max_backlog_size")
         size = (
             self.max_backlog_size
             if max_backlog_size is None
             else check_count("max_backlog_size", max_backlog_size, error=InvalidMessage)
         )
+        max_backlog_age = options.get("max_backlog_age")
         age = (
             self.max_backlog_age
             if max_backlog_age is None
             else check_seconds("max_backlog_age", max_backlog_age, error=InvalidMessage)
         )
+        engine = options.get("engine")
         if engine is None:
             engine = self._default_engine
         if engine is self._shm_engine:  # the fast path: straight into the segment

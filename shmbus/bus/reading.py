@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from ..channels import SITE_SEPARATOR_BYTES
+from ..engines import BacklogGap
 from ..errors import InvalidArgument
 from ..message import Message
 from .results import Backlog
@@ -62,7 +63,9 @@ class Reading(BusState):
         backlog = Backlog([self._message(r, epoch) for r in recs], after_id=after, last_id=last, first_available=first)
         if backlog.gap:  # an engine that keeps older messages elsewhere (the Redis bridge) may fill the gap
             try:
-                better = self._default_engine.backlog(self._as_bus(), channel, site, after, upto, limit, backlog)
+                better = self._default_engine.backlog(
+                    self._as_bus(), BacklogGap(channel, site, after, upto, limit, backlog)
+                )
             except Exception:
                 log.exception("shmbus: engine %r could not fill a backlog gap on %r", self._default_engine, channel)
                 better = None

@@ -72,32 +72,15 @@ class BusState:
     _off: bool
     _publish_off: bool
     _destroyed: bool
-    publish: Callable[..., int | None]  # Publishing's, for the keepalive
-
-    if TYPE_CHECKING:  # provided by the other parts of Bus
-
-        def last_id(self, channel: str, site_id: str | None = None) -> int: ...
-
-        def backlog(
-            self,
-            channel: str | None = None,
-            last_id: int | None = 0,
-            site_id: str | None = None,
-            *,
-            upto: int | None = None,
-            limit: int | None = None,
-        ) -> Backlog: ...
-
-        def global_backlog(self, last_id: int | None = None) -> list[Message]: ...
-
-        def _ensure_listener(self) -> None: ...
-
-        def _dispatch(self, msgs: list[Message], local: bool = False) -> None: ...
-
-        def _engine_ref(self, to: str, is_pattern: bool, delta: int) -> None: ...
-
-        @staticmethod
-        def _call(sub: Subscription, msg: Message) -> None: ...
+    # provided by the other parts of Bus, declared here so each part is checked against them
+    publish: Callable[..., int | None]
+    last_id: Callable[..., int]
+    backlog: Callable[..., Backlog]
+    global_backlog: Callable[..., list[Message]]
+    _ensure_listener: Callable[[], None]
+    _dispatch: Callable[..., None]
+    _engine_ref: Callable[[str, bool, int], None]
+    _call: Callable[[Subscription, Message], None]
 
     # ------------------------------------------------------------------ attach
     @property
@@ -144,31 +127,11 @@ class BusState:
     # ------------------------------------------------------------------ validation
     def _channel_key(self, channel: Any) -> bytes:
         """The channel's UTF-8 name, validated once and cached (see :mod:`shmbus.channels`)."""
-        try:
-            cached = self._channel_cache.get(channel)
-        except TypeError:  # not even hashable
-            cached = None
-        if cached is not None:
-            return cached
-        encoded = check_channel(channel)
-        if len(self._channel_cache) > 50_000:
-            self._channel_cache.clear()
-        self._channel_cache[channel] = encoded
-        return encoded
+        return _cached_name(self._channel_cache, channel, check_channel, 50_000)
 
     def _site_key(self, site_id: Any) -> bytes:
         """The site's UTF-8 name, validated once and cached."""
-        try:
-            cached = self._site_cache.get(site_id)
-        except TypeError:
-            cached = None
-        if cached is not None:
-            return cached
-        encoded = check_site(site_id)
-        if len(self._site_cache) > 10_000:
-            self._site_cache.clear()
-        self._site_cache[site_id] = encoded
-        return encoded
+        return _cached_name(self._site_cache, site_id, check_site, 10_000)
 
     def _resolve_site(self, channel: str, site_id: str | None) -> str | None:
         self._channel_key(channel)  # a typed InvalidChannel for None, lists, NUL, ... (cached once valid)
@@ -206,3 +169,18 @@ class BusState:
             timestamp=record.timestamp,
             epoch=epoch,
         )
+
+
+def _cached_name(cache: dict[str, bytes], name: Any, check: Callable[[Any], bytes], most: int) -> bytes:
+    """``check(name)``, remembered in ``cache`` (cleared past ``most`` names: ids of any shape cannot grow it)."""
+    try:
+        cached = cache.get(name)
+    except TypeError:  # not even hashable: check() says why
+        cached = None
+    if cached is not None:
+        return cached
+    encoded = check(name)
+    if len(cache) > most:
+        cache.clear()
+    cache[name] = encoded
+    return encoded
