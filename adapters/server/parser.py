@@ -55,6 +55,13 @@ class HttpRequestParser:
     def should_keep_alive(self) -> bool:
         return self._keep
 
+    def _take_body(self, buf: bytes, pos: int, n: int) -> int:
+        """Hand the body bytes at ``pos`` (at most ``self._left``) to the protocol; the new position."""
+        take = min(self._left, n - pos)
+        self._body(buf[pos : pos + take])
+        self._left -= take
+        return pos + take
+
     def feed_data(self, data: bytes) -> None:
         buf = self._buf + data if self._buf else data
         self._buf = b""
@@ -74,10 +81,7 @@ class HttpRequestParser:
                 self._head(buf[pos:end])
                 pos = end + 4
             elif st == _LENGTH:
-                take = min(self._left, n - pos)
-                self._body(buf[pos : pos + take])
-                pos += take
-                self._left -= take
+                pos = self._take_body(buf, pos, n)
                 if not self._left:
                     self._complete()
             elif st == _CHUNK_SIZE:
@@ -93,10 +97,7 @@ class HttpRequestParser:
                 pos = end + 2
                 self._state = _CHUNK_DATA if self._left else _TRAILER
             elif st == _CHUNK_DATA:
-                take = min(self._left, n - pos)
-                self._body(buf[pos : pos + take])
-                pos += take
-                self._left -= take
+                pos = self._take_body(buf, pos, n)
                 if not self._left:
                     self._state = _CHUNK_END
             elif st == _CHUNK_END:
