@@ -35,6 +35,7 @@ from shmbus.message import Message
 
 from .asgi_support import Receive, Send, lifespan, maybe_await, until_disconnect
 from .http import Client, MessageBusProtocol, Options, Poll, ProtocolError, Response
+from .http.client import Ending
 from .http.flow import Flow, ReadBody, RequestHead, advance, serve
 from .http.options import bus_or_default
 from .http.protocol import null_lock
@@ -341,7 +342,7 @@ class _Disconnected(Exception):
 
 def _disconnected(c: Client) -> None:
     if not c.done:
-        c.dropped = True
+        c.end(Ending.DROPPED)
         w: _Wait = c.signal
         if not w.fut.done():
             w.fut.set_result(None)

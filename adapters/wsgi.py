@@ -58,6 +58,7 @@ from shmbus.bus import Bus
 from shmbus.message import Message
 
 from .http import MessageBusProtocol, Options, ProtocolError, Response
+from .http.client import Ending
 from .http.flow import RequestHead, run_sync, serve
 from .http.options import bus_or_default
 from .http.wire import CHUNKED_BODY_REFUSED, status_line
@@ -303,7 +304,7 @@ def _wait(c: Any, deadline: float, sock: Any, once: bool = False) -> None:
                     return
                 continue
             if _peer_closed(sock):
-                c.dropped = True
+                c.end(Ending.DROPPED)
                 return
             continue
         if lock.acquire(True, remaining) and once:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -16,6 +17,17 @@ log = logging.getLogger("shmbus.adapters")
 
 
 # ---------------------------------------------------------------------------------------------------- clients
+class Ending(enum.Enum):
+    """Why a waiting request ends before its messages or its interval."""
+
+    #: the client went away, or stopped reading a stream (``max_stream_buffer``): nothing more is sent
+    DROPPED = "dropped"
+    #: the bus was reset: a status of 0 for every channel is the answer (the client re-reads the new epoch)
+    RESET = "reset"
+    #: a request of the same client id with a higher ``__seq`` is parked: the first chunk was the whole answer
+    STALE = "stale"
+
+
 @dataclass
 class Lookups:
     user_id: Any = None
@@ -36,20 +48,18 @@ class Client:
         "channels",
         "client_id",
         "done",
-        "dropped",
+        "ending",
         "epoch",
         "group_ids",
         "held",
         "keys",
         "last",
+        "parked",
         "pending",
-        "ready",
         "registered",
-        "reset",
         "seq",
         "signal",
         "site_id",
-        "stale",
         "status_due",
         "streaming",
         "user_id",
@@ -81,16 +91,25 @@ class Client:
         self.bytes_pending = 0
         self.held: list[Message] | None = []
         self.status_due: set[str] | None = None
-        self.ready = False
-        self.registered = False
-        self.done = False
-        self.dropped = False
-        self.reset = False
-        self.stale = False  # rejected at once (a newer __seq is parked): its first chunk is the whole answer
+        self.registered = False  # in the registry's index: live messages are collected for it
+        self.parked = False  # the parked request of its client id: live messages are delivered to it
+        self.done = False  # must end now (a long poll got its messages, or an ending below)
+        self.ending: Ending | None = None  # why it ends early, if it does
         #: called (on the registry's thread) when the client has something to send or must end
         self.waker = waker
         #: the shell's wake-up object (an Event, a Future, ...), for the waker's use
         self.signal = signal
+
+    @property
+    def dropped(self) -> bool:
+        """The client went away or stopped reading: nothing more is sent to it."""
+        return self.ending is Ending.DROPPED
+
+    def end(self, ending: Ending) -> None:
+        """End early for ``ending`` (a dropped client stays dropped)."""
+        if self.ending is not Ending.DROPPED:
+            self.ending = ending
+        self.done = True
 
     def allowed(self, msg: Message) -> bool:
         """message_bus's ``Client#allowed?`` targeting rules (client message filters are checked separately)."""
@@ -107,7 +126,7 @@ class Client:
         return bool(gids and self.group_ids and not self.group_ids.isdisjoint(gids))
 
     def status_entry(self) -> bytes | None:
-        if self.reset:
+        if self.ending is Ending.RESET:
             return encode_status(dict.fromkeys(self.channels, 0))
         if not self.status_due:
             return None

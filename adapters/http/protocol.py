@@ -11,7 +11,7 @@ from typing import Any, Literal
 from shmbus.bus import Bus
 from shmbus.message import Message
 
-from .client import Client, Lookups, filter_allows
+from .client import Client, Ending, Lookups, filter_allows
 from .options import Options, Route, match_route
 from .registry import Registry
 from .request import PollRequest, check_channel
@@ -163,7 +163,7 @@ class MessageBusProtocol:
                 self.wake(other)
         if not accepted:  # a newer request of this client id is parked: answer at once
             if streaming:  # the gem: one chunk (the backlog or []) and the terminator, no closing []
-                c.done = c.stale = True
+                c.end(Ending.STALE)
                 return Poll("stream", client=c, headers=STREAM_HEADERS + extra, first_chunk=first)
             return Poll("immediate", Response(200, self.headers(extra), EMPTY))
         if streaming:
@@ -240,7 +240,7 @@ class MessageBusProtocol:
         pending, st = self.registry.finish(c)
         if c.dropped:
             return []
-        if c.reset or c.stale:  # the reset status was already queued / the first chunk was the whole answer
+        if c.ending is not None:  # RESET: its status was already queued; STALE: the first chunk was the answer
             return pending
         pending.append(frame_chunk(b"[" + st + b"]") if st is not None else EMPTY_CHUNK)
         return pending

@@ -9,7 +9,7 @@ from typing import Any
 from shmbus.bus import Bus
 from shmbus.message import Message
 
-from .client import Client, filter_allows
+from .client import Client, Ending, filter_allows
 from .wire import EMPTY_CHUNK, MAX_STREAM_BUFFER, encode_message, frame_chunk
 
 
@@ -84,7 +84,7 @@ class Registry:
                 s.discard(c)
                 if not s:
                     del index[key]
-        if c.ready:
+        if c.parked:
             self.parked -= 1
         if self.by_id.get(c.client_id) is c:
             del self.by_id[c.client_id]
@@ -113,7 +113,7 @@ class Registry:
                 wake.append(old)
             self.by_id[c.client_id] = c
             held, c.held = c.held, None
-            c.ready = True
+            c.parked = True
             self.parked += 1
             if held:
                 self._deliver_held(c, held)
@@ -183,7 +183,7 @@ class Registry:
                 ok = self._filter_ok(gm)
                 channel = key[1]
                 for c in tuple(clients):
-                    if not c.ready:
+                    if not c.parked:
                         if c.held is not None:
                             c.held.extend(gm)
                         continue
@@ -202,8 +202,7 @@ class Registry:
     def _deliver(self, c: Client, channel: str, group: _Group, ok: list[bool] | None) -> None:
         msgs = group.msgs
         if msgs[0].epoch != c.epoch:
-            c.reset = True
-            c.done = True
+            c.end(Ending.RESET)
             if c.streaming:
                 st = c.status_entry()
                 self._push(c, frame_chunk(b"[" + st + b"]") if st else EMPTY_CHUNK)
@@ -240,8 +239,7 @@ class Registry:
         if c.streaming:
             c.bytes_pending += len(piece)
             if c.bytes_pending > self.max_stream_buffer:
-                c.dropped = True
-                c.done = True
+                c.end(Ending.DROPPED)
                 c.pending = []
                 c.bytes_pending = 0
         elif not c.done:
