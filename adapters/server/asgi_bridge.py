@@ -11,6 +11,7 @@ the response is complete. One cycle per connection runs at a time (pipelined req
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 from collections.abc import MutableMapping
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,14 @@ _NO_BODY_STATUS = frozenset({204, 304})
 _DISCONNECT = {"type": "http.disconnect"}
 
 
+class ResponsePhase(enum.Enum):
+    """Where the app's response is: nothing sent yet, head sent (body under way), or complete."""
+
+    NOT_STARTED = "not started"
+    STARTED = "started"
+    FINISHED = "finished"
+
+
 class Cycle:
     """One request/response handled by the wrapped ASGI app."""
 
@@ -32,14 +41,13 @@ class Cycle:
         "chunked",
         "conn",
         "continue_sent",
-        "finished",
         "gone",
         "head",
         "head_only",
         "keep",
         "left",
+        "phase",
         "req",
-        "started",
         "task",
         "waiter",
     )
@@ -47,8 +55,7 @@ class Cycle:
     def __init__(self, conn: HttpConnection, req: Request) -> None:
         self.conn = conn
         self.req = req
-        self.started = False
-        self.finished = False
+        self.phase = ResponsePhase.NOT_STARTED
         self.gone = False
         self.body_done = False
         self.continue_sent = False
@@ -77,8 +84,8 @@ class Cycle:
         except BaseException as exc:
             if not isinstance(exc, asyncio.CancelledError):
                 log.exception("shmbus server: ASGI app raised on %s %s", self.req.method, self.req.path)
-            if not self.started and not self.gone:
-                self.started = True
+            if self.phase is ResponsePhase.NOT_STARTED and not self.gone:
+                self.phase = ResponsePhase.STARTED
                 body = b"Internal Server Error"
                 self.keep = False
                 self.conn.write(
@@ -86,18 +93,18 @@ class Cycle:
                     b"content-length: %d\r\nconnection: close\r\n%s\r\n%s" % (len(body), self.conn.srv.date, body)
                 )
                 self.finish()
-            elif not self.finished:
+            elif self.phase is not ResponsePhase.FINISHED:
                 self.keep = False
                 self.finish()
             if isinstance(exc, asyncio.CancelledError):
                 raise
             return
-        if not self.finished:
-            if not self.started and not self.gone:
+        if self.phase is not ResponsePhase.FINISHED:
+            if self.phase is ResponsePhase.NOT_STARTED and not self.gone:
                 log.error(
                     "shmbus server: ASGI app returned without a response on %s %s", self.req.method, self.req.path
                 )
-                self.started = True
+                self.phase = ResponsePhase.STARTED
                 self.conn.write(
                     b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\nconnection: close\r\n"
                     b"%s\r\n" % self.conn.srv.date
@@ -106,9 +113,9 @@ class Cycle:
             self.finish()
 
     def finish(self) -> None:
-        if self.finished:
+        if self.phase is ResponsePhase.FINISHED:
             return
-        self.finished = True
+        self.phase = ResponsePhase.FINISHED
         self.notify()
         self.conn.cycle_done(self, self.keep and self.req.complete and not self.gone)
 
@@ -117,7 +124,7 @@ class Cycle:
         req = self.req
         conn = self.conn
         while True:
-            if self.gone or self.finished:
+            if self.gone or self.phase is ResponsePhase.FINISHED:
                 return _DISCONNECT
             if not self.body_done and (req.body or req.complete):
                 parts = req.body
@@ -128,7 +135,7 @@ class Cycle:
                 if not more:
                     self.body_done = True
                 return {"type": "http.request", "body": body, "more_body": more}
-            if req.expect_continue and not self.continue_sent and not self.started:
+            if req.expect_continue and not self.continue_sent and self.phase is ResponsePhase.NOT_STARTED:
                 self.continue_sent = True
                 conn.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             loop = asyncio.get_running_loop()
@@ -140,11 +147,11 @@ class Cycle:
 
     async def send(self, message: MutableMapping[str, Any]) -> None:
         t = message["type"]
-        if self.finished:
+        if self.phase is ResponsePhase.FINISHED:
             if t == "http.response.body" and not message.get("more_body", False) and not message.get("body"):
                 return
             raise RuntimeError(f"ASGI message {t!r} after the response completed")
-        if not self.started:
+        if self.phase is ResponsePhase.NOT_STARTED:
             if t != "http.response.start":
                 raise RuntimeError(f"expected 'http.response.start', got {t!r}")
             self._start(message)
@@ -218,5 +225,5 @@ class Cycle:
             out.append(b"connection: keep-alive\r\n")
         out.append(srv.date)
         out.append(b"\r\n")
-        self.started = True
+        self.phase = ResponsePhase.STARTED
         self.head = b"".join(out)

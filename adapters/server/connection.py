@@ -10,7 +10,7 @@ from collections.abc import MutableMapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-from .asgi_bridge import Cycle
+from .asgi_bridge import Cycle, ResponsePhase
 from .bus_routes import BusRoutes, ParkedKind
 from .limits import FEED_STEP, MAX_BUFFERED
 from .parser import Parser, ParserError, ParserUpgrade, httptools
@@ -527,9 +527,9 @@ class HttpConnection(BusRoutes, asyncio.Protocol):
         self.req = None
         cur, cycle = self.cur, self.cycle
         answer = cur is None or cur.refused is not None or (not cur.started and cycle is None)
-        if cycle is not None and not cycle.started:
+        if cycle is not None and cycle.phase is ResponsePhase.NOT_STARTED:
             answer = True
-            cycle.started = True  # the app's own response, if it still sends one, is discarded
+            cycle.phase = ResponsePhase.STARTED  # the app's own response, if it still sends one, is discarded
             cycle.lost()
         if self.client is not None:  # a parked poll: unregister it
             c, self.client = self.client, None
