@@ -427,13 +427,13 @@ def test_file_backed_log_survives_every_process_detaching(tmp_path: Any, bus_nam
 
 
 def test_file_backed_log_from_before_a_reboot_gets_fresh_kernel_state(tmp_path: Any, bus_name: str) -> None:
-    from shmbus import segment
+    from shmbus.segment import layout as segment
 
     path = str(tmp_path / "bus.log")
     bus = Bus(bus_name, path=path, ring_size=1 << 20, keepalive_interval=0)
     bus.publish("/p", 1)
-    bus.segment.mm[segment._OFF_BOOT:segment._OFF_BOOT + 16] = b"\x01" * 16  # as if written before a reboot
-    bus.segment.mm[segment._OFF_MUTEX:segment._OFF_MUTEX + 8] = b"\xff" * 8  # a lock word naming a dead thread
+    bus.segment.mm[segment._OFF_BOOT : segment._OFF_BOOT + 16] = b"\x01" * 16  # as if written before a reboot
+    bus.segment.mm[segment._OFF_MUTEX : segment._OFF_MUTEX + 8] = b"\xff" * 8  # a lock word naming a dead thread
     bus.close()
     again = Bus(bus_name, path=path, keepalive_interval=0)
     try:
@@ -447,7 +447,7 @@ def test_foreign_and_incompatible_segments_are_refused(bus_name: str) -> None:
     import os
     import struct
 
-    from shmbus import segment
+    from shmbus.segment import layout as segment
 
     path = segment.segment_path(bus_name)
     with open(path, "wb") as f:

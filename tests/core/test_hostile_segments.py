@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 import shmbus
-from shmbus import Bus, segment
-from shmbus.segment import Segment
+from shmbus import Bus
+from shmbus.segment import Segment, layout, segment_path
 
 
 def _run_bounded(fn: Callable[[], Any], seconds: float = 20.0) -> Any:
@@ -56,14 +56,18 @@ def test_a_segment_owned_by_another_user_is_refused(bus_name: str) -> None:
         bus.destroy()
 
 
-@pytest.mark.parametrize(("file_mode", "allowed", "refused"), [
-    (0o666, 0o600, "other users write"),
-    (0o644, 0o600, "other users read"),
-    (0o660, 0o600, "its group write"),
-    (0o660, 0o660, None),  # the caller opted in to sharing with the group
-])
+@pytest.mark.parametrize(
+    ("file_mode", "allowed", "refused"),
+    [
+        (0o666, 0o600, "other users write"),
+        (0o644, 0o600, "other users read"),
+        (0o660, 0o600, "its group write"),
+        (0o660, 0o660, None),  # the caller opted in to sharing with the group
+    ],
+)
 def test_segment_permissions_beyond_the_callers_mode_are_refused(
-        bus_name: str, file_mode: int, allowed: int, refused: str | None) -> None:
+    bus_name: str, file_mode: int, allowed: int, refused: str | None
+) -> None:
     bus = Bus(bus_name, ring_size=1 << 20, keepalive_interval=0)
     bus.publish("/x", 1)
     try:
@@ -93,7 +97,7 @@ def test_new_segments_get_exactly_the_requested_mode_whatever_the_umask(bus_name
 
 
 def test_a_zero_length_file_is_refused_and_left_alone(bus_name: str) -> None:
-    path = segment.segment_path(bus_name)
+    path = segment_path(bus_name)
     with open(path, "wb"):
         pass
     os.chmod(path, 0o600)
@@ -144,15 +148,19 @@ def _plant(bus_name: str, offset: int, fmt: str, value: Any) -> None:
     bus.close()
 
 
-@pytest.mark.parametrize(("offset", "fmt", "value", "what"), [
-    (40, "<Q", 0, "ring size 0"),  # used to raise ZeroDivisionError
-    (40, "<Q", 12345, "ring size"),
-    (56, "<I", 0, "slots"),
-    (48, "<Q", 1 << 40, "channel table"),
-    (16, "<Q", 0, "epoch"),
-])
+@pytest.mark.parametrize(
+    ("offset", "fmt", "value", "what"),
+    [
+        (40, "<Q", 0, "ring size 0"),  # used to raise ZeroDivisionError
+        (40, "<Q", 12345, "ring size"),
+        (56, "<I", 0, "slots"),
+        (48, "<Q", 1 << 40, "channel table"),
+        (16, "<Q", 0, "epoch"),
+    ],
+)
 def test_a_damaged_header_is_refused_with_a_typed_error(
-        bus_name: str, offset: int, fmt: str, value: int, what: str) -> None:
+    bus_name: str, offset: int, fmt: str, value: int, what: str
+) -> None:
     _plant(bus_name, offset, fmt, value)
     try:
         with pytest.raises(shmbus.SegmentCorrupt, match=what):
@@ -166,8 +174,8 @@ def test_an_impossible_commit_state_is_refused_on_attach(bus_name: str, head: in
     """head < tail, a misaligned head or more than a ring of history used to stop live delivery silently."""
     bus = Bus(bus_name, ring_size=1 << 20, keepalive_interval=0)
     bus.publish("/x", 1)
-    struct.pack_into("<Q", bus.segment.mm, segment._OFF_HEAD, head)
-    struct.pack_into("<Q", bus.segment.mm, segment._OFF_TAIL, tail)
+    struct.pack_into("<Q", bus.segment.mm, layout._OFF_HEAD, head)
+    struct.pack_into("<Q", bus.segment.mm, layout._OFF_TAIL, tail)
     bus.close()
     try:
         with pytest.raises(shmbus.SegmentCorrupt, match="commit state"):
@@ -250,4 +258,4 @@ def test_other_architectures_are_refused_not_trusted(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(platform, "machine", lambda: "aarch64")
     with pytest.raises(shmbus.UnsupportedPlatform, match="x86-64"):
         Segment.open(bus_name)
-    assert not os.path.exists(segment.segment_path(bus_name))
+    assert not os.path.exists(segment_path(bus_name))

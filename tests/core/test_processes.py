@@ -48,8 +48,9 @@ def test_forked_workers_each_receive_every_message_once_in_order(make_bus: Any, 
     parent.subscribe("/shared", lambda m: seen_by_parent.append(m.message_id))  # listener running at fork
     workers, per_worker = 4, 150
     go, ready, out = FORK.Event(), FORK.Queue(), FORK.Queue()
-    procs = [FORK.Process(target=_worker, args=(bus_name, i, workers, per_worker, go, ready, out))
-             for i in range(workers)]
+    procs = [
+        FORK.Process(target=_worker, args=(bus_name, i, workers, per_worker, go, ready, out)) for i in range(workers)
+    ]
     for p in procs:
         p.start()
     try:
@@ -93,8 +94,9 @@ def test_separately_started_process_attaches_by_name_both_directions(make_bus: A
     bus = make_bus()
     echoes: list[Any] = []
     bus.subscribe("/from-child", lambda m: echoes.append(m.data))
-    child = subprocess.Popen([sys.executable, "-c", CHILD, bus_name], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, bus_name], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "ready"
         for i in range(20):
@@ -315,8 +317,10 @@ def test_idle_listening_process_uses_no_cpu(bus_name: str, make_bus: Any) -> Non
 def test_cli_stats_publish_tail(make_bus: Any, bus_name: str) -> None:
     bus = make_bus()
     bus.publish("/cli", {"a": 1}, site_id="s1")
-    run = lambda *a: subprocess.run([sys.executable, "-m", "shmbus", *a, "--bus", bus_name],  # noqa: E731
-                                    capture_output=True, text=True, timeout=60)
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "shmbus", *args, "--bus", bus_name], capture_output=True, text=True, timeout=60
+        )
     r = run("publish", "/cli2", '{"x": 2}', "--json-data", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == {"channel": "/cli2", "message_id": 1}
@@ -331,14 +335,19 @@ def test_cli_stats_publish_tail(make_bus: Any, bus_name: str) -> None:
     r = run("tail", "/cli2", "--last", "1", "--count", "1", "--timeout", "20", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.splitlines()[0])["data"] == {"x": 2}
-    r = subprocess.run([sys.executable, "-m", "shmbus", "stats", "--bus", bus_name + "nope"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "shmbus", "stats", "--bus", bus_name + "nope"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode != 0 and "no bus named" in r.stderr
 
 
 def test_cli_for_newcomers(make_bus: Any, bus_name: str) -> None:
     """publish never creates a bus by accident, stats never counts itself, destroy refuses a bus in use,
     list takes no --bus, a closed pipe is not a traceback, every option has help."""
+
     def run(*a: str, check: bool = False) -> subprocess.CompletedProcess[str]:
         r = subprocess.run([sys.executable, "-m", "shmbus", *a], capture_output=True, text=True, timeout=60)
         assert not check or r.returncode == 0, r.stderr
@@ -359,8 +368,13 @@ def test_cli_for_newcomers(make_bus: Any, bus_name: str) -> None:
     assert bus_name in run("list", check=True).stdout.split()
     for i in range(1500):  # enough channels that stats --json outgrows the pipe, so head really closes it early
         bus.publish(f"/many/{i}", i)
-    pipe = subprocess.run(f"{sys.executable} -m shmbus stats --bus {bus_name} --json | head -1", shell=True,
-                          capture_output=True, text=True, timeout=60)
+    pipe = subprocess.run(
+        f"{sys.executable} -m shmbus stats --bus {bus_name} --json | head -1",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "Traceback" not in pipe.stderr and "BrokenPipe" not in pipe.stderr, pipe.stderr
     for cmd in ("stats", "tail", "publish", "list", "destroy"):
         text = run(cmd, "--help", check=True).stdout

@@ -24,8 +24,12 @@ from hypothesis import strategies as st
 from shmbus import Bus
 
 CHANNELS = ["/a", "/b", "/c"]
-SETTINGS = settings(max_examples=60, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 
 def _check_channel(bus: Bus, channel: str, sent: dict[int, str], after: int) -> None:
@@ -45,12 +49,17 @@ def _check_channel(bus: Bus, channel: str, sent: dict[int, str], after: int) -> 
 @given(
     ring_kib=st.sampled_from([64, 256]),
     sizes=st.lists(
-        st.tuples(st.sampled_from(CHANNELS),
-                  st.one_of(st.integers(min_value=1, max_value=65536), st.sampled_from([1, 900, 4000, 16000]))),
-        min_size=40, max_size=300),
+        st.tuples(
+            st.sampled_from(CHANNELS),
+            st.one_of(st.integers(min_value=1, max_value=65536), st.sampled_from([1, 900, 4000, 16000])),
+        ),
+        min_size=40,
+        max_size=300,
+    ),
 )
 def test_backlog_never_skips_an_id_silently_whatever_the_record_sizes(
-        bus_name: str, ring_kib: int, sizes: list[tuple[str, int]]) -> None:
+    bus_name: str, ring_kib: int, sizes: list[tuple[str, int]]
+) -> None:
     ring = ring_kib << 10
     limit = ring // 4 - 64 - 8  # what fits in one record with this channel's header
     bus = Bus(f"{bus_name}_p{os.getpid()}", ring_size=ring, keepalive_interval=0, max_backlog_size=1_000_000)

@@ -47,10 +47,14 @@ BAD_PUBLISHES: list[tuple[dict[str, Any], type[Exception], str]] = [
 ]
 
 
-@pytest.mark.parametrize(("options", "error", "says"), BAD_PUBLISHES,
-                         ids=[f"{next(iter(o))}={next(iter(o.values()))!r}"[:40] for o, _, _ in BAD_PUBLISHES])
+@pytest.mark.parametrize(
+    ("options", "error", "says"),
+    BAD_PUBLISHES,
+    ids=[f"{next(iter(o))}={next(iter(o.values()))!r}"[:40] for o, _, _ in BAD_PUBLISHES],
+)
 def test_a_refused_publish_option_leaves_the_bus_unchanged(
-        make_bus: Any, options: dict[str, Any], error: type[Exception], says: str) -> None:
+    make_bus: Any, options: dict[str, Any], error: type[Exception], says: str
+) -> None:
     bus = make_bus()
     for i in range(3):
         bus.publish("/v", i)
@@ -68,8 +72,12 @@ def test_bad_channels_are_invalid_channel_everywhere(make_bus: Any, channel: Any
     bus = make_bus()
     bus.publish("/v", 1)
     before = _state(bus)
-    calls = [lambda: bus.publish(channel, 1), lambda: bus.last_id(channel), lambda: bus.last_ids(channel),
-             lambda: bus.last_message(channel)]
+    calls = [
+        lambda: bus.publish(channel, 1),
+        lambda: bus.last_id(channel),
+        lambda: bus.last_ids(channel),
+        lambda: bus.last_message(channel),
+    ]
     if channel is not None:  # backlog(None) is the global backlog
         calls.append(lambda: bus.backlog(channel))
     for call in calls:
@@ -78,10 +86,16 @@ def test_bad_channels_are_invalid_channel_everywhere(make_bus: Any, channel: Any
     assert _state(bus) == before
 
 
-@pytest.mark.parametrize(("kwargs", "says"), [
-    ({"last_id": "3"}, "last_id"), ({"last_id": 1.0}, "last_id"), ({"upto": "x"}, "upto"),
-    ({"limit": -1}, "limit"), ({"last_id": -1}, "last_id"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"last_id": "3"}, "last_id"),
+        ({"last_id": 1.0}, "last_id"),
+        ({"upto": "x"}, "upto"),
+        ({"limit": -1}, "limit"),
+        ({"last_id": -1}, "last_id"),
+    ],
+)
 def test_bad_backlog_arguments_are_typed(make_bus: Any, kwargs: dict[str, Any], says: str) -> None:
     bus = make_bus()
     bus.publish("/v", 1)
@@ -91,12 +105,20 @@ def test_bad_backlog_arguments_are_typed(make_bus: Any, kwargs: dict[str, Any], 
         bus.global_backlog("0")  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("options", "says"), [
-    ({"max_backlog_size": 0}, "max_backlog_size"), ({"max_global_backlog_size": 1.5}, "max_global_backlog_size"),
-    ({"max_backlog_age": -1}, "max_backlog_age"), ({"clear_every": 0}, "clear_every"),
-    ({"ring_size": 1000}, "ring_size"), ({"max_channels": 3}, "max_channels"),
-    ({"lock_timeout": 0}, "lock_timeout"), ({"mode": 0o777}, "mode"), ({"mode": 0o066}, "mode"),
-])
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"max_backlog_size": 0}, "max_backlog_size"),
+        ({"max_global_backlog_size": 1.5}, "max_global_backlog_size"),
+        ({"max_backlog_age": -1}, "max_backlog_age"),
+        ({"clear_every": 0}, "clear_every"),
+        ({"ring_size": 1000}, "ring_size"),
+        ({"max_channels": 3}, "max_channels"),
+        ({"lock_timeout": 0}, "lock_timeout"),
+        ({"mode": 0o777}, "mode"),
+        ({"mode": 0o066}, "mode"),
+    ],
+)
 def test_bad_bus_options_fail_at_construction(bus_name: str, options: dict[str, Any], says: str) -> None:
     with pytest.raises(shmbus.InvalidArgument, match=says):
         Bus(bus_name, **options)

@@ -1,0 +1,317 @@
+"""``Segment``: create or attach a segment, detach, remove, reset, stats."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import mmap
+import os
+import secrets
+import stat
+import time
+
+import posix_ipc
+
+from .. import _native
+from ..errors import (
+    NotASegment,
+    UnsupportedPlatform,
+)
+from .channels import ChannelTable
+from .layout import (
+    _H_STATIC,
+    _I_CHANNELS,
+    _I_FUTEX,
+    _I_SLEEPERS,
+    _OFF_BOOT,
+    _OFF_MUTEX,
+    _OFF_PROCS,
+    _OFF_READY,
+    _Q_EPOCH,
+    _Q_GID,
+    _Q_HEAD,
+    _Q_OVERWRITTEN,
+    _Q_REPAIRS,
+    _Q_TABLE_GEN,
+    _Q_TAIL,
+    _U32,
+    DEFAULT_LOCK_TIMEOUT,
+    HEADER_SIZE,
+    LAYOUT_VERSION,
+    MAGIC,
+    MAX_PROCS,
+    MIN_RING,
+    READY,
+    SLOT_SIZE,
+    SegmentStats,
+    _boot_id,
+    _check_ownership,
+    _reinitialize_after_reboot,
+    _table_bytes,
+    _validate_header,
+    segment_path,
+)
+from .processes import Processes
+from .ring import Ring
+
+
+class Segment(Ring, ChannelTable, Processes):
+    """One attached segment. Create or attach with :meth:`open`; all methods are thread-safe."""
+
+    # ------------------------------------------------------------------ lifecycle
+    @classmethod
+    def open(
+        cls,
+        name: str,
+        *,
+        ring_size: int = 32 << 20,
+        max_channels: int = 8192,
+        codec_name: str = "json",
+        path: str | None = None,
+        create: bool = True,
+        mode: int = 0o600,
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    ) -> Segment:
+        """Attach to segment ``name``, creating and initialising it if it does not exist yet.
+
+        ``path`` maps a regular file instead (the log then survives restarts and, once written back, reboots).
+        Sizes only apply when this call creates the segment; an existing segment keeps its own.
+
+        A new segment is built under a temporary name and linked into place only once initialised, so no process
+        ever attaches a half-made one. An existing segment is refused (:class:`~shmbus.errors.UnsafeSegment`)
+        unless it belongs to this user (or root) and grants group/other nothing beyond ``mode`` (``0o600`` by
+        default; ``0o660`` opts in to sharing with the file's group), and every header field is validated.
+        """
+        if not _native.supported():
+            raise UnsupportedPlatform("shmbus needs Linux with glibc on x86-64 (robust mutexes, futexes, TSO)")
+        if isinstance(ring_size, bool) or not isinstance(ring_size, int) or ring_size < MIN_RING or ring_size % 4096:
+            raise ValueError(f"ring_size must be a multiple of 4096 and at least 64 KiB, got {ring_size!r}")
+        if isinstance(max_channels, bool) or not isinstance(max_channels, int) or not 16 <= max_channels <= 1 << 22:
+            raise ValueError(f"max_channels must be an int between 16 and 4194304, got {max_channels!r}")
+        if isinstance(mode, bool) or not isinstance(mode, int) or mode & ~0o666 or (mode & 0o600) != 0o600:
+            raise ValueError(f"mode must be permission bits within 0o666 including 0o600, got {mode!r}")
+        if not isinstance(lock_timeout, (int, float)) or not 0 < lock_timeout < 1e6:
+            raise ValueError(f"lock_timeout must be a positive number of seconds, got {lock_timeout!r}")
+        fpath = segment_path(name) if path is None else path
+        for _ in range(5):  # a creator racing us may link its segment between our attempts
+            try:
+                fd, shm = cls._open_fd(name, path)
+            except FileNotFoundError:
+                if not create:
+                    raise FileNotFoundError(f"no shmbus segment named {name!r} ({fpath})") from None
+                try:
+                    fd, shm, mm = cls._create(name, path, fpath, ring_size, max_channels, codec_name, mode)
+                except FileExistsError:
+                    continue
+            else:
+                try:
+                    mm = cls._attach_checked(fd, fpath, mode)
+                except BaseException:
+                    cls._close_fd(fd, shm)
+                    raise
+            seg = cls(name, fd, mm, fpath, shm, float(lock_timeout))
+            try:
+                seg._register_process()
+            except BaseException:
+                seg.close()
+                raise
+            return seg
+        raise NotASegment(f"{fpath} keeps appearing and disappearing; another process is creating and destroying it")
+
+    @staticmethod
+    def _open_fd(name: str, path: str | None) -> tuple[int, posix_ipc.SharedMemory | None]:
+        if path is None:
+            try:
+                shm = posix_ipc.SharedMemory(f"/shmbus.{name}", 0)
+            except posix_ipc.ExistentialError:
+                raise FileNotFoundError(segment_path(name)) from None
+            return shm.fd, shm
+        return os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC), None
+
+    @staticmethod
+    def _close_fd(fd: int, shm: posix_ipc.SharedMemory | None) -> None:
+        if shm is not None:
+            shm.close_fd()
+        else:
+            os.close(fd)
+
+    @classmethod
+    def _create(
+        cls, name: str, path: str | None, fpath: str, ring_size: int, max_channels: int, codec_name: str, mode: int
+    ) -> tuple[int, posix_ipc.SharedMemory | None, mmap.mmap]:
+        """Build a segment under a temporary name, then link it into place (``FileExistsError`` if we lost a race)."""
+        suffix = f".init-{os.getpid()}-{secrets.token_hex(4)}"
+        shm: posix_ipc.SharedMemory | None = None
+        if path is None:
+            shm = posix_ipc.SharedMemory(f"/shmbus.{name}{suffix}", posix_ipc.O_CREX, mode=mode)
+            fd, tmp = shm.fd, fpath + suffix
+        else:
+            tmp = path + suffix
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        mm = None
+        try:
+            os.fchmod(fd, mode)  # whatever the umask says
+            table_off = HEADER_SIZE
+            ring_off = HEADER_SIZE + _table_bytes(max_channels)
+            total = ring_off + ring_size
+            os.ftruncate(fd, total)
+            mm = mmap.mmap(fd, total)
+            cls._initialize(mm, table_off, ring_off, ring_size, max_channels, codec_name)
+            os.link(tmp, fpath)  # FileExistsError: another process created it first; attach to theirs
+        except BaseException:
+            if mm is not None:
+                mm.close()
+            cls._close_fd(fd, shm)
+            raise
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        return fd, shm, mm
+
+    @staticmethod
+    def _attach_checked(fd: int, fpath: str, mode: int) -> mmap.mmap:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotASegment(f"{fpath} is not a regular file")
+        size = st.st_size
+        if size == 0:
+            raise NotASegment(f"{fpath} is empty: not a shmbus segment (remove it, e.g. `shmbus destroy`)")
+        if size < HEADER_SIZE:
+            raise NotASegment(f"{fpath} is {size} bytes: not a shmbus segment")
+        mm = mmap.mmap(fd, size)
+        try:
+            _validate_header(mm, fpath, size, lambda: _check_ownership(st, fpath, mode))
+            if bytes(mm[_OFF_BOOT : _OFF_BOOT + 16]) != _boot_id():
+                fcntl.flock(fd, fcntl.LOCK_EX)  # one process re-makes the kernel objects
+                try:
+                    if bytes(mm[_OFF_BOOT : _OFF_BOOT + 16]) != _boot_id():
+                        _reinitialize_after_reboot(mm)
+                finally:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+        except BaseException:
+            mm.close()
+            raise
+        return mm
+
+    @staticmethod
+    def _initialize(
+        mm: mmap.mmap, table_off: int, ring_off: int, ring_size: int, max_channels: int, codec_name: str
+    ) -> None:
+        mm[0:HEADER_SIZE] = bytes(HEADER_SIZE)
+        epoch = secrets.randbits(63) or 1
+        _H_STATIC.pack_into(
+            mm,
+            0,
+            MAGIC,
+            LAYOUT_VERSION,
+            HEADER_SIZE,
+            epoch,
+            time.time(),
+            ring_off,
+            ring_size,
+            table_off,
+            max_channels,
+            SLOT_SIZE,
+            _OFF_PROCS,
+            MAX_PROCS,
+            0,
+            codec_name.encode()[:16],
+        )
+        mm[_OFF_BOOT : _OFF_BOOT + 16] = _boot_id()
+        anchor = ctypes.c_char.from_buffer(mm)
+        try:
+            _native.RobustMutex.initialize(ctypes.addressof(anchor) + _OFF_MUTEX)
+        finally:
+            del anchor
+        _U32.pack_into(mm, _OFF_READY, READY)
+
+    def close(self) -> None:
+        """Detach this process (the segment stays for the others)."""
+        if self._closed:
+            return
+        with contextlib.suppress(Exception):
+            self._unregister_process()
+        self._closed = True
+        del self._anchor
+        self.mutex = None  # type: ignore[assignment]
+        for view in (self._u64, self._u32):
+            with contextlib.suppress(Exception):
+                view.release()
+        try:
+            self.mm.close()
+        except BufferError:  # a Record memoryview still alive somewhere; the mapping goes with the process
+            pass
+        self._close_fd(self._fd, self._shm)
+
+    def unlink(self) -> None:
+        """Remove the segment's name: processes still attached keep their mapping until they detach."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+    @staticmethod
+    def destroy_by_name(name: str) -> bool:
+        """Remove a segment by name; True if one existed."""
+        try:
+            os.unlink(segment_path(name))
+            return True
+        except FileNotFoundError:
+            return False
+
+    # ------------------------------------------------------------------ admin
+    def reset(self) -> int:
+        """Empty the bus and give it a new epoch (clients see ids restart); returns the new epoch."""
+        self._lock()
+        try:
+            u64, u32 = self._u64, self._u32
+            epoch = secrets.randbits(63) or 1
+            u64[_Q_TABLE_GEN] += 1  # first: readers holding slot numbers re-check the table
+            u64[_Q_HEAD] = 0  # nothing is visible any more
+            u64[_Q_TAIL] = 0
+            u64[_Q_GID] = 0
+            u64[_Q_EPOCH] = epoch
+            u64[_Q_OVERWRITTEN] = 0
+            u64[_Q_REPAIRS] = 0
+            u32[_I_CHANNELS] = 0
+            self._buf[self.table_off : self.ring_off] = bytes(self.ring_off - self.table_off)
+            self._slot_cache.clear()
+            self.epoch = epoch
+            u32[_I_FUTEX] = (u32[_I_FUTEX] + 1) & 0xFFFFFFFF
+        finally:
+            self._unlock()
+        _native.futex_wake(self._futex_addr)
+        return epoch
+
+    def stats(self) -> SegmentStats:
+        u64 = self._u64
+        self._lock()
+        try:
+            self._reap_dead_processes()
+        finally:
+            self._unlock()
+        gid, head, tail = u64[_Q_GID], u64[_Q_HEAD], u64[_Q_TAIL]
+        published = gid  # global ids are contiguous from 1 since creation or the last reset
+        oldest_rec = self.global_backlog(0, limit=1) if head > tail else []
+        oldest_gid = oldest_rec[0].global_id if oldest_rec else gid + 1
+        history = time.time() - oldest_rec[0].timestamp if oldest_rec else 0.0
+        return SegmentStats(
+            name=self.name,
+            path=self.path,
+            epoch=self.read_epoch(),
+            size=len(self.mm),
+            ring_size=self.ring_size,
+            max_channels=self.max_channels,
+            channels=self._u32[_I_CHANNELS],
+            global_id=gid,
+            head=head,
+            tail=tail,
+            oldest_global_id=oldest_gid,
+            published=published,
+            overwritten=u64[_Q_OVERWRITTEN],
+            repairs=u64[_Q_REPAIRS],
+            ring_used=min(head - tail, self.ring_size),
+            history_seconds=history,
+            processes=self.processes(),
+            sleepers=self._u32[_I_SLEEPERS],
+            created_at=self.created_at,
+        )

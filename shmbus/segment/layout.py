@@ -1,0 +1,263 @@
+"""The segment's layout: sizes, offsets and record formats, the result types, and the checks an attach makes."""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import mmap
+import os
+import stat
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from .. import _native
+from ..errors import (
+    LayoutMismatch,
+    NotASegment,
+    SegmentCorrupt,
+    UnsafeSegment,
+)
+
+MAGIC = b"shmbus\x00\x01"
+LAYOUT_VERSION = 2
+HEADER_SIZE = 4096
+SLOT_SIZE = 320
+SLOT_HDR = 128
+MAX_KEY_BYTES = SLOT_SIZE - SLOT_HDR  # channel + "$|$" + site, UTF-8
+MAX_PROCS = 128
+ALIGN = 16
+READY = 0x52454459  # "REDY"
+MIN_RING = 64 << 10
+DEFAULT_LOCK_TIMEOUT = 5.0
+
+# header fields (byte offsets; all 8-byte fields 8-aligned)
+_H_STATIC = struct.Struct("<8sIIQdQQQIIQII16s")  # magic..codec, at 0
+_OFF_EPOCH = 16
+_OFF_READY = 76
+_OFF_MUTEX = 128
+_OFF_HEAD = 192
+_OFF_GID = 200
+_OFF_TAIL = 208
+_OFF_TABLE_GEN = 216
+_OFF_OVERWRITTEN = 232
+_OFF_REPAIRS = 240
+_OFF_FUTEX = 256
+_OFF_SLEEPERS = 260
+_OFF_CHANNELS = 264
+_OFF_BOOT = 280  # 16 bytes of the boot id: kernel objects (mutex, futex) must be re-made after a reboot
+_OFF_PROCS = 512  # MAX_PROCS x 16: pid u32, sleeping u32, attached_at f64
+_PROC_SIZE = 16
+
+# indexes into the typed views
+_Q_EPOCH = _OFF_EPOCH >> 3
+_Q_HEAD = _OFF_HEAD >> 3
+_Q_GID = _OFF_GID >> 3
+_Q_TAIL = _OFF_TAIL >> 3
+_Q_TABLE_GEN = _OFF_TABLE_GEN >> 3
+_Q_OVERWRITTEN = _OFF_OVERWRITTEN >> 3
+_Q_REPAIRS = _OFF_REPAIRS >> 3
+_I_FUTEX = _OFF_FUTEX >> 2
+_I_SLEEPERS = _OFF_SLEEPERS >> 2
+_I_CHANNELS = _OFF_CHANNELS >> 2
+
+# records
+_REC = struct.Struct("<IIQQQdHHII")  # length, kind, global id, message id, prev (pos+1), ts, lengths x4
+REC_HDR = _REC.size  # 52
+KIND_MSG = 1
+KIND_PAD = 2
+_PAD = struct.Struct("<II")
+_U32 = struct.Struct("<I")
+_STATE = struct.Struct("<QQQQ")  # head, global_id, tail, table_gen: read in bulk only under the lock
+_WAKE = struct.Struct("<II")  # futex word, sleeper count: likewise
+_ZEROS = [bytes(n) for n in range(ALIGN)]
+
+# channel slots: state u32, name_len u32, hash u64, version u64, reserved u64, copy 0 (48 B), copy 1 (48 B), name
+_SLOT_KEY = struct.Struct("<IIQ")
+_SLOT_BODY = struct.Struct("<QQQQdd")  # last_id, newest (pos+1), trim_below, since_gid, last publish ts, ttl
+_BODY = _SLOT_BODY.size
+_OFF_SLOT_VERSION = 16
+_OFF_SLOT_COPY = 32
+_ZERO_COPIES = bytes(2 * _SLOT_BODY.size)
+
+
+class SlotState(enum.IntEnum):
+    """A channel slot's state word (open addressing: a removed slot stays a tombstone so probes go on)."""
+
+    EMPTY = 0
+    USED = 1
+    TOMBSTONE = 2
+
+
+# plain aliases for the hot paths (one global load each)
+SLOT_EMPTY = SlotState.EMPTY
+SLOT_USED = SlotState.USED
+SLOT_TOMBSTONE = SlotState.TOMBSTONE
+
+_libc_boot_id: bytes | None = None
+
+
+def _boot_id() -> bytes:
+    global _libc_boot_id
+    if _libc_boot_id is None:
+        try:
+            with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+                _libc_boot_id = bytes.fromhex(f.read().strip().replace(b"-", b"").decode())[:16]
+        except OSError:
+            _libc_boot_id = b"\x00" * 16
+    return _libc_boot_id
+
+
+def segment_path(name: str) -> str:
+    """Where the segment of bus ``name`` lives in the filesystem (tmpfs)."""
+    return f"/dev/shm/shmbus.{name}"
+
+
+def _table_bytes(max_channels: int) -> int:
+    return (max_channels * SLOT_SIZE + 4095) & ~4095
+
+
+class Record(NamedTuple):
+    """One committed message as stored: bytes, not decoded (the bus decodes lazily)."""
+
+    pos: int
+    global_id: int
+    message_id: int
+    timestamp: float
+    channel: bytes
+    site: bytes
+    meta: bytes
+    payload: bytes
+
+
+@dataclass
+class ChannelInfo:
+    key: bytes
+    last_id: int
+    oldest_id: int  # oldest id still readable (last_id + 1 when nothing is)
+    last_publish: float
+    expired: bool
+
+
+@dataclass
+class SegmentStats:
+    name: str
+    path: str
+    epoch: int
+    size: int
+    ring_size: int
+    max_channels: int
+    channels: int
+    global_id: int
+    head: int
+    tail: int
+    oldest_global_id: int
+    published: int
+    overwritten: int
+    repairs: int
+    ring_used: int
+    history_seconds: float
+    processes: list[int]
+    sleepers: int
+    created_at: float
+
+
+def _check_ownership(st: os.stat_result, fpath: str, mode: int) -> None:
+    """Refuse a segment another user could have planted or can tamper with (see :meth:`Segment.open`)."""
+    euid = os.geteuid()
+    group_ok = bool(mode & 0o070) and (st.st_gid == os.getegid() or st.st_gid in os.getgroups())
+    if st.st_uid not in (euid, 0) and not group_ok:
+        try:
+            import pwd
+
+            owner = pwd.getpwuid(st.st_uid).pw_name
+        except (KeyError, ImportError):
+            owner = str(st.st_uid)
+        raise UnsafeSegment(
+            f"{fpath} belongs to {owner} (uid {st.st_uid}), not to this user (uid {euid}): a segment planted by "
+            "another user could read targeted messages and inject forged ones. If it is yours to use, run as its "
+            f"owner (sudo -u {owner} ...), or share it on purpose with a group: Bus(..., mode=0o660) in every "
+            "process of that group; otherwise remove it"
+        )
+    extra = st.st_mode & 0o077 & ~mode
+    if extra:
+        raise UnsafeSegment(
+            f"{fpath} has mode {stat.S_IMODE(st.st_mode):04o}, which lets "
+            f"{'other users' if extra & 0o007 else 'its group'} {'write' if extra & 0o022 else 'read'} it "
+            f"(this process allows {mode:04o}). chmod it, or pass a "
+            "matching mode= to share the bus with a group on purpose"
+        )
+
+
+def _validate_header(mm: mmap.mmap, fpath: str, size: int, check_ownership: Callable[[], None]) -> None:
+    """Check every static header field against the file before anything is derived from it.
+
+    What the file is (magic, layout version) is said first; then whether it may be trusted (``check_ownership``);
+    then whether it is whole.
+    """
+    (
+        magic,
+        version,
+        hsize,
+        epoch,
+        _created,
+        ring_off,
+        ring_size,
+        table_off,
+        max_channels,
+        slot_size,
+        procs_off,
+        max_procs,
+        ready,
+        codec,
+    ) = _H_STATIC.unpack_from(mm, 0)
+    if magic != MAGIC:
+        raise NotASegment(f"{fpath} exists but is not a shmbus segment (bad magic {magic!r})")
+    if version != LAYOUT_VERSION:
+        raise LayoutMismatch(
+            f"{fpath} has layout version {version}, this shmbus writes {LAYOUT_VERSION}; "
+            "stop every process using it and run `shmbus destroy --bus NAME` (or use another bus name)"
+        )
+    check_ownership()
+    if ready != READY:
+        raise NotASegment(f"{fpath}: initialisation never finished (its creator died?); destroy it")
+    problems = []
+    if hsize != HEADER_SIZE or slot_size != SLOT_SIZE or procs_off != _OFF_PROCS or max_procs != MAX_PROCS:
+        problems.append(f"header layout fields {hsize}/{slot_size}/{procs_off}/{max_procs}")
+    if table_off != HEADER_SIZE or not 16 <= max_channels <= 1 << 22:
+        problems.append(f"channel table at {table_off} with {max_channels} slots")
+    elif ring_off != HEADER_SIZE + _table_bytes(max_channels):
+        problems.append(f"ring at {ring_off}, expected {HEADER_SIZE + _table_bytes(max_channels)}")
+    if ring_size < MIN_RING or ring_size % 4096:
+        problems.append(f"ring size {ring_size}")
+    if ring_off + ring_size != size:
+        problems.append(f"size {size} does not match ring {ring_off}+{ring_size}")
+    if not epoch or epoch >= 1 << 63:
+        problems.append(f"epoch {epoch}")
+    if not codec.rstrip(b"\x00").isascii():
+        problems.append(f"codec name {codec!r}")
+    if problems:
+        raise SegmentCorrupt(f"{fpath}: damaged or foreign segment header: {'; '.join(problems)}")
+
+
+def _reinitialize_after_reboot(mm: mmap.mmap) -> None:
+    """A file-backed log from before a reboot: its mutex and futex still name dead threads. Re-make them."""
+    anchor = ctypes.c_char.from_buffer(mm)
+    try:
+        _native.RobustMutex.initialize(ctypes.addressof(anchor) + _OFF_MUTEX)
+    finally:
+        del anchor
+    _U32.pack_into(mm, _OFF_SLEEPERS, 0)
+    mm[_OFF_PROCS : _OFF_PROCS + MAX_PROCS * _PROC_SIZE] = bytes(MAX_PROCS * _PROC_SIZE)
+    mm[_OFF_BOOT : _OFF_BOOT + 16] = _boot_id()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,87 @@
+"""The writers' robust mutex, and repair: what a writer killed mid-append leaves is made consistent again."""
+
+from __future__ import annotations
+
+import struct
+
+from .. import _native
+from ..errors import (
+    SegmentCorrupt,
+)
+from .layout import (
+    _I_CHANNELS,
+    _I_FUTEX,
+    _OFF_SLOT_COPY,
+    _OFF_SLOT_VERSION,
+    _PAD,
+    _Q_GID,
+    _Q_HEAD,
+    _Q_REPAIRS,
+    _Q_TABLE_GEN,
+    _Q_TAIL,
+    _SLOT_BODY,
+    _U32,
+    ALIGN,
+    KIND_MSG,
+    KIND_PAD,
+    SLOT_SIZE,
+    SLOT_USED,
+)
+from .state import SegmentState
+
+
+class Locking(SegmentState):
+    # ------------------------------------------------------------------ locking and repair
+    def _lock(self) -> None:
+        if _native.mutex_lock(self._mutex_ptr, self.lock_timeout):
+            self._repair()
+
+    def _unlock(self) -> None:
+        _native.mutex_unlock(self._mutex_ptr)
+
+    def _repair(self) -> None:
+        """Undo what a writer that died holding the lock left behind (called with the lock held).
+
+        Only ``head`` makes a record visible, and every other store is either atomic or lands where no reader looks
+        (past ``head``, or the inactive copy of a slot). So: a slot whose current copy names a record at or past
+        ``head`` is flipped back (its other copy is the state before that publish); ``global_id`` (stored after
+        ``head``) is re-derived from the newest committed record; the channel count is recounted.
+        """
+        u64, u32 = self._u64, self._u32
+        head, tail = u64[_Q_HEAD], u64[_Q_TAIL]
+        if tail > head or head - tail > self.ring_size or head % ALIGN or tail % ALIGN:
+            raise SegmentCorrupt(f"{self.path}: commit state head={head} tail={tail} is impossible")
+        last_gid = self._last_committed_gid(head, tail)
+        if last_gid is not None and last_gid != u64[_Q_GID]:
+            u64[_Q_GID] = last_gid
+        used = 0
+        for i in range(self.max_channels):
+            off = self.table_off + i * SLOT_SIZE
+            if u32[off >> 2] != SLOT_USED:
+                continue
+            used += 1
+            version = u64[(off + _OFF_SLOT_VERSION) >> 3]
+            newest = u64[(off + _OFF_SLOT_COPY + (version & 1) * _SLOT_BODY.size + 8) >> 3]
+            if newest and newest - 1 >= head:  # the dead writer's publish never committed: back to the old copy
+                u64[(off + _OFF_SLOT_VERSION) >> 3] = version + 1
+        u32[_I_CHANNELS] = used
+        u64[_Q_TABLE_GEN] += 1  # every process drops its cached slot numbers
+        u64[_Q_REPAIRS] += 1
+        u32[_I_FUTEX] = (u32[_I_FUTEX] + 1) & 0xFFFFFFFF
+        self._slot_cache.clear()
+
+    def _last_committed_gid(self, head: int, tail: int) -> int | None:
+        mm, ring, base = self.mm, self.ring_size, self.ring_off
+        end = head
+        while end > tail:
+            (length,) = _U32.unpack_from(mm, base + ((end - 1) % ring) - 3)
+            if length < ALIGN or length % ALIGN or length > ring or end - length < tail:
+                raise SegmentCorrupt(f"{self.path}: record footer at {end} names length {length}")
+            start = end - length
+            length2, kind = _PAD.unpack_from(mm, base + start % ring)
+            if length2 != length or kind not in (KIND_MSG, KIND_PAD):
+                raise SegmentCorrupt(f"{self.path}: record at {start} does not match its footer")
+            if kind == KIND_MSG:
+                return int(struct.unpack_from("<Q", mm, base + start % ring + 8)[0])
+            end = start
+        return None

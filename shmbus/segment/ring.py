@@ -1,0 +1,304 @@
+"""The ring: appending records (under the lock) and reading them (lock-free), with the commit order that makes
+both safe."""
+
+from __future__ import annotations
+
+import os
+import signal
+import struct
+import time
+from typing import Any
+
+from .. import _native
+from ..errors import (
+    PayloadTooLarge,
+    SegmentCorrupt,
+)
+from .layout import (
+    _BODY,
+    _I_FUTEX,
+    _OFF_FUTEX,
+    _OFF_HEAD,
+    _OFF_SLOT_COPY,
+    _OFF_SLOT_VERSION,
+    _PAD,
+    _Q_EPOCH,
+    _Q_GID,
+    _Q_HEAD,
+    _Q_OVERWRITTEN,
+    _Q_TAIL,
+    _REC,
+    _SLOT_BODY,
+    _STATE,
+    _U32,
+    _WAKE,
+    _ZEROS,
+    ALIGN,
+    KIND_MSG,
+    KIND_PAD,
+    MAX_KEY_BYTES,
+    REC_HDR,
+    Record,
+)
+from .locking import Locking
+
+
+class Ring(Locking):
+    # ------------------------------------------------------------------ writing
+    def append(
+        self,
+        channel: bytes,
+        site: bytes,
+        payload: bytes,
+        meta: bytes = b"",
+        max_backlog_size: int = 1000,
+        max_backlog_age: float = 604800.0,
+        clear_every: int = 1,
+        *,
+        global_id: int | None = None,
+        message_id: int | None = None,
+        timestamp: float | None = None,
+        expect_global_id: int | None = None,
+    ) -> tuple[int, int]:
+        """Append one record; return ``(global_id, message_id)``.
+
+        The caller (:class:`~shmbus.bus.Bus`) has validated every argument: nothing here may raise after the first
+        store. ``global_id``/``message_id`` impose externally assigned ids (the Redis bridge): a record whose
+        global id is not above the segment's is skipped and ``(0, 0)`` returned, so replays are idempotent. An
+        imposed ``message_id`` that does not follow the channel's last id starts a new chain (older ids are
+        reported as a gap, not silently missing). ``expect_global_id`` skips the append (``(0, 0)``) unless the
+        segment's global id is exactly that value, checked under the lock (a publisher may then append its own
+        message without creating a hole the relay would never fill).
+        """
+        key = channel + b"$|$" + site if site else channel
+        if len(key) > MAX_KEY_BYTES:
+            raise ValueError(f"channel plus site id is {len(key)} bytes; the limit is {MAX_KEY_BYTES}")
+        total = REC_HDR + len(channel) + len(site) + len(meta) + len(payload) + 4
+        rec_len = (total + 15) & ~15
+        if rec_len > self.max_record:
+            raise PayloadTooLarge(
+                f"message on {channel.decode(errors='replace')!r} is {rec_len} bytes encoded; "
+                f"this bus accepts at most {self.max_record} (a quarter of ring_size={self.ring_size})"
+            )
+        ts = time.time() if timestamp is None else timestamp
+        body_pack = _SLOT_BODY.pack
+        ring = self.ring_size
+        sleepers = 0
+        if _native.mutex_lock(self._mutex_ptr, self.lock_timeout):  # EOWNERDEAD: the last writer died holding it
+            self._repair()
+        try:
+            # Under the lock no other writer runs, so the fields only writers change can be read in bulk with
+            # struct; every store below that a reader may race with is a single typed-view store.
+            mm, u64, buf = self.mm, self._u64, self._buf
+            head, gid, tail, table_gen = _STATE.unpack_from(mm, _OFF_HEAD)
+            if expect_global_id is not None and gid != expect_global_id:
+                return 0, 0
+            if global_id is None:
+                new_gid = gid + 1
+            elif global_id <= gid:
+                return 0, 0
+            else:
+                new_gid = global_id
+            if table_gen != self._table_gen:
+                self._slot_cache.clear()
+                self._table_gen = table_gen
+            soff = self._slot_cache.get(key)
+            if soff is None:
+                soff = self._find_slot(key, insert=True, now=ts, tail=tail)
+            version = u64[(soff + _OFF_SLOT_VERSION) >> 3]
+            copy = soff + _OFF_SLOT_COPY + (version & 1) * _BODY
+            last_id, newest, trim_below, since_gid, last_ts, ttl = _SLOT_BODY.unpack_from(mm, copy)
+            if last_id and ts - last_ts > ttl:  # expired like the gem's Redis TTL: ids restart at 1
+                last_id = newest = trim_below = 0
+            new_mid = last_id + 1 if message_id is None else message_id
+            if last_id == 0 or new_mid != last_id + 1:
+                since_gid = new_gid
+                newest = 0
+                trim_below = max(new_mid - 1, 0) if message_id is not None else 0
+            pos = head
+            off = pos % ring
+            if off + rec_len > ring:
+                pad = ring - off
+                tail = self._advance_tail(tail, pos + pad + rec_len - ring, head)
+                start = self.ring_off + off
+                buf[start : start + 8] = _PAD.pack(pad, KIND_PAD)
+                buf[self.ring_off + ring - 4 : self.ring_off + ring] = _U32.pack(pad)
+                pos += pad
+                off = 0
+            elif pos + rec_len - ring > tail:
+                tail = self._advance_tail(tail, pos + rec_len - ring, head)
+            start = self.ring_off + off
+            buf[start : start + rec_len] = b"".join(
+                (
+                    _REC.pack(
+                        rec_len,
+                        KIND_MSG,
+                        new_gid,
+                        new_mid,
+                        newest,
+                        ts,
+                        len(channel),
+                        len(site),
+                        len(meta),
+                        len(payload),
+                    ),
+                    channel,
+                    site,
+                    meta,
+                    payload,
+                    _ZEROS[rec_len - total],
+                    _U32.pack(rec_len),
+                )
+            )
+            if clear_every <= 1 or new_mid % clear_every == 0:
+                trim_below = max(trim_below, new_mid - max_backlog_size)
+            other = copy + _BODY if version & 1 == 0 else copy - _BODY  # the copy no reader is told to read
+            buf[other : other + _BODY] = body_pack(new_mid, pos + 1, trim_below, since_gid, ts, max_backlog_age)
+            u64[(soff + _OFF_SLOT_VERSION) >> 3] = version + 1
+            u64[_Q_HEAD] = pos + rec_len  # the commit
+            u64[_Q_GID] = new_gid
+            word, sleepers = _WAKE.unpack_from(mm, _OFF_FUTEX)
+            self._u32[_I_FUTEX] = (word + 1) & 0xFFFFFFFF
+        finally:
+            _native.mutex_unlock(self._mutex_ptr)
+        if sleepers:
+            _native.futex_wake(self._futex_addr)
+        return new_gid, new_mid
+
+    def _advance_tail(self, tail: int, need: int, head: int) -> int:
+        """Move ``tail`` past every record that overlaps ``[.., need)``; stored before any byte is overwritten."""
+        mm, ring, base = self.mm, self.ring_size, self.ring_off
+        dropped = 0
+        while tail < need and tail < head:
+            length, kind = _PAD.unpack_from(mm, base + tail % ring)
+            if length < ALIGN or length % ALIGN or length > ring - tail % ring:
+                raise SegmentCorrupt(f"{self.path}: record at {tail} has length {length}")
+            if kind == KIND_MSG:
+                dropped += 1
+            tail += length
+        if tail < need:
+            tail = need  # the ring was empty up to here (e.g. right after a reset)
+        self._u64[_Q_TAIL] = tail
+        if dropped:
+            self._u64[_Q_OVERWRITTEN] += dropped
+        return tail
+
+    # ------------------------------------------------------------------ reading (lock-free)
+    def head(self) -> int:
+        return int(self._u64[_Q_HEAD])
+
+    def tail(self) -> int:
+        return int(self._u64[_Q_TAIL])
+
+    def global_id(self) -> int:
+        return int(self._u64[_Q_GID])
+
+    def read_epoch(self) -> int:
+        return int(self._u64[_Q_EPOCH])
+
+    def futex_word(self) -> int:
+        return int(self._u32[_I_FUTEX])
+
+    def _bad_record(self, pos: int, what: str) -> bool:
+        """A record that makes no sense: True if the ring lapped the reader (a torn copy); else it is damage."""
+        if self._u64[_Q_TAIL] > pos:
+            return True
+        raise SegmentCorrupt(f"{self.path}: record at position {pos}: {what}")
+
+    def read_since(self, pos: int, limit: int = 4096) -> tuple[list[Record], int, bool]:
+        """Records committed at or after ``pos`` (the listener's cursor).
+
+        Returns ``(records, next_pos, lost)`` where ``lost`` is True when the ring overwrote records before they
+        were read (the cursor then jumps to ``tail``; compare global ids to count them). Raises
+        :class:`~shmbus.errors.SegmentCorrupt` for a record that is damaged rather than lapped.
+        """
+        mm, ring, base, u64 = self.mm, self.ring_size, self.ring_off, self._u64
+        epoch = u64[_Q_EPOCH]
+        head, tail = u64[_Q_HEAD], u64[_Q_TAIL]
+        lost = False
+        if pos < tail:
+            lost = True
+            pos = tail
+        out: list[Record] = []
+        unpack, unpack_pad = _REC.unpack_from, _PAD.unpack_from
+        while pos < head and len(out) < limit:
+            off = pos % ring
+            start = base + off
+            length, kind = unpack_pad(mm, start)
+            malformed = length < ALIGN or length % ALIGN or off + length > ring or kind not in (KIND_MSG, KIND_PAD)
+            if (malformed or (kind == KIND_MSG and length < REC_HDR + 4)) and self._bad_record(
+                pos, f"length {length}, kind {kind}"
+            ):
+                break
+            if kind == KIND_MSG:
+                _, _, gid, mid, _prev, ts, cl, sl, ml, pl = unpack(mm, start)
+                if REC_HDR + cl + sl + ml + pl + 4 > length and self._bad_record(
+                    pos, f"fields of {cl + sl + ml + pl} bytes in a {length}-byte record"
+                ):
+                    break
+                b = start + REC_HDR
+                raw = mm[b : b + cl + sl + ml + pl]
+                out.append(
+                    Record(
+                        pos, gid, mid, ts, raw[:cl], raw[cl : cl + sl], raw[cl + sl : cl + sl + ml], raw[cl + sl + ml :]
+                    )
+                )
+            pos += length
+        tail = u64[_Q_TAIL]
+        if out and out[0].pos < tail:
+            out = [r for r in out if r.pos >= tail]
+            lost = True
+        if pos < tail:
+            pos = tail
+            lost = True
+        if u64[_Q_EPOCH] != epoch:  # reset meanwhile: nothing read belongs to the new bus
+            return [], u64[_Q_TAIL], False
+        return out, pos, lost
+
+    def global_backlog(self, after_gid: int, limit: int | None = None) -> list[Record]:
+        """Committed records with global id greater than ``after_gid``, oldest first (walks back from head)."""
+        mm, ring, base, u64 = self.mm, self.ring_size, self.ring_off, self._u64
+        head, tail = u64[_Q_HEAD], u64[_Q_TAIL]
+        start = head
+        while start > tail:
+            (length,) = _U32.unpack_from(mm, base + (start - 1) % ring - 3)
+            if length < ALIGN or length % ALIGN or length > ring or start - length < tail:
+                break
+            p = start - length
+            kind, gid = struct.unpack_from("<IQ", mm, base + p % ring + 4)
+            if kind == KIND_MSG and gid <= after_gid:
+                break
+            start = p
+        want = 1 << 62 if limit is None else limit
+        if u64[_Q_TAIL] > start:  # the ring moved under the walk: its footers may be torn; start at tail
+            start, want = u64[_Q_TAIL], 1 << 62
+        records, _, _ = self.read_since(start, limit=want)
+        records = [r for r in records if r.global_id > after_gid]
+        return records if limit is None else records[:limit]
+
+    # ------------------------------------------------------------------ testing
+    def _kill_after_store(self, k: int) -> None:
+        """Test hook: SIGKILL this process right after its ``k``-th store to the segment from now on.
+
+        Every store of :meth:`append` goes through ``_buf``/``_u64``/``_u32``; these are swapped for counting
+        proxies, so a test can kill a writer after each single store of a publish and check what repair makes of
+        it. Never used outside tests.
+        """
+        counter = [0]
+
+        class _Counting:
+            def __init__(self, view: Any) -> None:
+                self._view = view
+
+            def __getitem__(self, index: Any) -> Any:
+                return self._view[index]
+
+            def __setitem__(self, index: Any, value: Any) -> None:
+                self._view[index] = value
+                counter[0] += 1
+                if counter[0] >= k:
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+        self._buf = _Counting(self._buf)
+        self._u64 = _Counting(self._u64)
+        self._u32 = _Counting(self._u32)

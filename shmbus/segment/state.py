@@ -1,0 +1,84 @@
+"""What every part of :class:`~shmbus.segment.Segment` shares: the mapping, its typed views, the mutex."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+from collections.abc import Callable
+from typing import Any
+
+import posix_ipc
+
+from .. import _native
+from .layout import (
+    _H_STATIC,
+    _OFF_FUTEX,
+    _OFF_MUTEX,
+    DEFAULT_LOCK_TIMEOUT,
+)
+
+
+class SegmentState:
+    """The state of one attached segment, declared once so every part of :class:`Segment` is checked against it."""
+
+    # from the header, fixed for the segment's life
+    epoch: int
+    created_at: float
+    ring_off: int
+    ring_size: int
+    table_off: int
+    max_channels: int
+    # provided by the other parts of Segment (the ring and the channel table use each other's)
+    _find_slot: Callable[..., int]
+    _bad_record: Callable[[int, str], bool]
+    tail: Callable[[], int]
+
+    def __init__(
+        self,
+        name: str,
+        fd: int,
+        mm: mmap.mmap,
+        path: str,
+        owner_shm: posix_ipc.SharedMemory | None,
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    ):
+        self.name = name
+        self.path = path
+        self._fd = fd
+        self._shm = owner_shm
+        self.mm = mm
+        self.lock_timeout = lock_timeout
+        (
+            _magic,
+            _version,
+            _hsize,
+            self.epoch,
+            self.created_at,
+            self.ring_off,
+            self.ring_size,
+            self.table_off,
+            self.max_channels,
+            _slot_size,
+            _procs_off,
+            _max_procs,
+            _ready,
+            _codec_raw,
+        ) = _H_STATIC.unpack_from(mm, 0)
+        self.codec_name = _codec_raw.rstrip(b"\x00").decode("ascii", "replace")
+        self.max_record = self.ring_size // 4
+        # Every store of the append path goes through _buf (byte ranges, the mapping itself: slice assignment on
+        # an mmap is cheaper than on a memoryview), _u64 or _u32 (single aligned stores); see _kill_after_store.
+        self._buf: Any = mm
+        view = memoryview(mm)
+        self._u64: Any = view.cast("Q")
+        self._u32: Any = view.cast("I")
+        view.release()
+        self._anchor = ctypes.c_char.from_buffer(mm)
+        base = ctypes.addressof(self._anchor)
+        self._futex_addr = base + _OFF_FUTEX
+        self.mutex = _native.RobustMutex(base + _OFF_MUTEX)
+        self._mutex_ptr = ctypes.c_void_p(base + _OFF_MUTEX)
+        self._slot_cache: dict[bytes, int] = {}  # key -> byte offset of its slot (valid for _table_gen)
+        self._table_gen = -1
+        self._proc_index = -1
+        self._closed = False
