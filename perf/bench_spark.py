@@ -46,7 +46,7 @@ def fill(bus: Bus, n: int) -> float:
 
 def baseline_reader(bus_name: str, n: int) -> float:
     """The source's read path without Spark, partition by partition, in this process (one core)."""
-    from shmbus.adapters.spark import Options, _plan, read_partition, schema_for
+    from shmbus.adapters.spark.source import Options, _plan, read_partition, schema_for
     from shmbus.adapters.spark.readers import open_reader
 
     opts = Options.parse({"bus": bus_name, "channels": ",".join(CHANNELS)})
