@@ -7,10 +7,11 @@ message_bus's Redis backend so a Ruby app and a Python app on one Redis share a 
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from typing import Any, NamedTuple
 
+from shmbus import jsonlib
+from shmbus.channels import backend_name, split_backend_name
 from shmbus.codecs import Codec
 from shmbus.engines import Envelope
 from shmbus.message import decode_meta, encode_meta
@@ -21,7 +22,6 @@ __all__ = [
     "PUBLISH_SCRIPT",
     "PUBLISH_SHA",
     "Decoded",
-    "backend_channel",
     "backlog_id_key",
     "backlog_key",
     "decode_envelope",
@@ -30,12 +30,10 @@ __all__ = [
     "parse_line",
     "parse_pointer",
     "script_args",
-    "split_backend_channel",
 ]
 
 GLOBAL_ID_KEY = "__mb_global_id_n"
 GLOBAL_BACKLOG_KEY = "__mb_global_backlog_n"
-SITE_SEP = "$|$"
 PIPE_ESCAPE = "$$123$$"
 
 # Same keys, arguments and effects as the gem's LUA_PUBLISH (own text): ids, backlogs, TTLs, PUBLISH, trim.
@@ -117,26 +115,12 @@ _NULL_TARGETS = b',"user_ids":null,"group_ids":null,"client_ids":null}'
 _DATA_HEAD = b'{"data":'
 
 
-def backend_channel(channel: str, site_id: str | None) -> str:
-    """The gem's backend channel name: ``<channel>$|$<site>`` when a site applies."""
-    return f"{channel}{SITE_SEP}{site_id}" if site_id else channel
-
-
-def split_backend_channel(chan: str) -> tuple[str, str | None]:
-    channel, sep, site = chan.partition(SITE_SEP)
-    return channel, (site or None) if sep else None
-
-
 def backlog_key(chan: str) -> str:
     return f"__mb_backlog_n_{chan}"
 
 
 def backlog_id_key(chan: str) -> str:
     return f"__mb_backlog_id_n_{chan}"
-
-
-def _json(v: Any) -> bytes:
-    return json.dumps(v, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def encode_envelope(codec: Codec, payload: bytes, meta: bytes) -> bytes:
@@ -150,11 +134,11 @@ def encode_envelope(codec: Codec, payload: bytes, meta: bytes) -> bytes:
                 _DATA_HEAD,
                 payload,
                 b',"user_ids":',
-                _json(u),
+                jsonlib.dumps(u),
                 b',"group_ids":',
-                _json(g),
+                jsonlib.dumps(g),
                 b',"client_ids":',
-                _json(c),
+                jsonlib.dumps(c),
                 b"}",
             )
         )
@@ -170,7 +154,7 @@ def decode_envelope(codec: Codec, env: bytes) -> tuple[bytes, bytes]:
     if codec.is_json:
         if env.startswith(_DATA_HEAD) and env.endswith(_NULL_TARGETS):
             return env[len(_DATA_HEAD) : -len(_NULL_TARGETS)], b""
-        obj = json.loads(env)
+        obj = jsonlib.loads(env)
     else:
         obj = codec.decode(env)
     if not isinstance(obj, dict) or "data" not in obj:
@@ -200,7 +184,7 @@ def parse_line(line: bytes) -> Decoded:
     chan = line[i2 + 1 : i3].decode()
     if PIPE_ESCAPE in chan:
         chan = chan.replace(PIPE_ESCAPE, "|")
-    channel, site = split_backend_channel(chan)
+    channel, site = split_backend_name(chan)
     return Decoded(int(line[:i1]), int(line[i1 + 1 : i2]), channel, site, line[i3 + 1 :])
 
 
@@ -212,7 +196,7 @@ def parse_pointer(member: bytes) -> tuple[int, str]:
 
 def script_args(env: Envelope, codec: Codec, gsize: int, pubsub_channel: str) -> list[Any]:
     """EVALSHA arguments after the sha: numkeys, the five keys, the five arguments."""
-    chan = backend_channel(env.channel, env.site_id)
+    chan = backend_name(env.channel, env.site_id)
     age = max(1, math.ceil(env.max_backlog_age))
     return [
         5,

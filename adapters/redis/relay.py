@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from shmbus.bus import Backlog, Bus
+from shmbus.channels import backend_name
 from shmbus.engines import BacklogGap, Envelope
 from shmbus.message import Message
 from shmbus.segment import Segment
@@ -266,7 +267,7 @@ class Relay:
         if not lines:
             return True
         rec = recs[0]
-        local_chan = layout.backend_channel(rec.channel.decode(), rec.site.decode() or None)
+        local_chan = backend_name(rec.channel.decode(), rec.site.decode() or None)
         if rec.message_id != cid or local_chan != chan:
             return False
         try:
@@ -290,7 +291,7 @@ class Relay:
             hi = min(hi, upto)
         if hi <= lo:
             return None
-        key = layout.backlog_key(layout.backend_channel(channel, site_id))
+        key = layout.backlog_key(backend_name(channel, site_id))
         try:
             lines: list[bytes] = self.client.zrangebyscore(key, lo + 1, hi)  # type: ignore[assignment]
         except redis.exceptions.RedisError as exc:

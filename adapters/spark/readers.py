@@ -15,32 +15,18 @@ Two backends read the same logical thing, "messages of channel C with ``after < 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from shmbus import jsonlib
 from shmbus.bus import Bus
+from shmbus.channels import backend_name
 from shmbus.message import encode_meta
 from shmbus.segment import Segment
 
-try:  # orjson is ~10x faster for the Redis envelopes; optional
-    import orjson as _orjson
-except ImportError:  # pragma: no cover
-    _orjson = None  # type: ignore[assignment]
+from ..redis import layout
 
-__all__ = ["Chunk", "Location", "RedisReader", "ShmReader", "open_reader"]
-
-SITE_SEP = "$|$"
-
-
-def _loads(b: bytes | str) -> Any:
-    return _orjson.loads(b) if _orjson is not None else json.loads(b)
-
-
-def _dumps(obj: Any) -> bytes:
-    if _orjson is not None:
-        return _orjson.dumps(obj)
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+__all__ = ["Chunk", "Location", "Reader", "RedisReader", "ShmReader", "open_reader"]
 
 
 @dataclass
@@ -77,6 +63,8 @@ class Location:
 
 
 class Reader(Protocol):
+    """What the source and sink need of a backend (:class:`ShmReader` or :class:`RedisReader`)."""
+
     location: Location
 
     def epoch(self) -> int: ...
@@ -92,13 +80,6 @@ class Reader(Protocol):
     def close(self) -> None: ...
 
 
-def _backend_channel(channel: str, site_id: str | None) -> str:
-    """The stored channel name: ``chan$|$site`` when a site applies (never for /global/ channels)."""
-    if site_id and not channel.startswith("/global/"):
-        return channel + SITE_SEP + site_id
-    return channel
-
-
 class ShmReader:
     """Reads a shared-memory bus attached by name; never creates one (``create=False``)."""
 
@@ -111,7 +92,8 @@ class ShmReader:
         except FileNotFoundError as exc:
             raise FileNotFoundError(
                 f"{exc}: Spark attaches to an existing bus and never creates one; start the application that "
-                "owns the bus first (on a cluster, read through the Redis bridge with option redis_url)") from None
+                "owns the bus first (on a cluster, read through the Redis bridge with option redis_url)"
+            ) from None
         codec = seg.codec_name or None
         seg.close()
         self.bus = Bus(location.bus, create=False, codec=codec, keepalive_interval=0)
@@ -119,7 +101,7 @@ class ShmReader:
         self.is_json = bool(self.bus.codec.is_json)
 
     def _key(self, channel: str) -> bytes:
-        return _backend_channel(channel, self.location.site_id).encode()
+        return backend_name(channel, self.location.site_id).encode()
 
     def epoch(self) -> int:
         return self.seg.read_epoch()
@@ -143,9 +125,16 @@ class ShmReader:
         columns = getattr(self.seg, "channel_columns", None)
         if columns is not None:  # the bulk read (no Record per message): ~2.5x faster
             mids, gids, stamps, payloads, metas, last, first = columns(self._key(channel), after, upto)
-            return Chunk(message_ids=mids, global_ids=gids, timestamps=list(stamps),
-                         payloads=payloads, metas=metas, first_available=first, last_id=last,
-                         is_json=self.is_json)
+            return Chunk(
+                message_ids=mids,
+                global_ids=gids,
+                timestamps=list(stamps),
+                payloads=payloads,
+                metas=metas,
+                first_available=first,
+                last_id=last,
+                is_json=self.is_json,
+            )
         recs, last, first = self.seg.channel_backlog(self._key(channel), after, upto=upto)
         return Chunk(
             message_ids=[r.message_id for r in recs],
@@ -184,13 +173,13 @@ class RedisReader:
         self.is_json = True
 
     def _chan(self, channel: str) -> str:
-        return _backend_channel(channel, self.location.site_id)
+        return backend_name(channel, self.location.site_id)
 
     def backlog_key(self, channel: str) -> str:
-        return f"{self.location.redis_prefix}__mb_backlog_n_{self._chan(channel)}"
+        return self.location.redis_prefix + layout.backlog_key(self._chan(channel))
 
     def id_key(self, channel: str) -> str:
-        return f"{self.location.redis_prefix}__mb_backlog_id_n_{self._chan(channel)}"
+        return self.location.redis_prefix + layout.backlog_id_key(self._chan(channel))
 
     def epoch(self) -> int:
         return 0
@@ -214,20 +203,21 @@ class RedisReader:
         first: int | None = None
         while cur < upto:
             page: list[bytes] = self.client.zrangebyscore(  # type: ignore[assignment]
-                key, cur + 1, upto, start=0, num=self.PAGE)
+                key, cur + 1, upto, start=0, num=self.PAGE
+            )
             if not page:
                 break
             for member in page:
-                gid_b, cid_b, _chan, env = member.split(b"|", 3)
-                cid = int(cid_b)
+                line = layout.parse_line(member)
+                cid = line.message_id
                 if first is None:
                     first = cid
-                envelope = _loads(env)
+                envelope = jsonlib.loads(line.envelope)
                 out.message_ids.append(cid)
-                out.global_ids.append(int(gid_b))
+                out.global_ids.append(line.global_id)
                 ts = envelope.get("timestamp")
                 out.timestamps.append(float(ts) if ts is not None else None)
-                out.payloads.append(_dumps(envelope.get("data")))
+                out.payloads.append(jsonlib.dumps_lenient(envelope.get("data")))
                 c, u, g = envelope.get("client_ids"), envelope.get("user_ids"), envelope.get("group_ids")
                 out.metas.append(encode_meta(c, u, g) if (c or u or g) else b"")
                 cur = cid
@@ -238,13 +228,13 @@ class RedisReader:
         return out
 
     def decode(self, payload: bytes) -> Any:
-        return _loads(payload)
+        return jsonlib.loads(payload)
 
     def close(self) -> None:
         self.client.close()
 
 
-def open_reader(location: Location) -> ShmReader | RedisReader:
+def open_reader(location: Location) -> Reader:
     """Open the backend ``location`` names (Redis when a URL is given, else the segment by name)."""
     if location.redis_url:
         return RedisReader(location)

@@ -317,10 +317,12 @@ def test_idle_listening_process_uses_no_cpu(bus_name: str, make_bus: Any) -> Non
 def test_cli_stats_publish_tail(make_bus: Any, bus_name: str) -> None:
     bus = make_bus()
     bus.publish("/cli", {"a": 1}, site_id="s1")
+
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "shmbus", *args, "--bus", bus_name], capture_output=True, text=True, timeout=60
         )
+
     r = run("publish", "/cli2", '{"x": 2}', "--json-data", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == {"channel": "/cli2", "message_id": 1}

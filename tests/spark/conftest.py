@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 from harness import skip_or_fail
 
-_HOW = ("pip install -e '.[spark]' (pyspark>=4.2, pyarrow) and a Java 17+ runtime "
-        "(apt-get install openjdk-17-jre-headless)")
+_HOW = (
+    "pip install -e '.[spark]' (pyspark>=4.2, pyarrow) and a Java 17+ runtime (apt-get install openjdk-17-jre-headless)"
+)
 
 
 def spark_problem() -> str | None:
@@ -32,8 +33,9 @@ def spark_problem() -> str | None:
     major, minor = (int(x) for x in pyspark.__version__.split(".")[:2])
     if (major, minor) < (4, 2):
         return f"pyspark {pyspark.__version__} is too old; the shmbus source needs >= 4.2 ({_HOW})"
-    java = shutil.which("java") or (os.path.join(os.environ["JAVA_HOME"], "bin", "java")
-                                    if os.environ.get("JAVA_HOME") else None)
+    java = shutil.which("java") or (
+        os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else None
+    )
     if not java or not os.access(java, os.X_OK):
         return f"no Java runtime: 'java' is not on PATH and JAVA_HOME is unset ({_HOW})"
     try:

@@ -80,7 +80,7 @@ def test_offsets_have_stable_key_order() -> None:
 
 
 def test_fair_share_does_not_starve_small_channels() -> None:
-    from shmbus.adapters.spark.source import _fair_share
+    from shmbus.adapters.spark.reading import _fair_share
 
     assert _fair_share({"/a": 1000, "/b": 100, "/c": 0}, 300) == {"/a": 200, "/b": 100, "/c": 0}
     assert _fair_share({"/a": 1000, "/b": 1000}, 300) == {"/a": 150, "/b": 150}
@@ -95,8 +95,17 @@ def test_batch_reader_reads_backlog_with_all_columns(spark: Any, bus: Bus) -> No
         bus.publish("/a", {"i": i})
     bus.publish("/b", "hello", user_ids=[1, 2], group_ids=["staff"], client_ids=["c1"])
     df = spark.read.format("shmbus").option("bus", bus.name).option("channels", "/a,/b").load()
-    assert df.columns == ["channel", "message_id", "global_id", "data", "timestamp", "site_id", "user_ids",
-                          "group_ids", "client_ids"]
+    assert df.columns == [
+        "channel",
+        "message_id",
+        "global_id",
+        "data",
+        "timestamp",
+        "site_id",
+        "user_ids",
+        "group_ids",
+        "client_ids",
+    ]
     rows = sorted(df.collect(), key=lambda r: r.global_id)
     assert [(r.channel, r.message_id) for r in rows] == [("/a", i) for i in range(1, 101)] + [("/b", 1)]
     assert [json.loads(r.data) for r in rows[:3]] == [{"i": 1}, {"i": 2}, {"i": 3}]
@@ -107,9 +116,16 @@ def test_batch_reader_reads_backlog_with_all_columns(spark: Any, bus: Bus) -> No
     assert abs(rows[0].timestamp.timestamp() - t0) < 60
 
     # explicit ranges (Kafka-style JSON offsets: last id already consumed) and binary data
-    part = (spark.read.format("shmbus").option("bus", bus.name).option("channels", "/a")
-            .option("startingOffsets", '{"/a": 10}').option("endingOffsets", '{"/a": 15}')
-            .option("dataFormat", "binary").option("maxRecordsPerPartition", "2").load())
+    part = (
+        spark.read.format("shmbus")
+        .option("bus", bus.name)
+        .option("channels", "/a")
+        .option("startingOffsets", '{"/a": 10}')
+        .option("endingOffsets", '{"/a": 15}')
+        .option("dataFormat", "binary")
+        .option("maxRecordsPerPartition", "2")
+        .load()
+    )
     got = sorted((r.message_id, bytes(r.data)) for r in part.collect())
     assert got == [(i, json.dumps({"i": i}, separators=(",", ":")).encode()) for i in range(11, 16)]
     assert part.rdd.getNumPartitions() == 3  # 5 ids in chunks of 2
@@ -122,8 +138,14 @@ def test_data_loss_is_detected(spark: Any, bus_name: str) -> None:
             small.publish("/a", i)
 
         def load(fail: str) -> Any:
-            return (spark.read.format("shmbus").option("bus", bus_name).option("channels", "/a")
-                    .option("startingOffsets", '{"/a": 0}').option("failOnDataLoss", fail).load())
+            return (
+                spark.read.format("shmbus")
+                .option("bus", bus_name)
+                .option("channels", "/a")
+                .option("startingOffsets", '{"/a": 0}')
+                .option("failOnDataLoss", fail)
+                .load()
+            )
 
         with pytest.raises(Exception, match=r"data loss on '/a'.*expected ids 1\.\.250, the bus holds 151\.\.250"):
             load("true").collect()
@@ -146,8 +168,12 @@ def test_stream_reader_admission_control_and_available_now(spark: Any, bus: Bus,
     df = _source(spark, bus, "/big,/small", startingOffsets="earliest", maxRecordsPerTrigger="300")
 
     def run() -> Any:
-        return _run(df.select("channel", "message_id").writeStream.format("parquet").option("path", out)
-                    .option("checkpointLocation", ckpt))
+        return _run(
+            df.select("channel", "message_id")
+            .writeStream.format("parquet")
+            .option("path", out)
+            .option("checkpointLocation", ckpt)
+        )
 
     q = run()
     sizes = [n for _, n in _batches(q) if n]
@@ -176,8 +202,9 @@ def test_restart_after_kill_is_exactly_once(spark: Any, bus: Bus, procs: Any, tm
         bus.publish("/y", {"i": i})
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     log = (tmp_path / "job.log").open("w")
-    proc = procs.spawn([sys.executable, str(JOB), bus.name, "/x,/y", str(out), str(ckpt), "500"],
-                       stdout=log, stderr=subprocess.STDOUT)
+    proc = procs.spawn(
+        [sys.executable, str(JOB), bus.name, "/x,/y", str(out), str(ckpt), "500"], stdout=log, stderr=subprocess.STDOUT
+    )
     commits = ckpt / "commits"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
@@ -195,10 +222,18 @@ def test_restart_after_kill_is_exactly_once(spark: Any, bus: Bus, procs: Any, tm
     # replay the last one by dropping its commit
     replayed = offsets[-1] if offsets[-1] > committed[-1] else _drop_last_commit(ckpt)
 
-    q = _run(spark.readStream.format("shmbus").option("bus", bus.name).option("channels", "/x,/y")
-             .option("startingOffsets", "earliest").option("maxRecordsPerTrigger", "500").load()
-             .select("channel", "message_id", "data")
-             .writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(ckpt)))
+    q = _run(
+        spark.readStream.format("shmbus")
+        .option("bus", bus.name)
+        .option("channels", "/x,/y")
+        .option("startingOffsets", "earliest")
+        .option("maxRecordsPerTrigger", "500")
+        .load()
+        .select("channel", "message_id", "data")
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(ckpt))
+    )
     assert _batches(q)[0][0] == replayed, "Spark did not re-run the uncommitted batch: the test would prove nothing"
     rows = spark.read.parquet(str(out)).collect()
     got = Counter((r.channel, r.message_id) for r in rows)
@@ -216,9 +251,13 @@ def test_bus_reset_is_detected(spark: Any, bus: Bus, tmp_path: Path) -> None:
     ckpt = str(tmp_path / "ckpt")
 
     def run(fail: str) -> Any:
-        return _run(_source(spark, bus, "/r", startingOffsets="earliest", failOnDataLoss=fail)
-                    .select("message_id", "data").writeStream.format("parquet")
-                    .option("path", str(tmp_path / "out")).option("checkpointLocation", ckpt))
+        return _run(
+            _source(spark, bus, "/r", startingOffsets="earliest", failOnDataLoss=fail)
+            .select("message_id", "data")
+            .writeStream.format("parquet")
+            .option("path", str(tmp_path / "out"))
+            .option("checkpointLocation", ckpt)
+        )
 
     run("true")
     bus.reset()
@@ -243,16 +282,19 @@ def test_batch_writer_publishes_rows_with_targets(spark: Any, bus: Bus) -> None:
     assert (w[0].user_ids, w[0].group_ids, w[1].group_ids, w[1].client_ids) == ([1, 2], None, ["g"], ["c9"])
     assert [m.data for m in bus.backlog("/v", 0)] == [[3]]
     # a fixed channel option, plain-text strings, and struct columns published as objects
-    spark.createDataFrame([("hi",), ("there",)], "data string").coalesce(1).write.format("shmbus") \
-        .option("bus", bus.name).option("channel", "/t").option("dataFormat", "text").mode("append").save()
+    spark.createDataFrame([("hi",), ("there",)], "data string").coalesce(1).write.format("shmbus").option(
+        "bus", bus.name
+    ).option("channel", "/t").option("dataFormat", "text").mode("append").save()
     assert [m.data for m in bus.backlog("/t", 0)] == ["hi", "there"]
-    spark.sql("select '/s' as channel, named_struct('k', 1, 'l', array('x')) as data").write.format("shmbus") \
-        .option("bus", bus.name).mode("append").save()
+    spark.sql("select '/s' as channel, named_struct('k', 1, 'l', array('x')) as data").write.format("shmbus").option(
+        "bus", bus.name
+    ).mode("append").save()
     assert [m.data for m in bus.backlog("/s", 0)] == [{"k": 1, "l": ["x"]}]
 
 
 def test_stream_sink_is_idempotent_per_batch(spark: Any, bus: Bus, tmp_path: Path) -> None:
     from pyspark.sql import functions as F
+
     from shmbus.adapters.spark import last_committed_batch
 
     for i in range(1, 31):
@@ -261,8 +303,12 @@ def test_stream_sink_is_idempotent_per_batch(spark: Any, bus: Bus, tmp_path: Pat
 
     def run(sink_id: str | None) -> Any:
         df = _source(spark, bus, "/in", startingOffsets="earliest", maxRecordsPerTrigger="10")
-        w = (df.select(F.lit("/out").alias("channel"), F.col("data")).writeStream.format("shmbus")
-             .option("bus", bus.name).option("checkpointLocation", str(ckpt)))
+        w = (
+            df.select(F.lit("/out").alias("channel"), F.col("data"))
+            .writeStream.format("shmbus")
+            .option("bus", bus.name)
+            .option("checkpointLocation", str(ckpt))
+        )
         if sink_id:
             w = w.option("sinkId", sink_id)
         return _run(w)
@@ -293,8 +339,7 @@ def test_redis_backlog_read_path(spark: Any, redis_url: str) -> None:
     try:
         members = {}
         for cid in range(1, 51):
-            env = {"data": {"i": cid}, "user_ids": [7] if cid == 50 else None, "group_ids": None,
-                   "client_ids": None}
+            env = {"data": {"i": cid}, "user_ids": [7] if cid == 50 else None, "group_ids": None, "client_ids": None}
             members[f"{900 + cid}|{cid}|{chan}|{json.dumps(env)}"] = cid
         r.zadd(keys[0], members)
         r.set(keys[1], 50)
@@ -307,7 +352,8 @@ def test_redis_backlog_read_path(spark: Any, redis_url: str) -> None:
 
         rows = sorted(load(maxRecordsPerPartition="20").collect(), key=lambda x: x.message_id)
         assert [(x.message_id, x.global_id, json.loads(x.data)) for x in rows] == [
-            (i, 900 + i, {"i": i}) for i in range(1, 51)]
+            (i, 900 + i, {"i": i}) for i in range(1, 51)
+        ]
         assert rows[-1].user_ids == ["7"] and rows[0].user_ids is None and rows[0].timestamp is None
 
         r.zremrangebyscore(keys[0], 1, 10)  # the backlog was trimmed past a consumer at id 5
@@ -315,23 +361,29 @@ def test_redis_backlog_read_path(spark: Any, redis_url: str) -> None:
             load(startingOffsets=json.dumps({chan: 5})).collect()
         assert load(startingOffsets=json.dumps({chan: 5}), failOnDataLoss="false").count() == 40
 
-        stream = (spark.readStream.format("shmbus").option("redis_url", redis_url).option("channels", chan)
-                  .option("startingOffsets", "earliest").load())
+        stream = (
+            spark.readStream.format("shmbus")
+            .option("redis_url", redis_url)
+            .option("channels", chan)
+            .option("startingOffsets", "earliest")
+            .load()
+        )
         name = f"r_{uuid4().hex[:8]}"
         _run(stream.writeStream.format("memory").queryName(name))
         assert sorted(x.message_id for x in spark.sql(f"select message_id from {name}").collect()) == list(
-            range(11, 51))
+            range(11, 51)
+        )
     finally:
         r.delete(*keys)
         r.close()
 
 
-def test_sink_through_redis_reaches_bridged_hosts_once(spark: Any, bus: Bus, redis_server: Any,
-                                                       tmp_path: Path) -> None:
+def test_sink_through_redis_reaches_bridged_hosts_once(spark: Any, bus: Bus, redis_server: Any, tmp_path: Path) -> None:
     """The cluster path of the sink: executors publish through Redis (the bridge, relay off, ids from Redis), and a
     web host whose bus is bridged to the same Redis gets every row once, with the same ids; a replayed batch is
     skipped using the sink records kept in Redis."""
     from pyspark.sql import functions as F
+
     from shmbus.adapters.redis import RedisBridge
 
     web = Bus(f"{bus.name}w", ring_size=1 << 20, keepalive_interval=0, engine=RedisBridge(redis_server.url))
@@ -346,9 +398,13 @@ def test_sink_through_redis_reaches_bridged_hosts_once(spark: Any, bus: Bus, red
 
         def run() -> Any:
             df = _source(spark, bus, "/in", startingOffsets="earliest", maxRecordsPerTrigger="10")
-            return _run(df.select(F.lit("/out").alias("channel"), F.col("data")).writeStream.format("shmbus")
-                        .option("redis_url", redis_server.url).option("sinkId", "agg")
-                        .option("checkpointLocation", str(ckpt)))
+            return _run(
+                df.select(F.lit("/out").alias("channel"), F.col("data"))
+                .writeStream.format("shmbus")
+                .option("redis_url", redis_server.url)
+                .option("sinkId", "agg")
+                .option("checkpointLocation", str(ckpt))
+            )
 
         q = run()
         assert [n for _, n in _batches(q)] == [10, 10, 10]
