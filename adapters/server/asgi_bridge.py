@@ -17,7 +17,8 @@ from collections.abc import MutableMapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .connection import HttpConnection, Request
+    from .connection import HttpConnection
+    from .request import Request
 
 log = logging.getLogger("shmbus.adapters.server")
 

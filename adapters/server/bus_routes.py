@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import logging
 from collections.abc import MutableMapping
@@ -11,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 from ..http import BASE_HEADERS, STREAM_HEADERS, Client, ProtocolError
 from ..http.flow import CallLookup, RequestHead, run_sync, serve
 from ..http.wire import CHUNKED_BODY_REFUSED
+from .state import ConnectionState
 
 if TYPE_CHECKING:
-    from .connection import Request
-    from .serve import Server
+    from .request import Request
 
 log = logging.getLogger("shmbus.adapters.server")
 
@@ -45,22 +44,11 @@ def _expire(conn: BusRoutes) -> None:
     conn.expire()
 
 
-class BusRoutes:
+class BusRoutes(ConnectionState):
     """The part of :class:`~.connection.HttpConnection` that serves message-bus routes without the ASGI bridge:
     it drives the sans-IO flow (:func:`shmbus.adapters.http.flow.serve`) and writes straight to the transport."""
 
-    # the parked poll's state lives here; the connection declares the rest of its slots
-    __slots__ = ("client", "closing", "head", "kind", "timer")
-
-    client: Client | None  # the parked poll, if any
-    closing: bool
-    head: bytes | None  # a parked long poll's response head (None: the common one)
-    kind: ParkedKind | None
-    timer: asyncio.TimerHandle | None  # the parked poll's long_polling_interval
-    srv: Server
-    transport: Any
-    paused_w: bool
-    cur: Request | None
+    __slots__ = ()
 
     if TYPE_CHECKING:
 
