@@ -91,9 +91,9 @@ class SlotState(enum.IntEnum):
 
 
 # plain aliases for the hot paths (one global load each)
-SLOT_EMPTY = SlotState.EMPTY
-SLOT_USED = SlotState.USED
-SLOT_TOMBSTONE = SlotState.TOMBSTONE
+SLOT_EMPTY = int(SlotState.EMPTY)
+SLOT_USED = int(SlotState.USED)
+SLOT_TOMBSTONE = int(SlotState.TOMBSTONE)
 
 _libc_boot_id: bytes | None = None
 
