@@ -97,6 +97,7 @@ class _LoopEngine:
         self.proto = MessageBusProtocol(bus, options, null_lock())
         self.batches: list[list[Message]] = []
         self.scheduled = False
+        self.window = options.batch_window
         self.lock = threading.Lock()
 
     def add(self, msgs: list[Message]) -> None:
@@ -107,11 +108,15 @@ class _LoopEngine:
                 return
             self.scheduled = True
         try:
-            self.loop.call_soon_threadsafe(self.drain)
+            self.loop.call_soon_threadsafe(self.drain if self.window <= 0 else self._drain_soon)
         except RuntimeError:  # loop closed
             with self.lock:
                 self.batches = []
                 self.scheduled = False
+
+    def _drain_soon(self) -> None:
+        """Loop: drain after ``batch_window``, so batches arriving meanwhile reach each client as one chunk."""
+        self.loop.call_later(self.window, self.drain)
 
     def drain(self) -> None:
         """Loop: dispatch every queued batch, consecutive batches of one epoch as one."""

@@ -69,6 +69,10 @@ class Options:
     #: ASGI only: seconds to wait for the rest of a request body once its head arrived (``408`` after). WSGI
     #: servers read bodies themselves; their own timeouts apply.
     body_timeout: float = 30.0
+    #: Seconds live messages are gathered before they are handed to waiting clients (ASGI and the lean server):
+    #: messages published within the window reach each client as one chunk, one write per client instead of one
+    #: per message, which is what fan-out costs. Adds at most this much latency; 0 delivers each batch at once.
+    batch_window: float = 0.002
     #: WSGI only: allow parking on a worker that serves one request at a time (gunicorn ``sync``, uwsgi without
     #: threads). Off by default: such workers answer long polls at once (as ``dlp=t``); see ``wsgi.py``.
     long_polling_on_sync_workers: bool = False
@@ -79,6 +83,12 @@ class Options:
         self.prefix = self.base_route + "message-bus/"
         if not self.long_polling_interval > 0:
             raise ValueError("long_polling_interval must be > 0 seconds")
+        if (
+            isinstance(self.batch_window, bool)
+            or not isinstance(self.batch_window, (int, float))
+            or not 0 <= self.batch_window <= 1
+        ):
+            raise ValueError(f"batch_window must be from 0 to 1 second, got {self.batch_window!r}")
         if (
             isinstance(self.body_timeout, bool)
             or not isinstance(self.body_timeout, (int, float))

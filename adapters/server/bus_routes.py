@@ -171,8 +171,10 @@ class BusRoutes(ConnectionState):
             return
         if not self.paused_w and c.pending:
             chunks = self.srv.proto.stream_chunks(c)
-            if chunks:
-                data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            if len(chunks) == 1:
+                self.transport.write(self.srv.http_chunk(chunks[0]))
+            elif chunks:
+                data = b"".join(chunks)
                 self.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
 
     def expire(self) -> None:

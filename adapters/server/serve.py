@@ -87,6 +87,8 @@ class Server:
         self.date = b""
         self.now = loop.time()
         self._lifespan: Lifespan | None = None
+        self._chunk_of = b""
+        self._chunk = b""
         self._tick()
 
     @property
@@ -127,6 +129,14 @@ class Server:
                 v.close()
             raise TypeError("a lookup returned an awaitable on the native path (declare it 'async def')")
         return v
+
+    def http_chunk(self, piece: bytes) -> bytes:
+        """``piece`` framed as one HTTP/1.1 chunk. The registry hands every client of a batch the same bytes
+        object, so the framing is made once per batch and reused by identity (one entry: the newest piece)."""
+        if piece is not self._chunk_of:
+            self._chunk_of = piece
+            self._chunk = b"%x\r\n%s\r\n" % (len(piece), piece)
+        return self._chunk
 
     def protocol_factory(self) -> HttpConnection:
         return HttpConnection(self)
