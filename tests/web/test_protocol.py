@@ -177,6 +177,32 @@ def test_t8_stream_receives_live_message(bus: Bus, driver: Any, kind: str) -> No
     assert split_stream(b"".join(r.received)).count(p[:-5]) == 1
 
 
+@pytest.mark.parametrize("window", [0.3, 0.0])
+def test_messages_within_batch_window_travel_as_one_chunk(bus: Bus, driver: Any, window: float) -> None:
+    """The fan-out cost fix: what is published within batch_window reaches a stream as one chunk (one write per
+    client); with 0 every batch goes at once. Every message arrives exactly once either way."""
+    d = driver("asgi", long_polling_interval=3, batch_window=window)
+    r = d.poll("abc", {"/foo": -1}, chunk=True)
+    assert b"/__status" in r.next_piece()
+    wait_for(lambda: d.parked() == 1, what="parked")
+    for i in range(3):
+        bus.publish("/foo", i)
+        time.sleep(0.03)  # separate listener batches, well inside a 0.3 s window
+    first = r.next_piece()
+    got = split_stream(b"".join(r.received)) if window else [first]
+    if window:
+        assert first.count(b'"message_id"') == 3, first
+    else:
+        assert first.count(b'"message_id"') == 1, first  # the first message went alone, at once
+        while sum(p.count(b'"message_id"') for p in got) < 3:
+            got.append(r.next_piece())
+    assert sorted(x["data"] for p in got for x in J(p.removesuffix(b"\r\n|\r\n")) if x["channel"] == "/foo") == [
+        0,
+        1,
+        2,
+    ]
+
+
 def test_t9_long_poll_woken_by_publish(bus: Bus, driver: Any, kind: str) -> None:
     d = driver(kind, long_polling_interval=30)
     r = d.poll("abc", {"/foo": 0})
