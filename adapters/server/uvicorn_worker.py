@@ -129,8 +129,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._close_after_eof()
 
     def eof_received(self) -> bool | None:  # type: ignore[override]
-        """The client half-closed. A request cut short gets ``400`` (uvicorn closed it silently); one still
-        being answered is answered before the close (uvicorn dropped its response)."""
+        """The client half-closed. A request cut short gets ``400`` (uvicorn closed it silently); one whose
+        response has not started is answered before the close (uvicorn dropped its response); a streaming
+        response ends (the client is gone)."""
         if self._lingering:
             return None
         if self._guard is not None and self._phase_open:
@@ -145,9 +146,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 self.cycle.message_event.set()
             return None
         cycle = self.cycle
-        if cycle is not None and not cycle.response_complete:
+        if cycle is not None and not cycle.response_complete and not cycle.response_started:
             self._eof = True
             return True  # keep the write side: close once the response is out (on_response_complete)
+        # Nothing to answer, or a response already streaming (a message-bus stream): a client that closed while
+        # a stream runs is gone. Closing now tells the app (http.disconnect), which unregisters the poll at once;
+        # keeping the connection would hold it, and keep writing to it, until long_polling_interval.
         return None
 
     def _close_after_eof(self) -> None:

@@ -10,6 +10,7 @@ middleware). No wall-clock assertion: timeouts are set small in the servers' con
 from __future__ import annotations
 
 import json
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -173,6 +174,42 @@ def test_the_uvicorn_worker_stops_within_graceful_timeout_with_a_parked_poll(
     assert "Perhaps out of memory" not in log and "SIGKILL" not in log, log[-2000:]
     assert "Finished server process" in log, f"the worker was killed, it did not stop by itself:\n{log[-2000:]}"
     c.close()
+
+
+@pytest.mark.parametrize("kind", sorted(SERVERS))
+def test_a_stream_whose_client_closes_ends_at_once(procs: Any, bus_name: str, shared_bus: Any, kind: str) -> None:
+    """A client that closes its side while its stream runs is gone: the server must close too (and the poll be
+    unregistered), not keep the stream, and keep writing to it, until long_polling_interval (60 s here). The
+    uvicorn worker used to keep it: 300 gone streams still ran at shutdown in perf/bench_http_cost.py."""
+    env = {"SHMBUS_TEST_BUS": bus_name, "SHMBUS_TEST_OPTS": json.dumps({"long_polling_interval": 60})}
+    srv = procs.gunicorn_server(
+        "server_apps:mw_app", workers=1, worker_class=SERVERS[kind], env=env, app_dir=SERVER_DIR, health_path="/pid"
+    )
+    sock = socket.create_connection(("127.0.0.1", srv.port))
+    try:
+        sock.sendall(poll("gone", {"/foo": -1}, chunk=True))
+        sock.settimeout(10)
+        first = b""
+        while b"/__status" not in first:  # the head and the first chunk may come in separate reads
+            got = sock.recv(65536)
+            assert got, first
+            first += got
+        assert b"transfer-encoding: chunked" in first.lower(), first
+        sock.shutdown(socket.SHUT_WR)  # FIN: what a client that exits sends
+        deadline = time.monotonic() + 20  # a bound well under the 60 s interval, not a timing claim
+        rest = b""
+        while time.monotonic() < deadline:
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                continue
+            if not chunk:
+                break
+            rest += chunk
+        else:
+            pytest.fail(f"{kind}: the stream of a closed client was still open after 20 s")
+    finally:
+        sock.close()
 
 
 def test_a_request_pipelined_behind_a_parked_poll_is_answered_with_its_held_body(server: Any) -> None:
