@@ -12,6 +12,7 @@ from ..errors import (
     ChannelTableFull,
     SegmentCorrupt,
 )
+from . import layout
 from .layout import (
     _I_CHANNELS,
     _OFF_SLOT_COPY,
@@ -20,9 +21,6 @@ from .layout import (
     _Q_HEAD,
     _Q_TABLE_GEN,
     _Q_TAIL,
-    _REC,
-    _SLOT_BODY,
-    _SLOT_KEY,
     _ZERO_COPIES,
     KIND_MSG,
     MAX_KEY_BYTES,
@@ -36,6 +34,9 @@ from .layout import (
     Record,
 )
 from .state import SegmentState
+
+# Struct objects are assigned, not imported by name: see the note on the formats in layout.py.
+_REC, _SLOT_BODY, _SLOT_KEY = layout._REC, layout._SLOT_BODY, layout._SLOT_KEY
 
 
 class ChannelTable(SegmentState):

@@ -18,9 +18,9 @@ from ..errors import (
     NotASegment,
     UnsupportedPlatform,
 )
+from . import layout
 from .channels import ChannelTable
 from .layout import (
-    _H_STATIC,
     _I_CHANNELS,
     _I_FUTEX,
     _I_SLEEPERS,
@@ -35,7 +35,6 @@ from .layout import (
     _Q_REPAIRS,
     _Q_TABLE_GEN,
     _Q_TAIL,
-    _U32,
     DEFAULT_LOCK_TIMEOUT,
     HEADER_SIZE,
     LAYOUT_VERSION,
@@ -54,6 +53,9 @@ from .layout import (
 )
 from .processes import Processes
 from .ring import Ring
+
+# Struct objects are assigned, not imported by name: see the note on the formats in layout.py.
+_H_STATIC, _U32 = layout._H_STATIC, layout._U32
 
 
 class Segment(Ring, ChannelTable, Processes):

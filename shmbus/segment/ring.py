@@ -14,6 +14,7 @@ from ..errors import (
     PayloadTooLarge,
     SegmentCorrupt,
 )
+from . import layout
 from .layout import (
     _BODY,
     _I_FUTEX,
@@ -21,17 +22,11 @@ from .layout import (
     _OFF_HEAD,
     _OFF_SLOT_COPY,
     _OFF_SLOT_VERSION,
-    _PAD,
     _Q_EPOCH,
     _Q_GID,
     _Q_HEAD,
     _Q_OVERWRITTEN,
     _Q_TAIL,
-    _REC,
-    _SLOT_BODY,
-    _STATE,
-    _U32,
-    _WAKE,
     _ZEROS,
     ALIGN,
     KIND_MSG,
@@ -41,6 +36,16 @@ from .layout import (
     Record,
 )
 from .locking import Locking
+
+# Struct objects are assigned, not imported by name: see the note on the formats in layout.py.
+_PAD, _REC, _SLOT_BODY, _STATE, _U32, _WAKE = (
+    layout._PAD,
+    layout._REC,
+    layout._SLOT_BODY,
+    layout._STATE,
+    layout._U32,
+    layout._WAKE,
+)
 
 
 class Ring(Locking):

@@ -10,12 +10,15 @@ from typing import Any
 import posix_ipc
 
 from .. import _native
+from . import layout
 from .layout import (
-    _H_STATIC,
     _OFF_FUTEX,
     _OFF_MUTEX,
     DEFAULT_LOCK_TIMEOUT,
 )
+
+# Struct objects are assigned, not imported by name: see the note on the formats in layout.py.
+_H_STATIC = layout._H_STATIC
 
 
 class SegmentState:
