@@ -51,6 +51,7 @@ from .layout import (
     _validate_header,
     segment_path,
 )
+from .locking import Locking
 from .processes import Processes
 from .ring import Ring
 
@@ -58,7 +59,7 @@ from .ring import Ring
 _H_STATIC, _U32 = layout._H_STATIC, layout._U32
 
 
-class Segment(Ring, ChannelTable, Processes):
+class Segment(Ring, ChannelTable, Processes, Locking):
     """One attached segment. Create or attach with :meth:`open`; all methods are thread-safe."""
 
     # ------------------------------------------------------------------ lifecycle

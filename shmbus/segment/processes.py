@@ -22,10 +22,10 @@ from .layout import (
     MAX_PROCS,
     _pid_alive,
 )
-from .locking import Locking
+from .state import SegmentState
 
 
-class Processes(Locking):
+class Processes(SegmentState):
     # ------------------------------------------------------------------ waiting
     def wait(self, seen_word: int, timeout: float) -> None:
         """Sleep until a publish after the caller read ``seen_word`` (or ``timeout`` seconds pass)."""

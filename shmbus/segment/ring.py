@@ -35,7 +35,7 @@ from .layout import (
     REC_HDR,
     Record,
 )
-from .locking import Locking
+from .state import SegmentState
 
 # Struct objects are assigned, not imported by name: see the note on the formats in layout.py.
 _PAD, _REC, _SLOT_BODY, _STATE, _U32, _WAKE = (
@@ -48,7 +48,7 @@ _PAD, _REC, _SLOT_BODY, _STATE, _U32, _WAKE = (
 )
 
 
-class Ring(Locking):
+class Ring(SegmentState):
     # ------------------------------------------------------------------ writing
     def append(
         self,
