@@ -12,6 +12,7 @@ from ..errors import (
     ChannelTableFull,
     SegmentCorrupt,
 )
+from . import layout
 from .layout import (
     _I_CHANNELS,
     _OFF_SLOT_COPY,
@@ -20,9 +21,6 @@ from .layout import (
     _Q_HEAD,
     _Q_TABLE_GEN,
     _Q_TAIL,
-    _REC,
-    _SLOT_BODY,
-    _SLOT_KEY,
     _ZERO_COPIES,
     KIND_MSG,
     MAX_KEY_BYTES,
@@ -37,19 +35,22 @@ from .layout import (
 )
 from .state import SegmentState
 
+# Struct objects are assigned, not imported by name: see the note on the formats in layout.py.
+_REC, _SLOT_BODY, _SLOT_KEY = layout._REC, layout._SLOT_BODY, layout._SLOT_KEY
+
 
 class ChannelTable(SegmentState):
     # ------------------------------------------------------------------ channel table
     def _find_slot(self, key: bytes, *, insert: bool, now: float = 0.0, tail: int = 0) -> int:
         """Byte offset of ``key``'s slot (caller holds the lock when ``insert``); -1 when absent and not inserting."""
-        mm, n, base = self.mm, self.max_channels, self.table_off
-        h = zlib.crc32(key)
-        i = h % n
+        mm, slots, base = self.mm, self.max_channels, self.table_off
+        key_hash = zlib.crc32(key)
+        i = key_hash % slots
         first_free = -1
-        klen = len(key)
-        for _ in range(n):
+        key_len = len(key)
+        for _ in range(slots):
             off = base + i * SLOT_SIZE
-            state, nlen, sh = _SLOT_KEY.unpack_from(mm, off)
+            state, name_len, slot_hash = _SLOT_KEY.unpack_from(mm, off)
             if state == SLOT_EMPTY:
                 if first_free < 0:
                     first_free = i
@@ -57,22 +58,22 @@ class ChannelTable(SegmentState):
             if state == SLOT_TOMBSTONE:
                 if first_free < 0:
                     first_free = i
-            elif sh == h and nlen == klen and mm[off + SLOT_HDR : off + SLOT_HDR + klen] == key:
+            elif slot_hash == key_hash and name_len == key_len and mm[off + SLOT_HDR : off + SLOT_HDR + key_len] == key:
                 self._slot_cache[key] = off
                 return off
-            i = (i + 1) % n
+            i = (i + 1) % slots
         if not insert:
             return -1
         used = self._u32[_I_CHANNELS]
-        if first_free < 0 or used >= n * 9 // 10:
+        if first_free < 0 or used >= slots * 9 // 10:
             victim = self._evict(now, tail)
             if first_free < 0:
                 first_free = victim
         off = base + first_free * SLOT_SIZE
         buf = self._buf
         # Fill the slot while its state still says free, then publish it with one store of the state word.
-        buf[off + SLOT_HDR : off + SLOT_HDR + klen] = key
-        buf[off + 4 : off + 16] = struct.pack("<IQ", klen, h)
+        buf[off + SLOT_HDR : off + SLOT_HDR + key_len] = key
+        buf[off + 4 : off + 16] = struct.pack("<IQ", key_len, key_hash)
         buf[off + _OFF_SLOT_COPY : off + _OFF_SLOT_COPY + len(_ZERO_COPIES)] = _ZERO_COPIES
         self._u32[off >> 2] = SLOT_USED
         self._u32[_I_CHANNELS] = used + 1
@@ -110,16 +111,16 @@ class ChannelTable(SegmentState):
     def _read_slot(self, off: int) -> tuple[int, int, int, int, float, float] | None:
         """Lock-free, untorn, committed state of the slot at ``off``; None if the slot was reused meanwhile."""
         u64, mm = self._u64, self.mm
-        vq = (off + _OFF_SLOT_VERSION) >> 3
+        version_index = (off + _OFF_SLOT_VERSION) >> 3
         base = off + _OFF_SLOT_COPY
         size = _SLOT_BODY.size
         for attempt in range(1 << 20):
             gen = u64[_Q_TABLE_GEN]
-            version = u64[vq]
+            version = u64[version_index]
             body = _SLOT_BODY.unpack_from(mm, base + (version & 1) * size)
             if body[1] and body[1] - 1 >= u64[_Q_HEAD]:  # that publish has not committed: the state before it
                 body = _SLOT_BODY.unpack_from(mm, base + ((version - 1) & 1) * size)
-            if u64[vq] == version:
+            if u64[version_index] == version:
                 return body if u64[_Q_TABLE_GEN] == gen else None
             if attempt > 64:
                 time.sleep(0)  # a writer flipping this slot faster than we read: let it run
@@ -199,10 +200,10 @@ class ChannelTable(SegmentState):
     ) -> tuple[list[int], list[int], list[float], list[bytes], list[bytes], int, int]:
         last_id, newest, trim_below, since_gid = self.channel_state(key)
         lowest = max(after_id, trim_below)
-        hi = last_id if upto is None else min(upto, last_id)
+        highest = last_id if upto is None else min(upto, last_id)
         mm, ring, base, u64 = self.mm, self.ring_size, self.ring_off, self._u64
         channel, _, site = key.partition(b"$|$")
-        key_cl, key_sl = len(channel), len(site)
+        key_channel_len, key_site_len = len(channel), len(site)
         unpack = _REC.unpack_from
         mids: list[int] = []
         gids: list[int] = []
@@ -219,19 +220,19 @@ class ChannelTable(SegmentState):
             start = base + off
             if off + REC_HDR > ring and self._bad_record(pos, "a message header would cross the end of the ring"):
                 break
-            length, kind, gid, mid, prev, ts, cl, sl, ml, pl = unpack(mm, start)
+            length, kind, gid, mid, prev, ts, channel_len, site_len, meta_len, payload_len = unpack(mm, start)
             payload = meta = b""
             sane = (
                 kind == KIND_MSG
                 and off + length <= ring
-                and REC_HDR + cl + sl + ml + pl + 4 <= length
-                and cl == key_cl
-                and sl == key_sl
+                and REC_HDR + channel_len + site_len + meta_len + payload_len + 4 <= length
+                and channel_len == key_channel_len
+                and site_len == key_site_len
             )
-            if sane and lowest < mid <= hi and gid >= since_gid:
-                p = start + REC_HDR + cl + sl
-                meta = mm[p : p + ml] if ml else b""
-                payload = mm[p + ml : p + ml + pl]
+            if sane and lowest < mid <= highest and gid >= since_gid:
+                fields_start = start + REC_HDR + channel_len + site_len
+                meta = mm[fields_start : fields_start + meta_len] if meta_len else b""
+                payload = mm[fields_start + meta_len : fields_start + meta_len + payload_len]
             if u64[_Q_TAIL] > pos:
                 break  # the copy may be torn: drop it, and everything older is gone
             # Committed and not overwritten: the record is exactly what its writer wrote. Trust it only if sane.
@@ -244,7 +245,7 @@ class ChannelTable(SegmentState):
                 reached = lowest + 1
                 break
             reached = mid
-            if mid <= hi:
+            if mid <= highest:
                 mids.append(mid)
                 gids.append(gid)
                 stamps.append(ts)
@@ -265,10 +266,10 @@ class ChannelTable(SegmentState):
             off = self.table_off + i * SLOT_SIZE
             if self._u32[off >> 2] != SLOT_USED:
                 continue
-            nlen = self._u32[(off + 4) >> 2]
-            if nlen > MAX_KEY_BYTES:
+            name_len = self._u32[(off + 4) >> 2]
+            if name_len > MAX_KEY_BYTES:
                 continue  # being rewritten (or damaged): not a channel we can name
-            key = bytes(mm[off + SLOT_HDR : off + SLOT_HDR + nlen])
+            key = bytes(mm[off + SLOT_HDR : off + SLOT_HDR + name_len])
             body = self._read_slot(off)
             if body is None:
                 continue

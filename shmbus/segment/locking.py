@@ -8,19 +8,17 @@ from .. import _native
 from ..errors import (
     SegmentCorrupt,
 )
+from . import layout
 from .layout import (
     _I_CHANNELS,
     _I_FUTEX,
     _OFF_SLOT_COPY,
     _OFF_SLOT_VERSION,
-    _PAD,
     _Q_GID,
     _Q_HEAD,
     _Q_REPAIRS,
     _Q_TABLE_GEN,
     _Q_TAIL,
-    _SLOT_BODY,
-    _U32,
     ALIGN,
     KIND_MSG,
     KIND_PAD,
@@ -28,6 +26,9 @@ from .layout import (
     SLOT_USED,
 )
 from .state import SegmentState
+
+# Struct objects are assigned, not imported by name: see the note on the formats in layout.py.
+_PAD, _SLOT_BODY, _U32 = layout._PAD, layout._SLOT_BODY, layout._U32
 
 
 class Locking(SegmentState):

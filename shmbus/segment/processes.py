@@ -22,10 +22,10 @@ from .layout import (
     MAX_PROCS,
     _pid_alive,
 )
-from .locking import Locking
+from .state import SegmentState
 
 
-class Processes(Locking):
+class Processes(SegmentState):
     # ------------------------------------------------------------------ waiting
     def wait(self, seen_word: int, timeout: float) -> None:
         """Sleep until a publish after the caller read ``seen_word`` (or ``timeout`` seconds pass)."""
@@ -109,14 +109,14 @@ class Processes(Locking):
         free = 0
         u32 = self._u32
         for i in range(MAX_PROCS):
-            q = (_OFF_PROCS + i * _PROC_SIZE) >> 2
-            pid, sleeping = u32[q], u32[q + 1]
+            slot_index = (_OFF_PROCS + i * _PROC_SIZE) >> 2
+            pid, sleeping = u32[slot_index], u32[slot_index + 1]
             if pid == 0:
                 free += 1
                 continue
             if not _pid_alive(pid):
-                u32[q + 1] = 0
-                u32[q] = 0
+                u32[slot_index + 1] = 0
+                u32[slot_index] = 0
                 free += 1
             elif sleeping:
                 sleepers += 1

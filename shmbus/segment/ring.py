@@ -14,6 +14,7 @@ from ..errors import (
     PayloadTooLarge,
     SegmentCorrupt,
 )
+from . import layout
 from .layout import (
     _BODY,
     _I_FUTEX,
@@ -21,17 +22,11 @@ from .layout import (
     _OFF_HEAD,
     _OFF_SLOT_COPY,
     _OFF_SLOT_VERSION,
-    _PAD,
     _Q_EPOCH,
     _Q_GID,
     _Q_HEAD,
     _Q_OVERWRITTEN,
     _Q_TAIL,
-    _REC,
-    _SLOT_BODY,
-    _STATE,
-    _U32,
-    _WAKE,
     _ZEROS,
     ALIGN,
     KIND_MSG,
@@ -40,10 +35,20 @@ from .layout import (
     REC_HDR,
     Record,
 )
-from .locking import Locking
+from .state import SegmentState
+
+# Struct objects are assigned, not imported by name: see the note on the formats in layout.py.
+_PAD, _REC, _SLOT_BODY, _STATE, _U32, _WAKE = (
+    layout._PAD,
+    layout._REC,
+    layout._SLOT_BODY,
+    layout._STATE,
+    layout._U32,
+    layout._WAKE,
+)
 
 
-class Ring(Locking):
+class Ring(SegmentState):
     # ------------------------------------------------------------------ writing
     def append(
         self,
@@ -102,11 +107,11 @@ class Ring(Locking):
             if table_gen != self._table_gen:
                 self._slot_cache.clear()
                 self._table_gen = table_gen
-            soff = self._slot_cache.get(key)
-            if soff is None:
-                soff = self._find_slot(key, insert=True, now=ts, tail=tail)
-            version = u64[(soff + _OFF_SLOT_VERSION) >> 3]
-            copy = soff + _OFF_SLOT_COPY + (version & 1) * _BODY
+            slot_offset = self._slot_cache.get(key)
+            if slot_offset is None:
+                slot_offset = self._find_slot(key, insert=True, now=ts, tail=tail)
+            version = u64[(slot_offset + _OFF_SLOT_VERSION) >> 3]
+            copy = slot_offset + _OFF_SLOT_COPY + (version & 1) * _BODY
             last_id, newest, trim_below, since_gid, last_ts, ttl = _SLOT_BODY.unpack_from(mm, copy)
             if last_id and ts - last_ts > ttl:  # expired like the gem's Redis TTL: ids restart at 1
                 last_id = newest = trim_below = 0
@@ -154,7 +159,7 @@ class Ring(Locking):
                 trim_below = max(trim_below, new_mid - max_backlog_size)
             other = copy + _BODY if version & 1 == 0 else copy - _BODY  # the copy no reader is told to read
             buf[other : other + _BODY] = body_pack(new_mid, pos + 1, trim_below, since_gid, ts, max_backlog_age)
-            u64[(soff + _OFF_SLOT_VERSION) >> 3] = version + 1
+            u64[(slot_offset + _OFF_SLOT_VERSION) >> 3] = version + 1
             u64[_Q_HEAD] = pos + rec_len  # the commit
             u64[_Q_GID] = new_gid
             word, sleepers = _WAKE.unpack_from(mm, _OFF_FUTEX)
@@ -231,16 +236,25 @@ class Ring(Locking):
             ):
                 break
             if kind == KIND_MSG:
-                _, _, gid, mid, _prev, ts, cl, sl, ml, pl = unpack(mm, start)
-                if REC_HDR + cl + sl + ml + pl + 4 > length and self._bad_record(
-                    pos, f"fields of {cl + sl + ml + pl} bytes in a {length}-byte record"
+                _, _, gid, mid, _prev, ts, channel_len, site_len, meta_len, payload_len = unpack(mm, start)
+                if REC_HDR + channel_len + site_len + meta_len + payload_len + 4 > length and self._bad_record(
+                    pos, f"fields of {channel_len + site_len + meta_len + payload_len} bytes in a {length}-byte record"
                 ):
                     break
-                b = start + REC_HDR
-                raw = mm[b : b + cl + sl + ml + pl]
+                fields_start = start + REC_HDR
+                site_end = channel_len + site_len
+                meta_end = site_end + meta_len
+                raw = mm[fields_start : fields_start + meta_end + payload_len]
                 out.append(
                     Record(
-                        pos, gid, mid, ts, raw[:cl], raw[cl : cl + sl], raw[cl + sl : cl + sl + ml], raw[cl + sl + ml :]
+                        pos,
+                        gid,
+                        mid,
+                        ts,
+                        raw[:channel_len],
+                        raw[channel_len:site_end],
+                        raw[site_end:meta_end],
+                        raw[meta_end:],
                     )
                 )
             pos += length
@@ -264,11 +278,11 @@ class Ring(Locking):
             (length,) = _U32.unpack_from(mm, base + (start - 1) % ring - 3)
             if length < ALIGN or length % ALIGN or length > ring or start - length < tail:
                 break
-            p = start - length
-            kind, gid = struct.unpack_from("<IQ", mm, base + p % ring + 4)
+            record_start = start - length
+            kind, gid = struct.unpack_from("<IQ", mm, base + record_start % ring + 4)
             if kind == KIND_MSG and gid <= after_gid:
                 break
-            start = p
+            start = record_start
         want = 1 << 62 if limit is None else limit
         if u64[_Q_TAIL] > start:  # the ring moved under the walk: its footers may be torn; start at tail
             start, want = u64[_Q_TAIL], 1 << 62

@@ -4,18 +4,33 @@ from __future__ import annotations
 
 import ctypes
 import mmap
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 import posix_ipc
 
 from .. import _native
+from . import layout
 from .layout import (
-    _H_STATIC,
     _OFF_FUTEX,
     _OFF_MUTEX,
     DEFAULT_LOCK_TIMEOUT,
 )
+
+# Struct objects are assigned, not imported by name: see the note on the formats in layout.py.
+_H_STATIC = layout._H_STATIC
+
+
+class Words(Protocol):
+    """A typed view of the mapping (``"Q"`` or ``"I"``): one aligned load or store per item."""
+
+    def __getitem__(self, index: int, /) -> int: ...
+    def __setitem__(self, index: int, value: int, /) -> None: ...
+
+
+class Bytes(Protocol):
+    """Byte-range stores into the mapping."""
+
+    def __setitem__(self, index: slice, value: bytes, /) -> None: ...
 
 
 class SegmentState:
@@ -28,10 +43,14 @@ class SegmentState:
     ring_size: int
     table_off: int
     max_channels: int
-    # provided by the other parts of Segment (the ring and the channel table use each other's)
-    _find_slot: Callable[..., int]
-    _bad_record: Callable[[int, str], bool]
-    tail: Callable[[], int]
+    if TYPE_CHECKING:  # provided by the other parts of Segment, which use each other's through these
+
+        def _lock(self) -> None: ...
+        def _unlock(self) -> None: ...
+        def _repair(self) -> None: ...
+        def _find_slot(self, key: bytes, *, insert: bool, now: float = 0.0, tail: int = 0) -> int: ...
+        def _bad_record(self, pos: int, what: str) -> bool: ...
+        def tail(self) -> int: ...
 
     def __init__(
         self,
@@ -68,10 +87,10 @@ class SegmentState:
         self.max_record = self.ring_size // 4
         # Every store of the append path goes through _buf (byte ranges, the mapping itself: slice assignment on
         # an mmap is cheaper than on a memoryview), _u64 or _u32 (single aligned stores); see _kill_after_store.
-        self._buf: Any = mm
+        self._buf: Bytes = mm
         view = memoryview(mm)
-        self._u64: Any = view.cast("Q")
-        self._u32: Any = view.cast("I")
+        self._u64: Words = view.cast("Q")
+        self._u32: Words = view.cast("I")
         view.release()
         self._anchor = ctypes.c_char.from_buffer(mm)
         base = ctypes.addressof(self._anchor)
