@@ -287,7 +287,7 @@ class MessageBusMiddleware:
                 raise
             start_response("200 OK", [*poll.headers, ("content-length", str(len(body)))])
             return [body]
-        start_response("200 OK", poll.headers)
+        start_response("200 OK", list(poll.headers))  # a copy: servers may add to it, the core shares it
         return _stream(proto, c, poll.first_chunk, deadline, sock)
 
 

@@ -164,10 +164,14 @@ class MessageBusProtocol:
         if not accepted:  # a newer request of this client id is parked: answer at once
             if streaming:  # the gem: one chunk (the backlog or []) and the terminator, no closing []
                 c.end(Ending.STALE)
-                return Poll("stream", client=c, headers=STREAM_HEADERS + extra, first_chunk=first)
+                return Poll(
+                    "stream", client=c, headers=STREAM_HEADERS + extra if extra else STREAM_HEADERS, first_chunk=first
+                )
             return Poll("immediate", Response(200, self.headers(extra), EMPTY))
         if streaming:
-            return Poll("stream", client=c, headers=STREAM_HEADERS + extra, first_chunk=first)
+            return Poll(
+                "stream", client=c, headers=STREAM_HEADERS + extra if extra else STREAM_HEADERS, first_chunk=first
+            )
         return Poll("long", client=c, headers=self.headers(extra))
 
     def wake(self, c: Client) -> None:
