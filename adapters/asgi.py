@@ -123,22 +123,7 @@ class _LoopEngine:
         with self.lock:
             batches, self.batches = self.batches, []
             self.scheduled = False
-        if len(batches) == 1:
-            self.proto.dispatch(batches[0])
-            return
-        merged: list[Message] = []
-        epoch = None
-        for b in batches:
-            if not b:
-                continue
-            if merged and (b[0].epoch != epoch or b[-1].epoch != epoch):
-                self.proto.dispatch(merged)  # a reset between batches: never mix epochs in one dispatch
-                merged = []
-            if not merged:
-                epoch = b[-1].epoch if b[0].epoch == b[-1].epoch else None
-            merged.extend(b)
-        if merged:
-            self.proto.dispatch(merged)
+        self.proto.dispatch_batches(batches)
 
 
 def _queue_batch(eng: _LoopEngine, msgs: list[Message]) -> None:

@@ -122,6 +122,9 @@ class _Engine:
         self.gevent = _gevent_active()
         self.proto = MessageBusProtocol(bus, options, threading.Lock())
         self.queue: deque[list[Message]] = deque()
+        self.window = options.batch_window
+        self.lock = threading.Lock()
+        self.draining = False
         self.watcher: Any = None
         if self.gevent:
             import gevent
@@ -131,20 +134,40 @@ class _Engine:
             self._spawn = gevent.spawn
 
     def on_batch(self, msgs: list[Message]) -> None:
-        """Listener thread: deliver now (threads), or hand to the gevent hub (one async send per batch)."""
+        """Listener thread: hand the batch to the gevent hub (one async send per batch), or deliver it from a
+        timer thread after ``batch_window`` (batches arriving meanwhile go with it: one chunk per client), or
+        at once when the window is 0. The listener itself never waits."""
         if self.gevent:
             self.queue.append(msgs)
             self.watcher.send()
+        elif self.window > 0:
+            with self.lock:
+                self.queue.append(msgs)
+                if self.draining:
+                    return
+                self.draining = True
+            timer = threading.Timer(self.window, self._drain)
+            timer.daemon = True
+            timer.start()
         else:
             self.proto.dispatch(msgs)
 
     def _on_async(self) -> None:  # in the hub: never block here
-        self._spawn(self._drain)
+        if not self.draining:  # one drain at a time gathers every batch queued meanwhile
+            self.draining = True
+            self._spawn(self._drain)
 
     def _drain(self) -> None:
-        q = self.queue
-        while q:
-            self.proto.dispatch(q.popleft())
+        if self.gevent and self.window > 0:
+            import gevent
+
+            gevent.sleep(self.window)
+        with self.lock:
+            batches = list(self.queue)
+            self.queue.clear()
+            self.draining = False
+        if batches:
+            self.proto.dispatch_batches(batches)
 
 
 class MessageBusMiddleware:

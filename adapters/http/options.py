@@ -69,7 +69,7 @@ class Options:
     #: ASGI only: seconds to wait for the rest of a request body once its head arrived (``408`` after). WSGI
     #: servers read bodies themselves; their own timeouts apply.
     body_timeout: float = 30.0
-    #: Seconds live messages are gathered before they are handed to waiting clients (ASGI and the lean server):
+    #: Seconds live messages are gathered before they are handed to waiting clients (every shell):
     #: messages published within the window reach each client as one chunk, one write per client instead of one
     #: per message, which is what fan-out costs. Adds at most this much latency; 0 delivers each batch at once.
     batch_window: float = 0.002

@@ -187,6 +187,26 @@ class MessageBusProtocol:
         for c in self.registry.dispatch(msgs):
             self.wake(c)
 
+    def dispatch_batches(self, batches: list[list[Message]]) -> None:
+        """Deliver batches gathered over ``batch_window`` as one (one chunk per client), never mixing epochs:
+        a reset between two batches splits them."""
+        if len(batches) == 1:
+            self.dispatch(batches[0])
+            return
+        merged: list[Message] = []
+        epoch = None
+        for batch in batches:
+            if not batch:
+                continue
+            if merged and (batch[0].epoch != epoch or batch[-1].epoch != epoch):
+                self.dispatch(merged)
+                merged = []
+            if not merged:
+                epoch = batch[-1].epoch if batch[0].epoch == batch[-1].epoch else None
+            merged.extend(batch)
+        if merged:
+            self.dispatch(merged)
+
     def read_backlog(self, c: Client, channels: Mapping[str, int | None]) -> tuple[list[bytes], dict[str, int]]:
         """The gem's ``Client#backlog`` with its ``/__status`` rules; records per channel the last id covered."""
         items: list[bytes] = []

@@ -178,10 +178,10 @@ def test_t8_stream_receives_live_message(bus: Bus, driver: Any, kind: str) -> No
 
 
 @pytest.mark.parametrize("window", [0.3, 0.0])
-def test_messages_within_batch_window_travel_as_one_chunk(bus: Bus, driver: Any, window: float) -> None:
+def test_messages_within_batch_window_travel_as_one_chunk(bus: Bus, driver: Any, kind: str, window: float) -> None:
     """The fan-out cost fix: what is published within batch_window reaches a stream as one chunk (one write per
     client); with 0 every batch goes at once. Every message arrives exactly once either way."""
-    d = driver("asgi", long_polling_interval=3, batch_window=window)
+    d = driver(kind, long_polling_interval=3, batch_window=window)
     r = d.poll("abc", {"/foo": -1}, chunk=True)
     assert b"/__status" in r.next_piece()
     wait_for(lambda: d.parked() == 1, what="parked")
