@@ -31,6 +31,7 @@ import os
 import re
 import signal
 import socket
+import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -116,7 +117,6 @@ class JsClient(asyncio.Protocol):
         self.seq = 1
         self.count = 0
         self.chunks = 0  # message-bearing pieces received (a chunk on a stream, a response on a long poll)
-        self.polls = 0
         self.buf = b""
         self.in_body = False
         self.transport: Any = None
@@ -129,7 +129,6 @@ class JsClient(asyncio.Protocol):
         self._poll()
 
     def _poll(self) -> None:
-        self.polls += 1
         self.in_body = False
         self.buf = b""
         self.transport.write(poll_bytes(self.client_id, self.last_id, self.seq, self.chunked))
@@ -409,7 +408,6 @@ def scenario(
             if not os.read(ready_r, 1):
                 raise RuntimeError("a client or publisher process died before it was ready")
         server_pids = [server.proc.pid, *server.worker_pids()]
-        loader_pids = kids[:loaders]
         tracer = None
         if strace:  # count the workers' system calls while the messages flow (a profile of the write pattern)
             import subprocess
@@ -434,7 +432,6 @@ def scenario(
             tracer.send_signal(signal.SIGINT)
             tracer.wait(10)
         pub_cpu1 = cpu_seconds(kids[loaders:])
-        del loader_pids
         for r in results:
             if "error" in r:
                 raise RuntimeError(f"load generator failed: {r['error']}")
@@ -509,67 +506,62 @@ def main(argv: Sequence[str] | None = None) -> int:
     modes = [x for x in (args.modes or ("stream" if quick else "stream,long,eager")).split(",") if x]
     for sc, mode, kind in ((sc, mode, kind) for sc in scenarios for mode in modes for kind in servers):
         n, m, rate = sizes[sc]
-        if True:
-            label = f"{kind} {mode} {sc} ({n} clients x {m} msgs{f' at {rate:g}/s' if rate else ''})"
-            cpus, loads_, lats = [], [], []
-            for _ in range(repeats):
-                r = scenario(
-                    kind,
-                    n,
-                    m,
-                    rate,
-                    loaders=2,
-                    publishers=2 if not rate else 1,
-                    sample_every=10 if rate else 1000000,
-                    chunked=mode == "stream",
-                    repoll_after=0.0 if mode == "eager" else MIN_POLL_INTERVAL,
-                    batch_window=args.batch_window,
-                    strace=args.strace,
-                )
-                ok = r["deliveries"] == r["expected"] and not r["short"] and not r["extra"] and not r["wrong_last_id"]
-                report.log(
-                    f"{label}: server {r['server_cpu']:.2f} s CPU, load generator {r['client_cpu']:.2f} s, "
-                    f"publishers {r['publisher_cpu']:.2f} s, {r['deliveries']:,}/{r['expected']:,} deliveries in "
-                    f"{r['wall']:.2f} s, {r['per_chunk']:.1f} messages per chunk"
-                    + (f", p50 {r['p50_ms']:.1f} ms p99 {r['p99_ms']:.1f} ms" if rate else "")
-                    + ("" if ok else f"  LOST/DUPLICATED: {r}")
-                )
-                if not ok:
-                    failures += 1
-                per_m = 1e6 / max(r["deliveries"], 1)
-                cpus.append(r["server_cpu"] * per_m)
-                loads_.append(r["client_cpu"] * per_m)
-                lats.append(r["p99_ms"])
-            gem = {"burstA": "gem burst A, s/1M deliveries", "burstB": "gem burst B, s/1M deliveries"}.get(sc)
-            report.add(
-                f"{label} server",
-                cpus,
-                "s",
-                higher_is_better=False,
-                baselines=[f"{label} load generator", *([gem] if gem else [])],
+        label = f"{kind} {mode} {sc} ({n} clients x {m} msgs{f' at {rate:g}/s' if rate else ''})"
+        cpus, loads_, lats = [], [], []
+        for _ in range(repeats):
+            r = scenario(
+                kind,
+                n,
+                m,
+                rate,
+                loaders=2,
+                publishers=2 if not rate else 1,
+                sample_every=10 if rate else 1000000,
+                chunked=mode == "stream",
+                repoll_after=0.0 if mode == "eager" else MIN_POLL_INTERVAL,
+                batch_window=args.batch_window,
+                strace=args.strace,
             )
-            report.add(f"{label} load generator", loads_, "s", higher_is_better=False)
-            if rate:
-                report.add(f"{label} p99 latency", lats, "ms", higher_is_better=False)
-            # the issue's targets are for the JS client's default (chunked streams) on the two asyncio servers
-            if not quick and mode == "stream" and kind in ("lean", "uvicorn"):
-                if sc != "paced":
-                    goal = 5.0 if kind == "lean" else 8.0
-                    report.target(f"{kind} {sc} server s/1M deliveries", median(cpus), goal, at_least=False, unit=" s")
-                else:
-                    report.target(f"{kind} paced p99 latency", median(lats), 25.0, at_least=False, unit=" ms")
+            ok = r["deliveries"] == r["expected"] and not r["short"] and not r["extra"] and not r["wrong_last_id"]
+            report.log(
+                f"{label}: server {r['server_cpu']:.2f} s CPU, load generator {r['client_cpu']:.2f} s, "
+                f"publishers {r['publisher_cpu']:.2f} s, {r['deliveries']:,}/{r['expected']:,} deliveries in "
+                f"{r['wall']:.2f} s, {r['per_chunk']:.1f} messages per chunk"
+                + (f", p50 {r['p50_ms']:.1f} ms p99 {r['p99_ms']:.1f} ms" if rate else "")
+                + ("" if ok else f"  LOST/DUPLICATED: {r}")
+            )
+            if not ok:
+                failures += 1
+            per_m = 1e6 / max(r["deliveries"], 1)
+            cpus.append(r["server_cpu"] * per_m)
+            loads_.append(r["client_cpu"] * per_m)
+            lats.append(r["p99_ms"])
+        gem = {"burstA": "gem burst A, s/1M deliveries", "burstB": "gem burst B, s/1M deliveries"}.get(sc)
+        report.add(
+            f"{label} server",
+            cpus,
+            "s",
+            higher_is_better=False,
+            baselines=[f"{label} load generator", *([gem] if gem else [])],
+        )
+        report.add(f"{label} load generator", loads_, "s", higher_is_better=False)
+        if rate:
+            report.add(f"{label} p99 latency", lats, "ms", higher_is_better=False)
+        # the issue's targets are for the JS client's default (chunked streams) on the two asyncio servers
+        if not quick and mode == "stream" and kind in ("lean", "uvicorn"):
+            if sc != "paced":
+                goal = 5.0 if kind == "lean" else 8.0
+                report.target(
+                    f"{kind} {sc} server s/1M deliveries", statistics.median(cpus), goal, at_least=False, unit=" s"
+                )
+            else:
+                report.target(f"{kind} paced p99 latency", statistics.median(lats), 25.0, at_least=False, unit=" ms")
     report.note(
         "server = every gunicorn process (master and 2 workers) between 'all parked' and 'all delivered'; "
         "the load generator is 2 processes on the same 2 cores"
     )
     report.emit()
     return 1 if failures else 0
-
-
-def median(values: Sequence[float]) -> float:
-    import statistics
-
-    return float(statistics.median(values))
 
 
 if __name__ == "__main__":
