@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shmbus.bus import Bus
+from shmbus.channels import GLOBAL_PREFIX
 from shmbus.message import Message
 
 from .wire import encode_status
@@ -83,7 +84,7 @@ class Client:
         self.group_ids = lookups.group_ids
         self.site_id = lookups.site_id
         self.channels = tuple(channels)
-        self.keys = tuple((None if ch.startswith("/global/") else lookups.site_id, ch) for ch in self.channels)
+        self.keys = tuple((None if ch.startswith(GLOBAL_PREFIX) else lookups.site_id, ch) for ch in self.channels)
         self.streaming = streaming
         self.epoch = epoch
         self.last: dict[str, int] = {}

@@ -38,13 +38,6 @@ class SinkCommit(WriterCommitMessage):
     skipped: bool = False
 
 
-def _row_value(row: Any, name: str) -> Any:
-    try:
-        return row[name]
-    except (KeyError, ValueError, IndexError):
-        return None
-
-
 def _plain(value: Any) -> Any:
     """Spark Row/struct values -> plain dicts/lists the codec can encode."""
     if hasattr(value, "asDict"):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shmbus.bus import KEEPALIVE_CHANNEL, Bus
-from shmbus.channels import channel_problem
+from shmbus.channels import GLOBAL_PREFIX, channel_problem
 from shmbus.message import Message
 from shmbus.patterns import compile_pattern
 
@@ -155,7 +155,7 @@ async def fallback(app: Callable[..., Any] | None, scope: Scope, receive: Receiv
 
 # ---------------------------------------------------------------------------------------------------- replay
 def site_matches(msg: Message, site: str | None) -> bool:
-    if msg.channel.startswith("/global/"):
+    if msg.channel.startswith(GLOBAL_PREFIX):
         return True
     return msg.site_id == site
 

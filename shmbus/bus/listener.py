@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from ..channels import GLOBAL_PREFIX
 from ..errors import BusLockTimeout, SegmentCorrupt
 from ..message import Message
 from .results import Subscription
@@ -143,7 +144,7 @@ class Listening(BusState):
     def _deliver(self, sub: Subscription, msg: Message, local: bool) -> None:
         if not local and msg.global_id <= sub.skip_gid:
             return
-        if sub.site_id is not None and msg.site_id != sub.site_id and not msg.channel.startswith("/global/"):
+        if sub.site_id is not None and msg.site_id != sub.site_id and not msg.channel.startswith(GLOBAL_PREFIX):
             return
         self._call(sub, msg)
 
