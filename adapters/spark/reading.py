@@ -22,6 +22,7 @@ from pyspark.sql.types import (
 from shmbus.message import decode_meta
 
 from .readers import Chunk, Reader, open_reader
+from .stopping import is_held
 
 try:  # 4.2+: admission control and Trigger.AvailableNow
     from pyspark.sql.streaming.datasource import (
@@ -271,6 +272,8 @@ class BusStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return encode_offset(reader.epoch(), reader.last_ids(list(self.opts.channels)))
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        if self._target is None and is_held():  # stop_gracefully() is waiting: plan no batch (see .stopping)
+            return start
         reader = self._reader_open()
         epoch = reader.epoch()
         start_epoch, start_ids = decode_offset(start)
