@@ -125,11 +125,14 @@ def main() -> int:
 
 
 def _quiet_stop(query: Any, spark: Any) -> None:
-    """Stop the query and the session without the py4j tracebacks an interrupted JVM call prints."""
+    """Stop the query between micro-batches, then the session, without the py4j tracebacks an interrupted JVM
+    call prints."""
     import logging
 
+    from shmbus.adapters.spark import stop_gracefully
+
     logging.getLogger("py4j").setLevel(logging.CRITICAL)
-    for step in (query.stop, spark.stop):
+    for step in (lambda: stop_gracefully(query, timeout=10), query.stop, spark.stop):
         try:
             step()
         except Exception:  # already stopping: Ctrl-C also reached the JVM
