@@ -207,11 +207,37 @@ class BusStreamWriter(_BusWriterBase, DataSourceStreamWriter):
             bus.close()
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Say what happened to the batch's rows (in the log and, with ``sinkId``, on the sink channel).
+
+        Rows already published cannot be taken back. With ``sinkId``, the rerun of this batch skips the tasks
+        that finished, so their rows reach the bus once; without it, the rerun publishes them again.
+        """
+        done = [m for m in messages if isinstance(m, SinkCommit)]
+        rows = sum(m.rows for m in done)
+        sink_id = self.opts.sink_id
         log.warning(
-            "shmbus sink %s: batch %s aborted; rows published by finished tasks stay published",
-            self.opts.sink_id,
+            "shmbus sink %s: batch %s aborted; %d of its %d tasks had finished and published %d rows, which stay "
+            "published; %s",
+            sink_id or "(no sinkId)",
             batchId,
+            len(done),
+            len(messages),
+            rows,
+            "a rerun of the batch skips those tasks"
+            if sink_id
+            else "a rerun of the batch publishes them again (set sinkId to prevent that)",
         )
+        if not sink_id:
+            return
+        bus = self._open_bus()
+        try:
+            bus.publish(
+                sink_channel(sink_id),
+                {"kind": "abort", "batch_id": int(batchId), "tasks_finished": len(done), "rows_published": rows},
+                max_backlog_size=SINK_BACKLOG,
+            )
+        finally:
+            bus.close()
 
 
 def _already_done(markers: list[Any], batch_id: int, partition: int) -> bool:

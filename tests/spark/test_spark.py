@@ -354,6 +354,41 @@ def test_stop_gracefully_under_load_logs_no_error_and_loses_nothing(bus: Bus, pr
     assert got == Counter(range(1, result["sent"] + 1)), "rows lost or duplicated across a graceful stop"
 
 
+def test_a_failed_batch_says_what_happened_to_its_rows(spark: Any, bus: Bus, tmp_path: Path) -> None:
+    """A real failure (a row the bus refuses) aborts the batch; the abort is recorded on the sink channel with
+    the rows that finished tasks published, so monitoring can tell what reached the bus."""
+    from pyspark.sql import functions as F
+
+    for i in range(10):
+        bus.publish("/good", {"n": i})
+        bus.publish("/bad", {"n": i})
+    q = (
+        _source(spark, bus, "/good,/bad", startingOffsets="earliest")
+        .select(
+            F.when(F.col("channel") == "/good", F.lit("/out")).otherwise(F.lit("/bad$|$site")).alias("channel"),
+            F.col("data"),
+        )
+        .writeStream.format("shmbus")
+        .option("bus", bus.name)
+        .option("sinkId", "failing")
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        with pytest.raises(Exception, match="site separator"):
+            q.awaitTermination(120)
+    finally:
+        q.stop()
+    markers = [m.data for m in bus.backlog("/__shmbus_spark/sink/failing", 0)]
+    aborts = [m for m in markers if m.get("kind") == "abort"]
+    assert len(aborts) == 1, markers
+    assert aborts[0]["batch_id"] == 0
+    assert aborts[0]["rows_published"] in (0, 10)
+    assert aborts[0]["rows_published"] <= bus.last_id("/out")
+    assert not any(m.get("kind") == "commit" for m in markers)
+
+
 def test_hold_tokens_expire(tmp_path: Path, monkeypatch: Any) -> None:
     """A stop that died mid-way cannot hold sources for ever: its token names its own deadline."""
     from shmbus.adapters.spark import stopping
