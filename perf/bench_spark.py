@@ -265,7 +265,18 @@ def main() -> None:
             for q in spark.streams.active:
                 q.stop()
             spark.stop()
+            _end_jvm()
         bus.destroy()
+
+
+def _end_jvm() -> None:
+    """Wait for the JVM to exit (it does when its stdin closes) instead of leaving it to outlive this process."""
+    from pyspark import SparkContext
+
+    proc = getattr(SparkContext._gateway, "proc", None)
+    if proc is not None and proc.stdin is not None:
+        proc.stdin.close()
+        proc.wait(30)
 
 
 if __name__ == "__main__":
