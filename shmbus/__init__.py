@@ -17,7 +17,7 @@ from . import forks
 from .bus import Backlog, Bus, Subscription
 from .cache import DistributedCache
 from .codecs import Codec, JsonCodec, MsgpackCodec
-from .engines import Engine, Envelope, SharedMemoryEngine
+from .engines import Engine, Envelope, PubSubEngine, SharedMemoryEngine
 from .errors import (
     BusClosed,
     BusDestroyed,
@@ -63,6 +63,7 @@ __all__ = [
     "NotASegment",
     "PayloadTooLarge",
     "SegmentCorrupt",
+    "PubSubEngine",
     "SharedMemoryEngine",
     "ShmbusError",
     "Subscription",

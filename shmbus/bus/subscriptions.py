@@ -22,6 +22,7 @@ class Subscribing(BusState):
         *,
         pattern: bool | str = False,
         site_id: str | None = None,
+        owner: object = None,
     ) -> Subscription | None:
         """Call ``callback(message)`` for every message on ``channel`` (all sites), on this process's listener.
 
@@ -29,9 +30,12 @@ class Subscribing(BusState):
         retained backlog first; n = messages after n; -k (k >= 2) = the last k-1 messages first. The replay runs
         in the calling thread before this returns, and live messages follow with no gap and no duplicate.
         ``pattern=True``/``"glob"`` or ``"prefix"`` subscribes to a pattern (see :mod:`shmbus.patterns`).
-        Returns the :class:`Subscription`, or None when the bus is ``off()``.
+        ``owner`` (any object, e.g. a connection) gives the iodine draft's rule: a new subscription *replaces*
+        the owner's existing one to the same channel (or pattern of the same kind). Without an owner, several
+        callbacks may share a channel, as in the gem. Returns the :class:`Subscription`, or None when the bus is
+        ``off()``.
         """
-        return self._subscribe(channel, callback, last_id, pattern, None, site_id)
+        return self._subscribe(channel, callback, last_id, pattern, None, site_id, owner)
 
     def local_subscribe(
         self, channel: str | None, callback: Callback, last_id: int | None = None, *, pattern: bool | str = False
@@ -48,6 +52,7 @@ class Subscribing(BusState):
         pattern: bool | str,
         only_site: str | None,
         replay_site: str | None,
+        owner: object = None,
     ) -> Subscription | None:
         if self._destroyed:
             raise BusDestroyed(f"bus {self.name!r} was destroyed; call on() to use it again")
@@ -67,7 +72,7 @@ class Subscribing(BusState):
                 self._channel_key(channel)
         if last_id is not None and (isinstance(last_id, bool) or not isinstance(last_id, int)):
             raise TypeError(f"last_id must be an int or None, got {last_id!r}")
-        sub = Subscription(channel, callback, kind, only_site)
+        sub = Subscription(channel, callback, kind, only_site, owner)
         seg = self.segment
         self._ensure_listener()
         with self._dispatch_lock:
@@ -85,6 +90,8 @@ class Subscribing(BusState):
                 else:
                     self._exact.setdefault(channel, []).append(sub)
                 self._engine_ref(channel or "*", kind is not None or channel is None, +1)
+                if owner is not None:  # after the new one counts: engines see no unsubscribe/subscribe flap
+                    self._drop_owned(sub)
             for msg in replay:
                 self._call(sub, msg)
         return sub
@@ -94,7 +101,7 @@ class Subscribing(BusState):
             site = self._resolve_site(channel, site)
             after = last_id
             if last_id < -1:
-                after = max(self.last_id(channel, site) + last_id + 1, 0)
+                after = self.look_back(channel, -last_id - 1, site)
             return list(self.backlog(channel, after, site))
         msgs = self.global_backlog(0 if last_id < 0 else last_id)
         if last_id < -1:
@@ -110,8 +117,10 @@ class Subscribing(BusState):
         callback: Callback | Subscription | None = None,
         *,
         pattern: bool | str = False,
+        owner: object = None,
     ) -> int:
-        """Remove subscriptions on ``channel`` (or pattern): the one given, or all of them. Returns how many."""
+        """Remove subscriptions on ``channel`` (or pattern): the one given, or all of them (all of ``owner``'s,
+        when given). Returns how many."""
         removed = 0
         is_pat = bool(pattern)
         with self._lock:
@@ -123,7 +132,11 @@ class Subscribing(BusState):
                 lst = self._exact.get(channel, [])
             keep = []
             for sub in lst:
-                hit = sub.channel == channel and (callback is None or callback is sub or callback == sub.callback)
+                hit = (
+                    sub.channel == channel
+                    and (callback is None or callback is sub or callback == sub.callback)
+                    and (owner is None or sub.owner is owner)
+                )
                 if hit:
                     removed += 1
                 else:
@@ -134,6 +147,22 @@ class Subscribing(BusState):
             for _ in range(removed):
                 self._engine_ref(channel or "*", is_pat or channel is None, -1)
         return removed
+
+    def _drop_owned(self, new: Subscription) -> None:
+        """Remove the earlier subscriptions of ``new.owner`` to ``new``'s channel or pattern (caller holds
+        ``_lock``): the draft's "a subscription to the same channel replaces the old one"."""
+        channel, kind, owner = new.channel, new.kind, new.owner
+        if kind is not None:
+            lst = self._patterns
+        elif channel is None:
+            lst = self._catch_all
+        else:
+            lst = self._exact.get(channel, [])
+        keep = [s for s in lst if s is new or not (s.owner is owner and s.channel == channel and s.kind == kind)]
+        removed = len(lst) - len(keep)
+        lst[:] = keep
+        for _ in range(removed):
+            self._engine_ref(channel or "*", kind is not None or channel is None, -1)
 
     def tap(self, listener: BatchListener) -> None:
         """Call ``listener(messages)`` on the listener thread with every batch of new messages (all channels,
