@@ -227,7 +227,7 @@ class MessageBusProtocol:
                 c.last[ch] = last
                 status[ch] = last
                 continue
-            after = max(last + v + 1, 0) if v < -1 else v
+            after = bus.look_back(ch, -v - 1, site) if v < -1 else v  # -2: the last message, -3: two, ...
             bl = bus.backlog(ch, after, site)
             top = max(last, bl.last_id)
             c.last[ch] = top

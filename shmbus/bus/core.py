@@ -12,7 +12,7 @@ from typing import Any
 from .. import forks
 from .. import segment as _segment
 from ..codecs import Codec, get_codec
-from ..engines import Engine, SharedMemoryEngine
+from ..engines import Engine, EngineLike, SharedMemoryEngine, _DraftEngine, as_engine
 from ..errors import InvalidArgument
 from ..message import Message
 from ..segment import Segment
@@ -48,6 +48,10 @@ class Bus(Publishing, Reading, Subscribing, Listening):
     not at first use.
     """
 
+    #: The iodine pub/sub draft's ``pubsub?``: the version of the draft this API follows (0, the draft's
+    #: development version). Client connections of the SSE and WebSocket transports carry it too.
+    pubsub_version: int = 0
+
     def __init__(
         self,
         name: str = "default",
@@ -62,7 +66,7 @@ class Bus(Publishing, Reading, Subscribing, Listening):
         clear_every: int = 1,
         site_id_lookup: Callable[[], str | None] | None = None,
         keepalive_interval: float = 60,
-        engine: Engine | None = None,
+        engine: EngineLike | None = None,
         create: bool = True,
         mode: int = 0o600,
         lock_timeout: float = 5.0,
@@ -96,7 +100,7 @@ class Bus(Publishing, Reading, Subscribing, Listening):
         self._closed = False
         self.client_message_filters: list[tuple[str, Callable[[Message], bool]]] = []
         self._shm_engine = SharedMemoryEngine()
-        self._default_engine: Engine = engine or self._shm_engine
+        self._default_engine: Engine = as_engine(engine) if engine else self._shm_engine
         self._engines: list[Engine] = []
         self._seg: Segment | None = None
         self._lock = threading.RLock()  # attach/detach, subscription table
@@ -126,20 +130,22 @@ class Bus(Publishing, Reading, Subscribing, Listening):
 
     # ------------------------------------------------------------------ engines (iodine draft)
     @property
-    def default(self) -> Engine:
+    def default(self) -> EngineLike:
         """The default engine (``publish`` uses it unless told otherwise)."""
-        return self._default_engine
+        engine = self._default_engine
+        return engine.draft if isinstance(engine, _DraftEngine) else engine
 
     @default.setter
-    def default(self, engine: Engine | None) -> None:
-        engine = engine or self._shm_engine
+    def default(self, engine: EngineLike | None) -> None:
+        engine = as_engine(engine) if engine else self._shm_engine
         if engine is not self._default_engine:
             self._default_engine = engine
             engine.attached(self)
             self._inform(engine)
 
-    def attach(self, engine: Engine) -> None:
+    def attach(self, engine: EngineLike) -> None:
         """Attach an engine: it is told about every existing and future subscription."""
+        engine = as_engine(engine)
         with self._lock:
             if engine in self._engines:
                 return
@@ -147,17 +153,18 @@ class Bus(Publishing, Reading, Subscribing, Listening):
         engine.attached(self)
         self._inform(engine)
 
-    def detach(self, engine: Engine) -> None:
+    def detach(self, engine: EngineLike) -> None:
+        engine = as_engine(engine)
         with self._lock:
             if engine not in self._engines:
                 return
             self._engines.remove(engine)
         engine.detached(self)
 
-    def reset_engine(self, engine: Engine) -> None:
+    def reset_engine(self, engine: EngineLike) -> None:
         """The iodine draft's ``reset(engine)``: tell ``engine`` again of every channel and pattern this process
         subscribes to, as if newly attached (e.g. after the engine reconnected and lost its subscriptions)."""
-        self._inform(engine)
+        self._inform(as_engine(engine))
 
     def _inform(self, engine: Engine) -> None:
         with self._lock:

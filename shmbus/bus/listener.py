@@ -65,7 +65,8 @@ class Listening(BusState):
                     self._on_reset()
                 recs, self._cursor, lost = seg.read_since(self._cursor)
                 if recs:
-                    if lost or (recs[0].global_id > self._last_gid + 1 and self._last_gid):
+                    jumped = recs[0].global_id > self._last_gid + 1 and self._last_gid and not seg.sparse_ids
+                    if lost or jumped:  # sparse ids (PostgreSQL) may jump legitimately: only the ring's word counts
                         n = recs[0].global_id - self._last_gid - 1
                         if n > 0:
                             self._lost += n

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..channels import GLOBAL_PREFIX
-from ..engines import Engine, Envelope
+from ..engines import EngineLike, Envelope, as_engine
 from ..errors import BusDestroyed, InvalidMessage
 from ..message import Message, encode_meta
 from .state import BusState
@@ -31,8 +31,9 @@ class PublishOptions(TypedDict, total=False):
     #: per-channel limits for this channel (default: the bus's)
     max_backlog_size: int | None
     max_backlog_age: float | None
-    #: None: the default engine; an :class:`~shmbus.engines.Engine`; False: this process's subscribers only
-    engine: Engine | bool | None
+    #: None: the default engine; an :class:`~shmbus.engines.Engine` or :class:`~shmbus.engines.PubSubEngine`;
+    #: False: this process's subscribers only (the iodine draft's ``engine = false``)
+    engine: EngineLike | bool | None
 
 
 _OPTION_NAMES = frozenset(PublishOptions.__annotations__)
@@ -46,11 +47,12 @@ class Publishing(BusState):
 
         Options (:class:`PublishOptions`): ``client_ids``, ``user_ids``, ``group_ids`` (targeting), ``site_id``,
         ``max_backlog_size``, ``max_backlog_age`` (this channel's limits), ``engine``. Returns None when
-        publishing is switched off (``off()``), and 0 for ``engine=False`` (delivered to this process's
-        subscribers only, nothing stored). Raises ``TypeError`` (naming the channel) when the codec cannot encode
-        ``data`` or an option is unknown, and :class:`InvalidMessage` / :class:`InvalidChannel` for bad input;
-        nothing is written in either case. Unlike the gem, ``max_backlog_size`` is honoured together with
-        ``max_backlog_age``.
+        publishing is switched off (``off()``), and True when no id is assigned: ``engine=False`` (delivered to
+        this process's subscribers and transport connections only, nothing stored) or a
+        :class:`~shmbus.engines.PubSubEngine` (the draft's "true: scheduled"). Raises ``TypeError`` (naming
+        the channel) when the codec cannot encode ``data`` or an option is unknown, and
+        :class:`InvalidMessage` / :class:`InvalidChannel` for bad input; nothing is written in either case.
+        Unlike the gem, ``max_backlog_size`` is honoured together with ``max_backlog_age``.
         """
         if self._publish_off:
             return None
@@ -124,10 +126,10 @@ class Publishing(BusState):
             return segment.append(channel_key, site, payload, meta, size, age, self.clear_every)[1]
         if engine is False:
             self._dispatch_local(channel, site_id, payload, meta)
-            return 0
+            return True  # the draft's "true: scheduled"; no id is assigned when nothing is stored
         if engine is True:
             raise TypeError("engine must be an Engine, None (the default) or False (this process only)")
-        return engine.publish(self._as_bus(), Envelope(channel, site_id, payload, meta, size, age))
+        return as_engine(engine).publish(self._as_bus(), Envelope(channel, site_id, payload, meta, size, age))
 
     def store(
         self,

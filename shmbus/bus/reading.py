@@ -59,7 +59,10 @@ class Reading(BusState):
         seg = self.segment
         epoch = seg.read_epoch()
         site = self._resolve_site(channel, site_id)
-        recs, last, first = seg.channel_backlog(self._key(channel, site), after, upto=upto, limit=limit)
+        keep = self.max_backlog_size if seg.sparse_ids else None  # sparse ids: the limit is a count
+        recs, last, first = seg.channel_backlog(
+            self._key(channel, site), after, upto=upto, limit=limit, keep_newest=keep
+        )
         backlog = Backlog([self._message(r, epoch) for r in recs], after_id=after, last_id=last, first_available=first)
         if backlog.gap:  # an engine that keeps older messages elsewhere (the Redis bridge) may fill the gap
             try:
@@ -72,6 +75,22 @@ class Reading(BusState):
             if better is not None:
                 return better
         return backlog
+
+    def look_back(self, channel: str, count: int, site_id: str | None = None) -> int:
+        """The id after which ``channel``'s last ``count`` messages lie: ``backlog(channel, look_back(ch, n))``
+        reads the last n. Ids are usually contiguous (``last_id - count``); under an engine whose message ids
+        are global ids (PostgreSQL) they are not, and the messages are counted instead."""
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise InvalidArgument(f"look_back count must be an int, got {count!r}")
+        last = self.last_id(channel, site_id)
+        if count <= 0:
+            return last
+        seg = self.segment
+        if not seg.sparse_ids:
+            return max(last - count, 0)
+        site = self._resolve_site(channel, site_id)
+        recs, _, _ = seg.channel_backlog(self._key(channel, site), 0, keep_newest=count)
+        return recs[0].message_id - 1 if len(recs) >= count else 0
 
     def last_message(self, channel: str, site_id: str | None = None) -> Message | None:
         last = self.last_id(channel, site_id)

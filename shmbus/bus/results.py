@@ -37,15 +37,18 @@ class Backlog(list[Message]):
 class Subscription:
     """A registered callback; pass it (or the callback) to ``unsubscribe``."""
 
-    __slots__ = ("callback", "channel", "kind", "matcher", "site_id", "skip_gid")
+    __slots__ = ("callback", "channel", "kind", "matcher", "owner", "site_id", "skip_gid")
 
-    def __init__(self, channel: str | None, callback: Callback, kind: str | None, site_id: str | None):
+    def __init__(
+        self, channel: str | None, callback: Callback, kind: str | None, site_id: str | None, owner: object = None
+    ):
         self.channel = channel
         self.callback = callback
         self.kind = kind  # None (exact / all channels), "glob" or "prefix"
         self.matcher = compile_pattern(channel, kind) if kind and channel is not None else None
         self.site_id = site_id  # set for local_subscribe: only this site's messages
         self.skip_gid = 0  # messages up to this global id were already delivered by the replay
+        self.owner = owner  # the iodine draft's pub/sub instance: one subscription per (owner, channel, kind)
 
     def __repr__(self) -> str:
         return f"Subscription({self.channel!r}, kind={self.kind!r}, site_id={self.site_id!r})"

@@ -75,6 +75,7 @@ class BusState:
     # provided by the other parts of Bus, declared here so each part is checked against them
     publish: Callable[..., int | None]
     last_id: Callable[..., int]
+    look_back: Callable[..., int]
     backlog: Callable[..., Backlog]
     global_backlog: Callable[..., list[Message]]
     _ensure_listener: Callable[[], None]

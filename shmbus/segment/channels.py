@@ -18,10 +18,12 @@ from .layout import (
     _OFF_SLOT_COPY,
     _OFF_SLOT_VERSION,
     _Q_EPOCH,
+    _Q_FLAGS,
     _Q_HEAD,
     _Q_TABLE_GEN,
     _Q_TAIL,
     _ZERO_COPIES,
+    FLAG_SPARSE_IDS,
     KIND_MSG,
     MAX_KEY_BYTES,
     REC_HDR,
@@ -159,7 +161,13 @@ class ChannelTable(SegmentState):
         return self.channel_state(key)[0]
 
     def channel_backlog(
-        self, key: bytes, after_id: int, *, upto: int | None = None, limit: int | None = None
+        self,
+        key: bytes,
+        after_id: int,
+        *,
+        upto: int | None = None,
+        limit: int | None = None,
+        keep_newest: int | None = None,
     ) -> tuple[list[Record], int, int]:
         """Retained records of one channel with ``after_id < message_id <= upto``, oldest first.
 
@@ -167,15 +175,17 @@ class ChannelTable(SegmentState):
         (``last_id + 1`` when none is); ``first_available > after_id + 1`` means the messages in between are gone
         (trimmed by the channel's backlog limit, or overwritten by the ring): reported, never a silent hole.
         The records' ``pos`` is -1 (not tracked for backlog reads). Built on :meth:`channel_columns`.
+        ``keep_newest`` applies a backlog limit counted in messages (segments with sparse ids keep no id window):
+        only the channel's newest ``keep_newest`` messages are readable, older ones count as trimmed.
         """
-        mids, gids, stamps, payloads, metas, last_id, first = self.channel_columns(key, after_id, upto)
+        mids, gids, stamps, payloads, metas, last_id, first = self.channel_columns(key, after_id, upto, keep_newest)
         channel, _, site = key.partition(b"$|$")
         n = len(mids) if limit is None else min(limit, len(mids))
         out = [Record(-1, gids[i], mids[i], stamps[i], channel, site, metas[i], payloads[i]) for i in range(n)]
         return out, last_id, first
 
     def channel_columns(
-        self, key: bytes, after_id: int, upto: int | None = None
+        self, key: bytes, after_id: int, upto: int | None = None, keep_newest: int | None = None
     ) -> tuple[list[int], list[int], list[float], list[bytes], list[bytes], int, int]:
         """The walk behind :meth:`channel_backlog`, as columns (bulk readers such as the Spark source use it
         directly: no object per message).
@@ -190,13 +200,13 @@ class ChannelTable(SegmentState):
         """
         for _ in range(100):
             epoch = self._u64[_Q_EPOCH]
-            result = self._walk_channel(key, after_id, upto)
+            result = self._walk_channel(key, after_id, upto, keep_newest)
             if self._u64[_Q_EPOCH] == epoch:
                 return result
         raise SegmentCorrupt(f"{self.path}: the bus kept being reset during a backlog read")
 
     def _walk_channel(
-        self, key: bytes, after_id: int, upto: int | None
+        self, key: bytes, after_id: int, upto: int | None, keep_newest: int | None = None
     ) -> tuple[list[int], list[int], list[float], list[bytes], list[bytes], int, int]:
         last_id, newest, trim_below, since_gid = self.channel_state(key)
         lowest = max(after_id, trim_below)
@@ -213,8 +223,11 @@ class ChannelTable(SegmentState):
         reached = last_id + 1
         pos = newest - 1
         above_pos, above_mid, above_gid = 1 << 63, last_id + 1, 1 << 64
+        counted = 0
+        overwritten = False
         while pos >= 0:
             if u64[_Q_TAIL] > pos:
+                overwritten = True
                 break  # overwritten: this and everything older is gone (reached stays at the oldest one read)
             off = pos % ring
             start = base + off
@@ -234,6 +247,7 @@ class ChannelTable(SegmentState):
                 meta = mm[fields_start : fields_start + meta_len] if meta_len else b""
                 payload = mm[fields_start + meta_len : fields_start + meta_len + payload_len]
             if u64[_Q_TAIL] > pos:
+                overwritten = True
                 break  # the copy may be torn: drop it, and everything older is gone
             # Committed and not overwritten: the record is exactly what its writer wrote. Trust it only if sane.
             if not sane or not (pos < above_pos and mid < above_mid and gid < above_gid and prev - 1 < pos):
@@ -243,6 +257,10 @@ class ChannelTable(SegmentState):
                 )
             if mid <= lowest or gid < since_gid:
                 reached = lowest + 1
+                break
+            counted += 1
+            if keep_newest is not None and counted > keep_newest:
+                reached = mid + 1  # the newest message beyond the count limit: it and all older are trimmed
                 break
             reached = mid
             if mid <= highest:
@@ -255,6 +273,10 @@ class ChannelTable(SegmentState):
             pos = prev - 1
         for col in (mids, gids, stamps, payloads, metas):
             col.reverse()
+        if overwritten and u64[_Q_FLAGS] & FLAG_SPARSE_IDS:
+            # Sparse ids: the lost predecessor's id is unknown, but it is older than everything the ring holds,
+            # so a client at or past the ring's oldest global id (message ids are global ids) missed nothing.
+            reached = min(reached, self.oldest_global_id())
         return mids, gids, stamps, payloads, metas, last_id, max(reached, 1) if last_id > after_id else after_id + 1
 
     def iter_channels(self) -> Iterator[ChannelInfo]:

@@ -47,6 +47,7 @@ _OFF_FUTEX = 256
 _OFF_SLEEPERS = 260
 _OFF_CHANNELS = 264
 _OFF_BOOT = 280  # 16 bytes of the boot id: kernel objects (mutex, futex) must be re-made after a reboot
+_OFF_FLAGS = 296  # u64 of FLAG_* bits; zero in segments made before it existed
 _OFF_PROCS = 512  # MAX_PROCS x 16: pid u32, sleeping u32, attached_at f64
 _PROC_SIZE = 16
 
@@ -58,6 +59,11 @@ _Q_TAIL = _OFF_TAIL >> 3
 _Q_TABLE_GEN = _OFF_TABLE_GEN >> 3
 _Q_OVERWRITTEN = _OFF_OVERWRITTEN >> 3
 _Q_REPAIRS = _OFF_REPAIRS >> 3
+_Q_FLAGS = _OFF_FLAGS >> 3
+
+#: Message ids are the engine's global ids (PostgreSQL): a channel's ids have gaps, and its backlog limit is a
+#: count of messages, not a window of ids. Set by such an engine; survives resets.
+FLAG_SPARSE_IDS = 1
 _I_FUTEX = _OFF_FUTEX >> 2
 _I_SLEEPERS = _OFF_SLEEPERS >> 2
 _I_CHANNELS = _OFF_CHANNELS >> 2

@@ -23,12 +23,14 @@ from .layout import (
     _OFF_SLOT_COPY,
     _OFF_SLOT_VERSION,
     _Q_EPOCH,
+    _Q_FLAGS,
     _Q_GID,
     _Q_HEAD,
     _Q_OVERWRITTEN,
     _Q_TAIL,
     _ZEROS,
     ALIGN,
+    FLAG_SPARSE_IDS,
     KIND_MSG,
     KIND_PAD,
     MAX_KEY_BYTES,
@@ -71,9 +73,10 @@ class Ring(SegmentState):
         store. ``global_id``/``message_id`` impose externally assigned ids (the Redis bridge): a record whose
         global id is not above the segment's is skipped and ``(0, 0)`` returned, so replays are idempotent. An
         imposed ``message_id`` that does not follow the channel's last id starts a new chain (older ids are
-        reported as a gap, not silently missing). ``expect_global_id`` skips the append (``(0, 0)``) unless the
-        segment's global id is exactly that value, checked under the lock (a publisher may then append its own
-        message without creating a hole the relay would never fill).
+        reported as a gap, not silently missing) — unless the segment has sparse ids (``FLAG_SPARSE_IDS``: the
+        message id is the global id), where any higher id continues the chain. ``expect_global_id`` skips the
+        append (``(0, 0)``) unless the segment's global id is exactly that value, checked under the lock (a
+        publisher may then append its own message without creating a hole the relay would never fill).
         """
         key = channel + b"$|$" + site if site else channel
         if len(key) > MAX_KEY_BYTES:
@@ -116,7 +119,8 @@ class Ring(SegmentState):
             if last_id and ts - last_ts > ttl:  # expired like the gem's Redis TTL: ids restart at 1
                 last_id = newest = trim_below = 0
             new_mid = last_id + 1 if message_id is None else message_id
-            if last_id == 0 or new_mid != last_id + 1:
+            sparse = u64[_Q_FLAGS] & FLAG_SPARSE_IDS
+            if last_id == 0 or (new_mid != last_id + 1 and not (sparse and new_mid > last_id)):
                 since_gid = new_gid
                 newest = 0
                 trim_below = max(new_mid - 1, 0) if message_id is not None else 0
@@ -155,8 +159,8 @@ class Ring(SegmentState):
                     _U32.pack(rec_len),
                 )
             )
-            if clear_every <= 1 or new_mid % clear_every == 0:
-                trim_below = max(trim_below, new_mid - max_backlog_size)
+            if not sparse and (clear_every <= 1 or new_mid % clear_every == 0):
+                trim_below = max(trim_below, new_mid - max_backlog_size)  # sparse ids: a count, applied by readers
             other = copy + _BODY if version & 1 == 0 else copy - _BODY  # the copy no reader is told to read
             buf[other : other + _BODY] = body_pack(new_mid, pos + 1, trim_below, since_gid, ts, max_backlog_age)
             u64[(slot_offset + _OFF_SLOT_VERSION) >> 3] = version + 1
@@ -194,6 +198,20 @@ class Ring(SegmentState):
 
     def tail(self) -> int:
         return int(self._u64[_Q_TAIL])
+
+    @property
+    def sparse_ids(self) -> bool:
+        """Are message ids the engine's global ids, with gaps within a channel (see ``FLAG_SPARSE_IDS``)?"""
+        return bool(self._u64[_Q_FLAGS] & FLAG_SPARSE_IDS)
+
+    def set_sparse_ids(self) -> None:
+        """Mark the segment as holding sparse ids (once, by the engine that assigns them; never cleared)."""
+        self._u64[_Q_FLAGS] |= FLAG_SPARSE_IDS
+
+    def oldest_global_id(self) -> int:
+        """The global id of the oldest record the ring still holds (``global_id() + 1`` when empty)."""
+        recs = self.global_backlog(0, limit=1) if self._u64[_Q_HEAD] > self._u64[_Q_TAIL] else []
+        return recs[0].global_id if recs else self._u64[_Q_GID] + 1
 
     def global_id(self) -> int:
         return int(self._u64[_Q_GID])
