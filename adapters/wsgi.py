@@ -91,7 +91,8 @@ def server_threads() -> int | None:
     return threads
 
 
-def _gevent_active() -> bool:
+def gevent_active() -> bool:
+    """True in a gevent-patched process (its ``threading`` is gevent's): waits must go through the hub."""
     monkey = sys.modules.get("gevent.monkey")
     return bool(monkey is not None and monkey.is_module_patched("threading"))
 
@@ -104,7 +105,8 @@ def _release(c: Any) -> None:
         pass
 
 
-def _peer_closed(sock: Any) -> bool:
+def peer_closed(sock: Any) -> bool:
+    """Has the client closed its side of ``sock`` (``gunicorn.socket``)? Checked without blocking."""
     try:
         readable, _, _ = select.select([sock], [], [], 0)
         if not readable:
@@ -119,7 +121,7 @@ class _Engine:
 
     def __init__(self, bus: Bus, options: Options) -> None:
         self.pid = os.getpid()
-        self.gevent = _gevent_active()
+        self.gevent = gevent_active()
         self.proto = MessageBusProtocol(bus, options, threading.Lock())
         self.queue: deque[list[Message]] = deque()
         self.window = options.batch_window
@@ -326,7 +328,7 @@ def _wait(c: Any, deadline: float, sock: Any, once: bool = False) -> None:
                 if once:
                     return
                 continue
-            if _peer_closed(sock):
+            if peer_closed(sock):
                 c.end(Ending.DROPPED)
                 return
             continue

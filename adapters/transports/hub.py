@@ -12,11 +12,12 @@ message filters; site rules are the middleware's (``/global/`` channels reach ev
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shmbus.bus import KEEPALIVE_CHANNEL, Bus
 from shmbus.channels import GLOBAL_PREFIX, channel_problem
@@ -29,6 +30,9 @@ from ..http.client import filter_allows
 from ..http.options import bus_or_default
 from ..http.wire import CLIENT_ID_RE, INVALID_CLIENT_ID
 from ..looptap import LoopTap
+
+if TYPE_CHECKING:
+    from .connection import Connection
 
 log = logging.getLogger("shmbus.adapters")
 
@@ -108,6 +112,30 @@ class LookupOptions:
             await maybe_await(self.user_id_lookup(scope)) if self.user_id_lookup else None,
             await maybe_await(self.group_ids_lookup(scope)) if self.group_ids_lookup else None,
             await maybe_await(self.site_id_lookup(scope)) if self.site_id_lookup else None,
+        )
+        return Identity(cid, lookups)
+
+    def identity_sync(self, environ: Any, query: dict[str, list[str]]) -> Identity:
+        """:meth:`identity` for WSGI: the lookups are called with the environ and must be plain functions."""
+
+        def call(lookup: Lookup | None) -> Any:
+            if lookup is None:
+                return None
+            value = lookup(environ)
+            if inspect.isawaitable(value):
+                if inspect.iscoroutine(value):
+                    value.close()
+                raise TypeError(f"{lookup!r} returned an awaitable: WSGI apps need plain (not async) lookups")
+            return value
+
+        if self.client_id_lookup is not None:
+            cid = call(self.client_id_lookup)
+        else:
+            values = query.get("client_id")
+            cid = values[-1] if values else None
+        cid = check_client_id(cid if cid is None else str(cid))
+        lookups = MessageBusProtocol.lookups(
+            call(self.user_id_lookup), call(self.group_ids_lookup), call(self.site_id_lookup)
         )
         return Identity(cid, lookups)
 
@@ -242,8 +270,9 @@ class Sink:
         self.dropped = False
         self.closed = False
         self.sent = 0  # messages pushed (for tests and stats)
+        self.holding = False  # while opening: live messages are left to the opening replay
         self.wake: Callable[[], None] = _noop
-        self.index: _LoopHub | None = None  # set by Hub.register: keeps the per-channel index in step
+        self.index: SinkIndex | None = None  # set by Hub.register: keeps the per-channel index in step
 
     # -- subscriptions (always through these methods, so the hub's index follows)
     def subscription_count(self) -> int:
@@ -279,8 +308,10 @@ class Sink:
             self.patterns[key] = (match, floor)
 
     def wants(self, msg: Message) -> bool:
-        """Subscribed (any matching subscription's floor below the message), site and targeting allow it."""
-        gid = msg.global_id
+        """Subscribed (any matching subscription's floor below the message), site and targeting allow it.
+
+        A process-local message (``publish(..., engine=False)``: global id 0, never stored) passes every floor."""
+        gid = msg.global_id or (1 << 63)
         floor = self.channels.get(msg.channel)
         hit = floor is not None and gid > floor
         if not hit:
@@ -327,6 +358,8 @@ class Sink:
                 self.push(self.encode(m), count=True)
 
     def offer(self, msg: Message) -> None:
+        if self.holding:
+            return
         if msg.epoch != self.epoch:
             if msg.epoch == self.bus.epoch:
                 self.reset_to(msg.epoch)
@@ -354,10 +387,11 @@ def _noop() -> None:
     pass
 
 
-class _LoopHub:
-    """The connections of one event loop, indexed by exact channel (plus the set of those with patterns)."""
+class SinkIndex:
+    """The connections of one event loop (ASGI) or one process (WSGI, ``loop`` None), indexed by exact channel
+    (plus the set of those with patterns). Not thread-safe: one loop, or the caller's lock."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, bus: Bus) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop | None, bus: Bus) -> None:
         self.loop = loop
         self.bus = bus
         self.sinks: set[Sink] = set()
@@ -430,7 +464,7 @@ class Hub:
 
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
-        self._loops: LoopTap[_LoopHub] = LoopTap(bus, lambda loop: _LoopHub(loop, bus), _hand_to_loop)
+        self._loops: LoopTap[SinkIndex] = LoopTap(bus, lambda loop: SinkIndex(loop, bus), _hand_to_loop)
 
     def register(self, sink: Sink) -> None:
         self._loops.get().add(sink)
@@ -448,9 +482,28 @@ class Hub:
         self._loops.close()
 
 
-def _hand_to_loop(h: _LoopHub, msgs: list[Message]) -> None:
+def loop_runner(loop: asyncio.AbstractEventLoop) -> Callable[[Callable[[], None]], None]:
+    """Run a sink change on ``loop``: at once when called on it, else scheduled thread-safely."""
+
+    def run(fn: Callable[[], None]) -> None:
+        try:
+            current = asyncio.get_running_loop()
+        except RuntimeError:
+            current = None
+        if current is loop:
+            fn()
+        else:
+            try:
+                loop.call_soon_threadsafe(fn)
+            except RuntimeError:  # the loop is closed: so is the connection
+                pass
+
+    return run
+
+
+def _hand_to_loop(h: SinkIndex, msgs: list[Message]) -> None:
     """Listener thread: one ``call_soon_threadsafe`` per batch for a loop with connections."""
-    if not h.sinks:
+    if not h.sinks or h.loop is None:
         return
     try:
         h.loop.call_soon_threadsafe(h.dispatch, msgs)
@@ -470,7 +523,14 @@ class TransportApp:
         max_buffer: int,
         max_subscriptions: int,
         lookups: dict[str, Any],
+        on_open: Callable[[Connection], Any] | None = None,
+        on_close: Callable[[Connection], Any] | None = None,
     ) -> None:
+        for name, hook in (("on_open", on_open), ("on_close", on_close)):
+            if hook is not None and not callable(hook):
+                raise TypeError(f"{name} must be callable, got {hook!r}")
+        self.on_open = on_open
+        self.on_close = on_close
         self.app = app
         self.bus = bus = bus_or_default(bus)
         self.path = path
@@ -482,6 +542,26 @@ class TransportApp:
 
     def stats(self) -> dict[str, int]:
         return {"connections": self.hub.connections(), "dropped": self.dropped}
+
+    def connection(self, sink: Sink, scope: Scope) -> Connection:
+        """The :class:`Connection` the hooks see; its changes run on the current event loop."""
+        from .connection import Connection
+
+        return Connection(self.bus, sink, scope, loop_runner(asyncio.get_running_loop()), self.max_subscriptions)
+
+    async def opened(self, conn: Connection) -> None:
+        """Run ``on_open(conn)`` (plain or async); its exceptions propagate (the transport refuses the client)."""
+        if self.on_open is not None:
+            await maybe_await(self.on_open(conn))
+
+    async def closed(self, conn: Connection) -> None:
+        """End the connection's subscriptions, then run ``on_close(conn)``; never raises."""
+        conn.close()
+        if self.on_close is not None:
+            try:
+                await maybe_await(self.on_close(conn))
+            except Exception:
+                log.exception("shmbus: on_close hook %r failed", self.on_close)
 
     def close(self) -> None:
         self.hub.close()

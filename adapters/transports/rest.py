@@ -192,8 +192,9 @@ class _RestPublish:
         if size > self.max_body_size:
             raise ProtocolError(413, f"request body too large (limit {self.max_body_size} bytes)")
 
-    def answer(self, channel: str, query: str, content_type: str | None, body: bytes) -> bytes:
-        """Parse the authorised request and publish: the JSON answer (ProtocolError on refusal)."""
+    def answer(self, channel: str, query: str, content_type: str | None, body: bytes, headers: dict[str, str]) -> bytes:
+        """Parse the authorised request and publish: the JSON answer (ProtocolError on refusal). ``headers``
+        (lower-case names) are for subclasses: this protocol takes everything from the query and the body."""
         return publish(self.bus, parse_publish(channel, query, content_type, body))
 
 
@@ -229,6 +230,7 @@ class AsgiRestPublish(_RestPublish):
                 scope.get("query_string", b"").decode("latin-1"),
                 ctype.decode("latin-1") if ctype is not None else None,
                 body,
+                {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in headers.items()},
             )
         except ProtocolError as exc:
             await send_simple(send, exc.status, exc.reason.encode())
@@ -267,7 +269,8 @@ class WsgiRestPublish(_RestPublish):
             self.check_authorized(self.authorize(environ, channel), channel)
             self.check_length(environ.get("CONTENT_LENGTH"))
             body = self._body(environ)
-            answer = self.answer(channel, environ.get("QUERY_STRING", ""), environ.get("CONTENT_TYPE"), body)
+            headers = {k[5:].replace("_", "-").lower(): str(v) for k, v in environ.items() if k.startswith("HTTP_")}
+            answer = self.answer(channel, environ.get("QUERY_STRING", ""), environ.get("CONTENT_TYPE"), body, headers)
             return _respond(start_response, 200, answer, JSON_TYPE)
         except ProtocolError as exc:
             return _respond(start_response, exc.status, exc.reason.encode(), extra=_allow(exc.status))

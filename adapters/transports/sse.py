@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -32,6 +33,7 @@ from shmbus.message import Message
 
 from ..asgi_support import Receive, Send, until_disconnect
 from ..http import ProtocolError, encode_message
+from .connection import Connection
 from .hub import (
     DEFAULT_MAX_BUFFER,
     MAX_SUBSCRIPTIONS,
@@ -41,12 +43,13 @@ from .hub import (
     check_channel,
     fallback,
     header,
+    log,
     relative_path,
     replay_since,
     send_simple,
 )
 
-__all__ = ["SSEApp", "format_event", "parse_event_id"]
+__all__ = ["SSEApp", "StreamRequest", "format_event", "parse_event_id", "parse_request"]
 
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -77,9 +80,88 @@ def parse_event_id(value: str) -> tuple[int, int]:
     return int(epoch), int(gid)
 
 
+@dataclass
+class StreamRequest:
+    """What an SSE request asks for (parsed from its query string and ``Last-Event-ID``; no I/O)."""
+
+    channels: list[str]
+    patterns: list[tuple[str, str]]
+    resume: tuple[int, int] | None
+    query: dict[str, list[str]]
+
+
+def parse_request(
+    query_string: bytes | str, last_event_id: str | None, max_subscriptions: int, need_channels: bool
+) -> StreamRequest:
+    """Parse and validate an SSE request; ProtocolError(400) with the reason for anything wrong."""
+    raw = query_string.decode("latin-1") if isinstance(query_string, bytes) else query_string
+    try:
+        query = parse_qs(raw, keep_blank_values=True, errors="strict", max_num_fields=max_subscriptions + 10)
+    except (UnicodeDecodeError, ValueError):
+        raise ProtocolError(400, f"malformed query string (or more than {max_subscriptions + 10} parameters)")
+    channels = [check_channel(c) for c in query.get("channel", [])]
+    patterns = [(check_channel(p, "pattern"), kind) for kind in ("prefix", "glob") for p in query.get(kind, [])]
+    if not channels and not patterns and need_channels:
+        raise ProtocolError(400, "name at least one channel (?channel=/a), prefix (?prefix=/a) or glob (?glob=/a/*)")
+    if len(channels) + len(patterns) > max_subscriptions:
+        raise ProtocolError(400, f"too many subscriptions (limit {max_subscriptions})")
+    last = last_event_id if last_event_id is not None else (query.get("last_event_id") or [""])[-1]
+    resume = parse_event_id(last) if last.strip() else None
+    return StreamRequest(channels, patterns, resume, query)
+
+
+def start_open(bus: Bus, sink: Sink, request: StreamRequest) -> int:
+    """First half of opening a stream (the sink is registered and ``holding``): subscribe the query's channels
+    and patterns; returns the global id the stream starts after. The app's ``on_open`` runs next."""
+    start = bus.segment.global_id()
+    for ch in request.channels:
+        sink.set_channel(ch, start)
+    for p, kind in request.patterns:
+        sink.add_pattern(p, kind, start)
+    return start
+
+
+def finish_open(bus: Bus, sink: Sink, resume: tuple[int, int] | None, start: int) -> None:
+    """Second half, after ``on_open``: replay every subscription (the query's and the hook's) from the resume
+    point (or from ``start``) up to now, then let live delivery continue above it. Live messages held meanwhile
+    are all at or below that id, so each message is sent exactly once."""
+    upto = bus.segment.global_id()
+    after = start
+    if resume is not None:
+        epoch, after = resume
+        if epoch != sink.epoch or after > upto:
+            sink.push(format_event("reset", json.dumps({"epoch": sink.epoch, "previous_epoch": epoch}).encode()))
+            after = 0
+    if after < upto:
+        replay(bus, sink, list(sink.channels), list(sink.patterns), after, upto)
+    sink.refloor(upto)
+    sink.holding = False
+
+
+def replay(bus: Bus, sink: Sink, channels: list[str], patterns: list[tuple[str, str]], after: int, upto: int) -> None:
+    rp = replay_since(bus, channels, patterns, sink.site, after, upto)
+    if rp.gap:
+        sink.push(format_event("gap", json.dumps({"epoch": sink.epoch, "channels": rp.gap_channels}).encode()))
+    sink.push_allowed(rp.messages)
+
+
+def on_reset(bus: Bus, sink: Sink, old: int, new: int) -> None:
+    """Live reset: tell the client, replay the new epoch's retained backlog, continue live after it."""
+    sink.push(format_event("reset", json.dumps({"epoch": new, "previous_epoch": old}).encode()))
+    upto = bus.segment.global_id()
+    replay(bus, sink, list(sink.channels), list(sink.patterns), 0, upto)
+    sink.refloor(upto)
+
+
+class _HookFailed(Exception):
+    """``on_open`` raised (logged): the client gets a 500."""
+
+
 def _message_event(is_json: bool) -> Callable[[Message], bytes]:
     def encode(msg: Message) -> bytes:
-        return format_event(msg.channel, encode_message(msg, is_json), f"{msg.epoch}:{msg.global_id}")
+        # a process-local message (engine=False) has no global id: no SSE id, so a resume cursor never moves back
+        event_id = f"{msg.epoch}:{msg.global_id}" if msg.global_id else None
+        return format_event(msg.channel, encode_message(msg, is_json), event_id)
 
     return encode
 
@@ -89,7 +171,10 @@ class SSEApp(TransportApp):
 
     ``keepalive_interval`` (seconds) also bounds how late a bus reset with no new message is noticed;
     ``retry_ms`` is sent as the SSE ``retry:`` hint. Lookups are the middleware's (scope in, value out; may be
-    async) plus ``client_id_lookup``.
+    async) plus ``client_id_lookup``. ``on_open(connection)`` / ``on_close(connection)`` (plain or async) see each
+    stream as a :class:`~shmbus.adapters.transports.connection.Connection`: ``on_open`` may subscribe it
+    server-side (then the query may name no channel at all); subscriptions it makes are replayed on a resume like
+    the query's. If ``on_open`` raises, the client gets a 500.
     """
 
     def __init__(
@@ -102,11 +187,13 @@ class SSEApp(TransportApp):
         max_buffer: int = DEFAULT_MAX_BUFFER,
         max_subscriptions: int = MAX_SUBSCRIPTIONS,
         retry_ms: int | None = 2000,
+        on_open: Callable[[Connection], Any] | None = None,
+        on_close: Callable[[Connection], Any] | None = None,
         **lookups: Any,
     ) -> None:
         if not keepalive_interval > 0:
             raise ValueError("keepalive_interval must be > 0 seconds")
-        super().__init__(app, bus, path, max_buffer, max_subscriptions, lookups)
+        super().__init__(app, bus, path, max_buffer, max_subscriptions, lookups, on_open, on_close)
         self.keepalive_interval = keepalive_interval
         self.retry_ms = retry_ms
         self._encode = _message_event(self.bus.codec.is_json)
@@ -119,67 +206,50 @@ class SSEApp(TransportApp):
             await send_simple(send, 405, b"use GET", extra=[(b"allow", b"GET")])
             return
         try:
-            sink = await self._open(scope)
+            sink, conn = await self._open(scope)
         except ProtocolError as exc:
             await send_simple(send, exc.status, exc.reason.encode())
+            return
+        except _HookFailed:
+            await send_simple(send, 500, b"the application's on_open hook failed (see the server log)")
             return
         try:
             await self._stream(sink, scope, receive, send)
         finally:
             self.hub.unregister(sink)
+            if conn is not None:
+                await self.closed(conn)
 
-    async def _open(self, scope: Scope) -> Sink:
-        try:
-            query = parse_qs(
-                scope.get("query_string", b"").decode("latin-1"),
-                keep_blank_values=True,
-                errors="strict",
-                max_num_fields=self.max_subscriptions + 10,
-            )
-        except (UnicodeDecodeError, ValueError):
-            raise ProtocolError(400, f"malformed query string (or more than {self.max_subscriptions + 10} parameters)")
-        channels = [check_channel(c) for c in query.get("channel", [])]
-        patterns = [(check_channel(p, "pattern"), kind) for kind in ("prefix", "glob") for p in query.get(kind, [])]
-        if not channels and not patterns:
-            raise ProtocolError(
-                400, "name at least one channel (?channel=/a), prefix (?prefix=/a) or glob (?glob=/a/*)"
-            )
-        if len(channels) + len(patterns) > self.max_subscriptions:
-            raise ProtocolError(400, f"too many subscriptions (limit {self.max_subscriptions})")
+    async def _open(self, scope: Scope) -> tuple[Sink, Connection | None]:
         raw_id = header(scope, b"last-event-id")
-        last = raw_id.decode("latin-1") if raw_id is not None else (query.get("last_event_id") or [""])[-1]
-        resume = parse_event_id(last) if last.strip() else None
-        identity = await self.lookups.identity(scope, query)
+        request = parse_request(
+            scope.get("query_string", b""),
+            raw_id.decode("latin-1") if raw_id is not None else None,
+            self.max_subscriptions,
+            need_channels=self.on_open is None,
+        )
+        identity = await self.lookups.identity(scope, request.query)
         bus = self.bus
         # the initial replay is bounded by the backlogs; the buffer limit applies from the first write on
         sink = Sink(bus, identity, self._encode, max_buffer=1 << 62, on_reset=self._on_reset)
-        # register first, then read: a message published in between is either in the replay or live, never both
+        # Register first and hold live delivery while opening (see finish_open: nothing twice, nothing lost).
+        sink.holding = True
         self.hub.register(sink)
-        upto = bus.segment.global_id()
-        if resume is not None:
-            epoch, after = resume
-            if epoch != sink.epoch or after > upto:
-                sink.push(format_event("reset", json.dumps({"epoch": sink.epoch, "previous_epoch": epoch}).encode()))
-                after = 0
-            self._replay(sink, channels, patterns, after, upto)
-        for ch in channels:
-            sink.set_channel(ch, upto)
-        for p, kind in patterns:
-            sink.add_pattern(p, kind, upto)
-        return sink
-
-    def _replay(self, sink: Sink, channels: list[str], patterns: list[tuple[str, str]], after: int, upto: int) -> None:
-        rp = replay_since(self.bus, channels, patterns, sink.site, after, upto)
-        if rp.gap:
-            sink.push(format_event("gap", json.dumps({"epoch": sink.epoch, "channels": rp.gap_channels}).encode()))
-        sink.push_allowed(rp.messages)
+        start = start_open(bus, sink, request)
+        conn = self.connection(sink, scope) if self.on_open or self.on_close else None
+        if conn is not None:
+            try:
+                await self.opened(conn)
+            except Exception as exc:
+                log.exception("shmbus: SSE on_open hook %r failed", self.on_open)
+                self.hub.unregister(sink)
+                await self.closed(conn)
+                raise _HookFailed from exc
+        finish_open(bus, sink, request.resume, start)
+        return sink, conn
 
     def _on_reset(self, sink: Sink, old: int, new: int) -> None:
-        """Live reset: tell the client, replay the new epoch's retained backlog, continue live after it."""
-        sink.push(format_event("reset", json.dumps({"epoch": new, "previous_epoch": old}).encode()))
-        upto = self.bus.segment.global_id()
-        self._replay(sink, list(sink.channels), list(sink.patterns), 0, upto)
-        sink.refloor(upto)
+        on_reset(self.bus, sink, old, new)
 
     async def _stream(self, sink: Sink, scope: Scope, receive: Receive, send: Send) -> None:
         loop = asyncio.get_running_loop()

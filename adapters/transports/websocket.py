@@ -35,15 +35,18 @@ from shmbus.errors import ShmbusError
 
 from ..asgi_support import Receive, Send, maybe_await
 from ..http import MAX_ID, ProtocolError, encode_message
+from .connection import Connection
 from .hub import (
     DEFAULT_MAX_BUFFER,
     MAX_SUBSCRIPTIONS,
     PATTERN_KINDS,
+    Identity,
     Scope,
     Sink,
     TransportApp,
     check_channel,
     fallback,
+    log,
     relative_path,
     replay_since,
 )
@@ -55,6 +58,7 @@ MAX_FRAME = 64 * 1024
 #: Largest ``count`` of one replay.
 MAX_REPLAY = 1000
 CLOSE_POLICY = 1008
+CLOSE_SERVER_ERROR = 1011
 
 
 class _BadInput(Exception):
@@ -90,6 +94,9 @@ class WebSocketApp(TransportApp):
 
     ``allow_publish(scope, channel) -> bool`` (may be async) enables the ``publish`` op; without it publishing
     is refused. Lookups are the middleware's plus ``client_id_lookup`` (default: ``?client_id=``).
+    ``on_open(connection)`` / ``on_close(connection)`` (plain or async) see each socket as a
+    :class:`~shmbus.adapters.transports.connection.Connection` the app may subscribe server-side; if ``on_open``
+    raises, the socket gets an error frame and is closed with code 1011.
     """
 
     def __init__(
@@ -103,11 +110,13 @@ class WebSocketApp(TransportApp):
         max_subscriptions: int = MAX_SUBSCRIPTIONS,
         max_frame: int = MAX_FRAME,
         keepalive_interval: float = 15.0,
+        on_open: Callable[[Connection], Any] | None = None,
+        on_close: Callable[[Connection], Any] | None = None,
         **lookups: Any,
     ) -> None:
         if allow_publish is not None and not callable(allow_publish):
             raise TypeError("allow_publish must be callable")
-        super().__init__(app, bus, path, max_buffer, max_subscriptions, lookups)
+        super().__init__(app, bus, path, max_buffer, max_subscriptions, lookups, on_open, on_close)
         self.allow_publish = allow_publish
         self.max_frame = max_frame
         self.keepalive_interval = keepalive_interval
@@ -115,7 +124,7 @@ class WebSocketApp(TransportApp):
         self._encode: Callable[[Any], str] = lambda m: encode_message(m, is_json).decode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "websocket" or relative_path(scope) != self.path:
+        if scope["type"] != "websocket" or not self.matches(scope):
             await fallback(self.app, scope, receive, send)
             return
         first = await receive()
@@ -132,12 +141,24 @@ class WebSocketApp(TransportApp):
             await send({"type": "websocket.close", "code": CLOSE_POLICY, "reason": reason[:120]})
             return
         await send({"type": "websocket.accept"})
-        sink = Sink(self.bus, identity, self._encode, max_buffer=self.max_buffer, on_reset=self._on_reset)
+        sink = await self.open_sink(identity, scope)
         self.hub.register(sink)
+        conn = self.connection(sink, scope) if self.on_open or self.on_close else None
         try:
+            if conn is not None:
+                try:
+                    await self.opened(conn)
+                except Exception:
+                    log.exception("shmbus: WebSocket on_open hook %r failed", self.on_open)
+                    reason = "the application's on_open hook failed"
+                    await send({"type": "websocket.send", "text": _dumps({"op": "error", "reason": reason})})
+                    await send({"type": "websocket.close", "code": CLOSE_SERVER_ERROR, "reason": reason})
+                    return
             await self._run(sink, scope, receive, send)
         finally:
             self.hub.unregister(sink)
+            if conn is not None:
+                await self.closed(conn)
 
     async def _run(self, sink: Sink, scope: Scope, receive: Receive, send: Send) -> None:
         ready = asyncio.Event()
@@ -149,9 +170,7 @@ class WebSocketApp(TransportApp):
                 drop.set()
 
         sink.wake = wake
-        sink.push(
-            _dumps({"op": "status", "status": "connected", "epoch": sink.epoch, "client_id": sink.identity.client_id})
-        )
+        sink.push(self.hello(sink))
         writer = asyncio.ensure_future(self._writer(sink, ready, drop, send))
         reader = asyncio.ensure_future(self._reader(sink, scope, receive))
         try:
@@ -170,6 +189,20 @@ class WebSocketApp(TransportApp):
                 )
             except Exception:
                 pass
+
+    # ------------------------------------------------------------------ what a protocol on this shell overrides
+    def matches(self, scope: Scope) -> bool:
+        """Is this WebSocket request ours (by its path below ``root_path``)?"""
+        return relative_path(scope) == self.path
+
+    async def open_sink(self, identity: Identity, scope: Scope) -> Sink:
+        """The new connection's :class:`Sink` (not yet registered)."""
+        return Sink(self.bus, identity, self._encode, max_buffer=self.max_buffer, on_reset=self._on_reset)
+
+    def hello(self, sink: Sink) -> str:
+        """The first frame."""
+        client_id = sink.identity.client_id
+        return _dumps({"op": "status", "status": "connected", "epoch": sink.epoch, "client_id": client_id})
 
     async def _writer(self, sink: Sink, ready: asyncio.Event, drop: asyncio.Event, send: Send) -> None:
         while not sink.dropped and not sink.closed:
@@ -296,7 +329,7 @@ class WebSocketApp(TransportApp):
             gap = False
             if last_id is not None:
                 last = bus.last_id(channel, site)
-                after = last_id if last_id >= 0 else max(last + last_id, 0)
+                after = last_id if last_id >= 0 else bus.look_back(channel, -last_id, site)
                 backlog = bus.backlog(channel, min(after, last), site)
                 gap = backlog.gap
                 sink.push_allowed(m for m in backlog if m.global_id <= upto)
@@ -333,7 +366,7 @@ class WebSocketApp(TransportApp):
         assert start is not None and count is not None
         site = sink.site or ""
         last = self.bus.last_id(channel, site)
-        after = start - 1 if start > 0 else (max(last + start, 0) if start < 0 else 0)
+        after = start - 1 if start > 0 else (self.bus.look_back(channel, -start, site) if start < 0 else 0)
         backlog = self.bus.backlog(channel, min(after, last), site, limit=count)
         sent = 0
         top = after
