@@ -271,6 +271,13 @@ def _ids(value: str) -> int | str:
     return int(value) if value.lstrip("-").isdigit() else value
 
 
+def _guble_cli() -> Any:
+    """The guble client lives with the guble adapter; imported only for that command (the core stays light)."""
+    from shmbus.adapters.guble import cli
+
+    return cli
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="shmbus",
@@ -341,6 +348,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     d.add_argument("--force", action="store_true", help="remove it even while processes are attached")
     d.set_defaults(fn=cmd_destroy)
+    g = add(
+        "guble",
+        "a guble protocol client (like guble-cli)",
+        "Connect to a guble WebSocket endpoint (shmbus.adapters.guble.GubleApp, or guble itself), send guble "
+        "commands ('+ /foo 0', '- /foo', 'replay -1 /foo', '> /foo' then the body) and print what the server "
+        "sends. Without --exit, commands are read from stdin, one per line ('?' for help).",
+        [],
+    )
+    _guble_cli().add_arguments(g)
+    g.set_defaults(fn=lambda args: _guble_cli().run(args))
     args = p.parse_args(argv)
     from .errors import ShmbusError
 

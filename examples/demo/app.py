@@ -27,6 +27,7 @@ import falcon
 import falcon.asgi
 
 from shmbus import Bus
+from shmbus.adapters.guble import GubleApp
 from shmbus.adapters.integrations.falcon import mount
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -167,3 +168,16 @@ api.add_route("/whoami", WhoAmI())
 # The message bus answers /message-bus/... before Falcon sees the request. Streaming and long polls park as
 # coroutines (no thread each); 10,000 per worker is far below what a worker can hold.
 app = mount(api, bus=bus, max_active_clients=10_000)
+
+
+def _guble_user(scope: Any) -> str | None:
+    """The demo has no login: guble's URL form ``/stream/user/<name>`` names the user. A real app takes the user
+    from its session, never from the URL."""
+    path: str = scope.get("path") or ""
+    name = path[len("/stream/user/") :].split("/", 1)[0] if path.startswith("/stream/user/") else ""
+    return name[:40] or None
+
+
+# guble's WebSocket protocol at /stream/ (try it: `shmbus guble --url ws://127.0.0.1:8000/stream/ --user alice`);
+# sends are allowed under /guble/ only, so guble clients cannot write into the chat's or the dashboard's channels.
+app = GubleApp(app, bus=bus, user_id_lookup=_guble_user, allow_send=lambda scope, path: path.startswith("/guble/"))

@@ -104,6 +104,23 @@ def test_scripts_demo(bus_name: str, procs: Any) -> None:
         assert f'"pid":{pid}'.encode() in data, "a worker's messages did not reach the stream"
     assert data.count(b'"channel":"/chat"') == last
 
+    # guble's protocol at /stream/: a client of one worker hears a send made through another connection
+    from websockets.sync.client import connect
+
+    with (
+        connect(f"ws://127.0.0.1:{port}/stream/user/alice", proxy=None, open_timeout=15) as rx,
+        connect(f"ws://127.0.0.1:{port}/stream/user/bob", proxy=None, open_timeout=15) as tx,
+    ):
+        assert '"UserId": "alice"' in str(rx.recv(timeout=20))
+        tx.recv(timeout=20)
+        rx.send("+ /guble/room")
+        assert rx.recv(timeout=20) == "#ok-subscribed-to /guble/room"
+        tx.send("> /chat\n\nrefused")
+        assert str(tx.recv(timeout=20)).startswith("!error-send not allowed")
+        tx.send("> /guble/room g1\n\nhello alice")
+        assert str(tx.recv(timeout=20)).startswith("#ok-send g1")
+        assert str(rx.recv(timeout=20)).endswith("\n\nhello alice")
+
     # Ctrl-C: SIGINT to the whole process group, as a terminal does
     os.killpg(proc.pid, signal.SIGINT)
     assert_stopped_cleanly(proc, bus_name)
