@@ -286,6 +286,27 @@ class PostgresServer:
                 raise RuntimeError(f"postgres did not come up: {res.stderr}\n{self.log()}")
             time.sleep(0.2)
 
+    def stop(self) -> None:
+        """Fast shutdown of the postmaster (SIGINT), keeping the data directory for :meth:`restart`."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            self.proc.wait(timeout=30)
+
+    def restart(self, timeout: float = 30.0) -> None:
+        """Start the postmaster again on the same port and data (after :meth:`stop`); wait until it answers."""
+        data = self.dir / "data"
+        argv = [str(self.bindir / "postgres"), "-D", str(data), "-p", str(self.port), "-k", str(self.dir)]
+        for setting in ("listen_addresses=127.0.0.1", "fsync=off", "full_page_writes=off", "synchronous_commit=off"):
+            argv += ["-c", setting]
+        with open(self.dir / "postgres.log", "ab") as log_fh:
+            self.proc = spawn(argv, cwd=self.dir, stdout=log_fh, stderr=subprocess.STDOUT, **self._user)
+        deadline = time.monotonic() + timeout
+        probe = [str(self.bindir / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres"]
+        while subprocess.run(probe, capture_output=True, timeout=30).returncode != 0:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"postgres did not come back:\n{self.log()}")
+            time.sleep(0.1)
+
     def close(self) -> None:
         """Fast shutdown (SIGINT: disconnect clients), SIGKILL after 15 s; remove the temp dir."""
         if self.proc is not None:

@@ -1,0 +1,23 @@
+"""Many hosts, one bus, through PostgreSQL: :class:`PostgresBridge` (an engine) on the gem's ``message_bus`` table.
+
+``from shmbus.adapters.postgres import PostgresBridge``. The bridge needs the ``postgres`` extra (psycopg 3);
+:mod:`.sql` (the table, statements and function as text) does not.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .bridge import PostgresBridge, PostgresBridgeError, PostgresReadOnly, PostgresUnavailable
+
+__all__ = ["PostgresBridge", "PostgresBridgeError", "PostgresReadOnly", "PostgresUnavailable"]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the bridge (and psycopg) on first use."""
+    if name in __all__:
+        from . import bridge
+
+        return getattr(bridge, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,107 @@
+"""The gem's PostgreSQL storage, as SQL text: its table, its indexes, its statements, and the one server-side
+function shmbus publishes through (it performs the gem's publish statements in one round trip).
+
+No psycopg here, so the format can be read (and tested) alone. The value column holds the gem's envelope
+(``{"data":..,"user_ids":..,"group_ids":..,"client_ids":..}``, the Redis layout's :func:`encode_envelope`), the
+channel column the site-suffixed backend name, and ``pg_notify`` carries the gem's line
+``<id>|<id>|<channel>|<value>`` (a channel's ``|`` escaped as ``$$123$$``).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CREATE_FUNCTION",
+    "CREATE_MANY_FUNCTION",
+    "CREATE_TABLE",
+    "DEFAULT_NOTIFY_CHANNEL",
+    "NOTIFY_LIMIT",
+    "PUBLISH",
+    "PUBLISH_MANY",
+    "SELECT_AFTER",
+    "SELECT_CHANNEL_NEWEST",
+    "SELECT_HELD",
+    "TRIM_CHANNEL",
+    "TRIM_EXPIRE",
+    "TRIM_GLOBAL",
+]
+
+#: The gem's LISTEN/NOTIFY channel: ``_message_bus_<db>`` with its ``db`` option (0 by default).
+DEFAULT_NOTIFY_CHANNEL = "_message_bus_0"
+#: PostgreSQL refuses NOTIFY payloads of 8000 bytes or more: longer lines go out as ``<id>|<id>|<channel>|``
+#: (no value) and listeners read the row.
+NOTIFY_LIMIT = 8000
+
+# The gem's create_table, word for word in effect: the table, the CHECK, both index names.
+CREATE_TABLE = (
+    "CREATE TABLE IF NOT EXISTS message_bus (id bigserial PRIMARY KEY, channel text NOT NULL, "
+    "value text NOT NULL CHECK (octet_length(value) >= 2), added_at timestamp DEFAULT CURRENT_TIMESTAMP NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS table_channel_id_index ON message_bus (channel, id)",
+    "CREATE INDEX IF NOT EXISTS table_added_at_index ON message_bus (added_at)",
+)
+
+# One call = the gem's publish: INSERT ... RETURNING id and pg_notify of its line, in one transaction. The
+# transaction-scoped advisory lock makes ids follow commit order among shmbus publishers, so a relay reading "ids
+# after n" never passes a row still in flight. The gem's trims run apart (TRIM_* below, by the relays).
+CREATE_FUNCTION = """
+CREATE OR REPLACE FUNCTION shmbus_publish(p_channel text, p_value text, p_notify text, p_line_channel text)
+RETURNS bigint LANGUAGE plpgsql AS $fn$
+DECLARE
+  new_id bigint;
+  line text;
+BEGIN
+  PERFORM pg_advisory_xact_lock(hashtext('shmbus.message_bus.' || current_schema()));
+  INSERT INTO message_bus (channel, value) VALUES (p_channel, p_value) RETURNING id INTO new_id;
+  line := new_id || '|' || new_id || '|' || p_line_channel || '|' || p_value;
+  IF octet_length(line) >= 8000 THEN
+    line := new_id || '|' || new_id || '|' || p_line_channel || '|';
+  END IF;
+  PERFORM pg_notify(p_notify, line);
+  RETURN new_id;
+END
+$fn$
+"""
+
+# Many messages in one call (one transaction, one round trip), each as shmbus_publish, ids in array order.
+CREATE_MANY_FUNCTION = """
+CREATE OR REPLACE FUNCTION shmbus_publish_many(p_channels text[], p_values text[], p_notify text,
+    p_line_channels text[])
+RETURNS SETOF bigint LANGUAGE plpgsql AS $fn$
+DECLARE
+  i int;
+  new_id bigint;
+  line text;
+BEGIN
+  PERFORM pg_advisory_xact_lock(hashtext('shmbus.message_bus.' || current_schema()));
+  FOR i IN 1 .. coalesce(array_length(p_channels, 1), 0) LOOP
+    INSERT INTO message_bus (channel, value) VALUES (p_channels[i], p_values[i]) RETURNING id INTO new_id;
+    line := new_id || '|' || new_id || '|' || p_line_channels[i] || '|' || p_values[i];
+    IF octet_length(line) >= 8000 THEN
+      line := new_id || '|' || new_id || '|' || p_line_channels[i] || '|';
+    END IF;
+    PERFORM pg_notify(p_notify, line);
+    RETURN NEXT new_id;
+  END LOOP;
+END
+$fn$
+"""
+
+# The gem's three trims (its clear_global_backlog, expire and clear_channel_backlog statements), which a relay runs
+# every ``trim_interval`` instead of inside every publish: after each pass the table holds what the gem's
+# per-publish trims leave. The global one takes a lower bound (the previous pass's) so it never walks the index
+# entries of rows deleted before; the others are the gem's statements as they are.
+TRIM_GLOBAL = "DELETE FROM message_bus WHERE (id <= %s) AND (id > %s)"
+TRIM_EXPIRE = "DELETE FROM message_bus WHERE added_at < CURRENT_TIMESTAMP - (%s::text || ' seconds')::interval"
+TRIM_CHANNEL = (
+    "DELETE FROM message_bus WHERE ((channel = %s) AND (id <= (SELECT id FROM message_bus "
+    "WHERE ((channel = %s) AND (id <= %s)) ORDER BY id DESC LIMIT 1 OFFSET %s)))"
+)
+
+PUBLISH = "SELECT shmbus_publish(%s, %s, %s, %s)"
+PUBLISH_MANY = "SELECT shmbus_publish_many(%s, %s, %s, %s)"
+# The gem's global_backlog / channel_backlog statements, bounded (a relay reads in pages).
+SELECT_AFTER = "SELECT id, channel, value FROM message_bus WHERE (id > %s) ORDER BY id LIMIT %s"
+# A channel's newest rows in a range (gap fills), and whether a row at or before a client's position remains.
+SELECT_CHANNEL_NEWEST = (
+    "SELECT id, value FROM message_bus WHERE ((channel = %s) AND (id > %s) AND (id <= %s)) ORDER BY id DESC LIMIT %s"
+)
+SELECT_HELD = "SELECT 1 FROM message_bus WHERE ((channel = %s) AND (id <= %s)) LIMIT 1"

@@ -1,0 +1,272 @@
+#!/usr/bin/env python3
+"""PostgreSQL bridge: publish rate (single and batched), cross-host latency and database queries per read, vs
+psycopg in the same run.
+
+Two "hosts" (two segments) bridged to one table in a throw-away schema of the machine's PostgreSQL
+(``DATABASE_URL``, else ``postgresql://postgres@127.0.0.1:5432/test``). A helper process is the relay of both hosts
+and holds host B's subscriber; this process publishes on host A with ``relay=False`` (a publishing worker's
+figures). Baselines, interleaved: psycopg ``INSERT ... RETURNING id`` in a loop (one round trip per row, as the
+gem's insert_message) and the same as one ``INSERT ... SELECT FROM unnest(...) RETURNING id`` per 100 rows, and
+psycopg LISTEN/NOTIFY latency between the same two processes. Queries per read are counted on the bridge's own
+connection getter (every statement it runs goes through it): the target is 0 when the segment has the data.
+The gem's trims run in the relay (helper process) once a second, as the bridge does by default.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from typing import Any
+
+import _common as c
+
+try:
+    import psycopg
+except ImportError:  # the postgres extra
+    psycopg = None
+
+from shmbus import Bus
+
+QUICK_TIMEOUT = 180
+FULL_TIMEOUT = 900
+CHANNEL = "/bench/pg"
+DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/test"
+
+HELPER = r"""
+import json, sys, threading, time
+import psycopg
+from shmbus import Bus
+from shmbus.adapters.postgres import PostgresBridge
+name_a, name_b, dsn, notify, channel = sys.argv[1:6]
+lat = []
+def on_msg(m):
+    lat.append((time.perf_counter_ns() - m.data["t"]) / 1000.0)
+a = Bus(name_a, keepalive_interval=0, engine=PostgresBridge(dsn, notify_channel=notify, election_interval=0.05))
+b = Bus(name_b, keepalive_interval=0, engine=PostgresBridge(dsn, notify_channel=notify, election_interval=0.05))
+b.subscribe(channel, on_msg)
+listen = psycopg.connect(dsn, autocommit=True)
+listen.execute("LISTEN bench_baseline")
+def pump():
+    while True:
+        for n in listen.notifies(timeout=1.0, stop_after=1):
+            lat.append((time.perf_counter_ns() - json.loads(n.payload)["t"]) / 1000.0)
+threading.Thread(target=pump, daemon=True).start()
+while a.default.health()["relay_state"] != "relaying" or b.default.health()["relay_state"] != "relaying":
+    time.sleep(0.01)
+print("READY", flush=True)
+for line in sys.stdin:
+    if line.strip() == "dump":
+        time.sleep(0.05)
+        print(json.dumps(lat), flush=True)
+        lat.clear()
+a.close(); b.close()
+"""
+
+
+def _payload(i: int) -> dict[str, Any]:
+    return {"t": time.perf_counter_ns(), "i": i, "pad": "x" * 60}
+
+
+def bridge_sync(bus: Bus, n: int) -> None:
+    for i in range(n):
+        bus.publish(CHANNEL + "/rate", _payload(i))
+
+
+def bridge_batch(bus: Bus, n: int) -> None:
+    bridge: Any = bus.default
+    for start in range(0, n, 100):
+        bridge.publish_many(bus, [(CHANNEL + "/rate", _payload(i)) for i in range(start, start + 100)])
+
+
+def pg_sync(conn: Any, n: int) -> None:
+    for i in range(n):
+        conn.execute(
+            "INSERT INTO baseline (channel, value) VALUES (%s, %s) RETURNING id",
+            ("/rate", json.dumps({"data": _payload(i)})),
+            prepare=True,
+        ).fetchone()
+
+
+def pg_batch(conn: Any, n: int) -> None:
+    for start in range(0, n, 100):
+        values = [json.dumps({"data": _payload(i)}) for i in range(start, start + 100)]
+        conn.execute(
+            "INSERT INTO baseline (channel, value) SELECT '/rate', v FROM unnest(%s::text[]) AS v RETURNING id",
+            (values,),
+            prepare=True,
+        ).fetchall()
+
+
+def latency(helper: subprocess.Popen[str], send: Any, n: int) -> list[float]:
+    """Messages at random 1-3 ms intervals; returns the helper's latencies in µs."""
+    for i in range(n):
+        send(i)
+        time.sleep(random.uniform(0.001, 0.003))
+    time.sleep(0.3)
+    assert helper.stdin is not None and helper.stdout is not None
+    helper.stdin.write("dump\n")
+    helper.stdin.flush()
+    return sorted(json.loads(helper.stdout.readline()))
+
+
+def main() -> None:
+    args = c.parse_args(__doc__)
+    if psycopg is None:
+        c.skip("psycopg is not installed (pip install 'shmbus[postgres]')")
+    from shmbus.adapters.postgres import PostgresBridge
+
+    rep = c.Report("bench_postgres_bridge", "PostgreSQL bridge vs psycopg, same run", args)
+    repeats = args.repeats or (1 if args.quick else 3)
+    n_sync, n_batch, n_lat = (1000, 10000, 200) if args.quick else (5000, 50000, 1000)
+    url = os.environ.get("DATABASE_URL") or DEFAULT_URL
+    try:
+        admin = psycopg.connect(url, autocommit=True, connect_timeout=3)
+    except psycopg.OperationalError as exc:
+        c.skip(f"no PostgreSQL at {url}: {exc}")
+    schema = c.unique_name("bench_pg").replace("-", "_").lower()
+    admin.execute(f"CREATE SCHEMA {schema}")
+    dsn = psycopg.conninfo.make_conninfo(url, options=f"-c search_path={schema}")
+    notify = f"_mb_{schema}"
+    name_a, name_b = c.unique_name("bench-pg-a"), c.unique_name("bench-pg-b")
+    helper = subprocess.Popen(
+        [sys.executable, "-c", HELPER, name_a, name_b, dsn, notify, CHANNEL],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    buses: list[Bus] = []
+    try:
+        assert helper.stdout is not None
+        if helper.stdout.readline().strip() != "READY":
+            raise RuntimeError("bench helper did not start")
+        a = Bus(name_a, keepalive_interval=0, engine=PostgresBridge(dsn, notify_channel=notify, relay=False))
+        b = Bus(name_b, keepalive_interval=0, engine=PostgresBridge(dsn, notify_channel=notify, relay=False))
+
+        def host(tag: str, **options: Any) -> Bus:
+            return Bus(
+                c.unique_name(f"bench-pg-{tag}"),
+                keepalive_interval=0,
+                engine=PostgresBridge(dsn, notify_channel=notify, relay=False, **options),
+            )
+
+        fast = host("f", synchronous_commit=False)
+        buses += [a, b, fast]
+        conn = psycopg.connect(dsn, autocommit=True)
+        conn.execute(
+            "CREATE TABLE baseline (id bigserial PRIMARY KEY, channel text NOT NULL, value text NOT NULL, "
+            "added_at timestamp DEFAULT CURRENT_TIMESTAMP NOT NULL)"
+        )
+        rows: dict[str, list[float]] = {k: [] for k in ("bs", "bb", "ps", "pb", "fs")}
+        lat: dict[str, list[float]] = {"p50": [], "p99": [], "np50": [], "np99": []}
+        for rep_i in range(repeats):
+            rep.log(f"repeat {rep_i + 1}/{repeats}")
+            rows["ps"].append(c.rate(lambda n: pg_sync(conn, n), n_sync))
+            rows["bs"].append(c.rate(lambda n: bridge_sync(a, n), n_sync))
+            rows["fs"].append(c.rate(lambda n: bridge_sync(fast, n), n_sync))
+            rows["pb"].append(c.rate(lambda n: pg_batch(conn, n), n_batch))
+            rows["bb"].append(c.rate(lambda n: bridge_batch(a, n), n_batch))
+            got = latency(helper, lambda i: a.publish(CHANNEL, _payload(i)), n_lat)
+            lat["p50"].append(c.percentile(got, 50))
+            lat["p99"].append(c.percentile(got, 99))
+            got = latency(
+                helper,
+                lambda i: conn.execute("SELECT pg_notify('bench_baseline', %s)", (json.dumps(_payload(i)),)),
+                n_lat,
+            )
+            lat["np50"].append(c.percentile(got, 50))
+            lat["np99"].append(c.percentile(got, 99))
+        rep.add("psycopg INSERT RETURNING loop", rows["ps"], "msgs/s")
+        rep.add("psycopg INSERT RETURNING x100 (unnest)", rows["pb"], "msgs/s")
+        rep.add(
+            "bridge publish",
+            rows["bs"],
+            "msgs/s",
+            baselines=["psycopg INSERT RETURNING loop"],
+            note="one function call (insert + pg_notify), then stored locally; trims run in the relay",
+        )
+        rep.add(
+            "bridge publish, synchronous_commit=False",
+            rows["fs"],
+            "msgs/s",
+            baselines=["psycopg INSERT RETURNING loop"],
+            note="and the commit does not wait for the WAL flush (the baseline's does)",
+        )
+        rep.add("bridge publish_many x100", rows["bb"], "msgs/s", baselines=["psycopg INSERT RETURNING x100 (unnest)"])
+        rep.published("gem + PostgreSQL publish", 700, "msgs/s", "issue 12 (message_bus's postgres backend here)")
+        rep.add("psycopg LISTEN/NOTIFY latency p50", lat["np50"], "µs", higher_is_better=False)
+        rep.add("psycopg LISTEN/NOTIFY latency p99", lat["np99"], "µs", higher_is_better=False)
+        rep.add(
+            "cross-host latency p50",
+            lat["p50"],
+            "µs",
+            higher_is_better=False,
+            baselines=["psycopg LISTEN/NOTIFY latency p50"],
+            note="publish on A -> table + NOTIFY -> relay -> B's segment -> callback",
+        )
+        rep.add(
+            "cross-host latency p99",
+            lat["p99"],
+            "µs",
+            higher_is_better=False,
+            baselines=["psycopg LISTEN/NOTIFY latency p99"],
+        )
+        bridge_b: Any = b.default
+        queries = {"n": 0}
+        real = bridge_b._conn
+
+        def counting() -> Any:
+            queries["n"] += 1
+            return real()
+
+        bridge_b._conn = counting
+        last = b.last_id(CHANNEL)
+        reads = 200 if args.quick else 2000
+        after = b.look_back(CHANNEL, 5)
+        for _ in range(reads):
+            b.last_ids(CHANNEL, CHANNEL + "/rate")
+            b.backlog(CHANNEL, after)
+        per_read = queries["n"] / reads
+        rep.add(
+            "database queries per long-poll read (B)",
+            [per_read],
+            "queries",
+            higher_is_better=False,
+            note=f"last_ids + backlog of the last 5 (up to id {last}), served from the segment",
+        )
+        rep.target("database queries per read when the segment has the data", per_read, 0, at_least=False)
+
+        def med(k: str) -> float:
+            return sorted(rows[k])[len(rows[k]) // 2]
+
+        rep.target("bridge publish msgs/s (single)", med("bs"), 5000)
+        rep.target("bridge publish msgs/s (single, synchronous_commit=False)", med("fs"), 5000)
+        rep.target("bridge publish_many msgs/s (batched)", med("bb"), 20000)
+        rep.note(
+            "figures are for a publishing worker; PostgreSQL, the relay (helper process) and the publisher share "
+            "the machine's 2 vCPUs"
+        )
+        conn.close()
+    finally:
+        if helper.stdin is not None:
+            helper.stdin.close()
+        try:
+            helper.wait(10)
+        except subprocess.TimeoutExpired:
+            helper.kill()
+            helper.wait()
+        for bus in buses:
+            bus.destroy()
+        for name in (name_a, name_b):
+            Bus(name).destroy()
+        admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        admin.close()
+    rep.emit()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()

@@ -1,0 +1,67 @@
+"""Fixtures for the PostgreSQL bridge tests: "hosts" are buses with different segment names bridged to one table.
+
+Each test gets its own schema (the gem's ``message_bus`` table and the publish function live there; ``search_path``
+in the DSN picks it) and its own notify channel, so tests in parallel never see each other's rows or notices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import harness
+import pytest
+
+from shmbus import Bus
+
+psycopg = harness.require_module("psycopg")  # the postgres extra; skipped (failed under SHMBUS_REQUIRE_ALL) if absent
+from pg_util import dsn_for  # noqa: E402
+
+from shmbus.adapters.postgres import PostgresBridge  # noqa: E402
+
+
+@pytest.fixture
+def pg(database_url: str, bus_name: str) -> Iterator[dict[str, str]]:
+    """``{"dsn", "schema", "channel", "url"}`` for this test (the schema is dropped afterwards)."""
+    schema = f"s_{bus_name}".lower()
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    try:
+        yield {
+            "dsn": dsn_for(database_url, schema),
+            "schema": schema,
+            "channel": f"_mb_{bus_name}",
+            "url": database_url,
+        }
+    finally:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+@pytest.fixture
+def make_host(bus_name: str, pg: dict[str, str]) -> Iterator[Callable[..., Bus]]:
+    """``make_host(suffix, **bridge_options)`` -> a bridged Bus named ``<bus_name><suffix>``; destroyed after."""
+    buses: list[Bus] = []
+
+    def make(suffix: str, *, dsn: str | None = None, bus_options: dict[str, Any] | None = None, **options: Any) -> Bus:
+        options.setdefault("election_interval", 0.05)
+        options.setdefault("notify_channel", pg["channel"])
+        bus = Bus(
+            f"{bus_name}{suffix}",
+            keepalive_interval=0,
+            engine=PostgresBridge(dsn or pg["dsn"], **options),
+            **(bus_options or {}),
+        )
+        buses.append(bus)
+        return bus
+
+    yield make
+    for bus in buses:
+        bus.destroy()
+
+
+@pytest.fixture
+def sql(pg: dict[str, str]) -> Iterator[Any]:
+    """An autocommit connection to this test's schema (to look at the table, or write as the gem does)."""
+    with psycopg.connect(pg["dsn"], autocommit=True) as conn:
+        yield conn

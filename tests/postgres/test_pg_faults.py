@@ -1,0 +1,191 @@
+"""The PostgreSQL bridge under faults: the relay SIGKILLed under load (real processes), the server restarted under
+load (a private cluster), a read-only server, and the table reset or truncated."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import harness
+import pytest
+from harness.services import PostgresServer, find_postgres_bindir
+from harness.wait import wait_for
+
+from shmbus import Bus
+
+psycopg = harness.require_module("psycopg")
+from pg_util import dsn_for  # noqa: E402
+
+from shmbus.adapters.postgres import PostgresReadOnly, PostgresUnavailable  # noqa: E402
+
+pytestmark = pytest.mark.postgres
+
+CHILD = """
+import os, sys, time
+from shmbus import Bus
+from shmbus.adapters.postgres import PostgresBridge
+bus = Bus(sys.argv[1], keepalive_interval=0,
+          engine=PostgresBridge(sys.argv[2], notify_channel=sys.argv[3], election_interval=0.05))
+bridge = bus.default
+print("READY", os.getpid(), flush=True)
+was = False
+while True:
+    now = bridge.health()["relay_state"] == "relaying"
+    if now and not was:
+        print("RELAY", os.getpid(), flush=True)
+    was = now
+    time.sleep(0.005)
+"""
+
+
+def wait_relaying(*buses: Bus, timeout: float = 20.0) -> None:
+    for bus in buses:
+        wait_for(lambda b=bus: b.default.health()["relay_state"] == "relaying", timeout, f"relay of {bus.name}")
+
+
+class _Lines:
+    """``(tag, pid)`` lines printed by children, read on threads."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int]] = []
+        self.cond = threading.Condition()
+
+    def follow(self, proc: Any) -> None:
+        def read() -> None:
+            for line in proc.stdout:
+                parts = line.split()
+                if len(parts) == 2 and parts[1].isdigit():
+                    with self.cond:
+                        self.seen.append((parts[0], int(parts[1])))
+                        self.cond.notify_all()
+
+        threading.Thread(target=read, daemon=True).start()
+
+    def wait(self, tag: str, count: int = 1, timeout: float = 30.0) -> list[int]:
+        with self.cond:
+            ok = self.cond.wait_for(lambda: len([p for t, p in self.seen if t == tag]) >= count, timeout)
+            assert ok, f"fewer than {count} {tag} lines within {timeout}s: {self.seen}"
+            return [p for t, p in self.seen if t == tag][:count]
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_relay_under_load_loses_and_doubles_nothing(
+    make_host: Callable[..., Bus], procs: Any, bus_name: str, pg: Any
+) -> None:
+    a = make_host("a")
+    wait_relaying(a)
+    lines = _Lines()
+    children = [procs.spawn_python(CHILD, f"{bus_name}b", pg["dsn"], pg["channel"]) for _ in range(3)]
+    for c in children:
+        lines.follow(c)
+    assert set(lines.wait("READY", 3)) == {c.pid for c in children}
+    first_relay = lines.wait("RELAY")[0]
+    n = 1500
+    sent: list[int] = []
+
+    def publish() -> None:
+        for i in range(1, n + 1):
+            sent.append(a.publish(f"/k{i % 3}", i))  # type: ignore[arg-type]
+            if i == n // 3:
+                os.kill(first_relay, signal.SIGKILL)
+            time.sleep(0.0005)
+
+    t = threading.Thread(target=publish)
+    t.start()
+    took_over = time.monotonic()
+    second = lines.wait("RELAY", 2)[1]
+    took_over = time.monotonic() - took_over
+    t.join(120)
+    assert not t.is_alive() and second != first_relay
+    reader = Bus(f"{bus_name}b", keepalive_interval=0)
+    try:
+        wait_for(lambda: reader.segment.global_id() == sent[-1], timeout=60, what="host b caught up")
+        recs = reader.segment.global_backlog(0)
+        assert [r.global_id for r in recs] == sent  # every message once, in order, with the table's ids
+        assert [int(r.payload) for r in recs] == list(range(1, n + 1))
+    finally:
+        for c in children:
+            if c.pid != first_relay:
+                c.kill()
+            c.wait(10)
+        reader.destroy()
+    print(f"relay takeover noticed after {took_over:.2f} s")
+
+
+@pytest.mark.slow
+def test_server_restart_under_load_errors_clearly_and_recovers(make_host: Callable[..., Bus], bus_name: str) -> None:
+    bindir = find_postgres_bindir()
+    if bindir is None:
+        harness.skip_or_fail("no initdb/postgres binaries for a private PostgreSQL to restart")
+    server = PostgresServer(bindir).start()
+    try:
+        dsn = dsn_for(server.url, "public")
+        a, b = make_host("a", dsn=dsn, connect_timeout=1), make_host("b", dsn=dsn, connect_timeout=1)
+        wait_relaying(a, b)
+        ok: list[int] = []
+        errors: list[BaseException] = []
+        stop = threading.Event()
+
+        def publish() -> None:
+            i = 0
+            while not stop.is_set():
+                i += 1
+                try:
+                    ok.append(a.publish("/load", i))  # type: ignore[arg-type]
+                except PostgresUnavailable as exc:
+                    errors.append(exc)
+                    time.sleep(0.02)
+                time.sleep(0.001)
+
+        t = threading.Thread(target=publish)
+        t.start()
+        wait_for(lambda: len(ok) > 100, what="publishing under way")
+        server.stop()
+        wait_for(lambda: errors, what="a clear error while the server is down")
+        assert a.default.health()["state"] == "unreachable"
+        server.restart()
+        n = len(ok)
+        wait_for(lambda: len(ok) > n + 100, timeout=30, what="publishes succeed again")
+        stop.set()
+        t.join(30)
+        assert "unreachable" in str(errors[0]) and a.default.health()["state"] == "ok"
+        wait_for(lambda: b.segment.global_id() >= ok[-1], timeout=30, what="host b caught up after the restart")
+        held = {r.global_id for r in b.segment.global_backlog(0)}
+        assert set(ok) <= held  # every publish that returned an id reached the other host
+        assert b.default.health()["relay_state"] == "relaying"
+    finally:
+        server.close()
+
+
+def test_a_read_only_server_is_a_typed_error_and_in_health(make_host: Callable[..., Bus], pg: Any) -> None:
+    a = make_host("a")
+    wait_relaying(a)
+    a.publish("/ro", "before")
+    ro_dsn = psycopg.conninfo.make_conninfo(
+        pg["dsn"], options=f"-c search_path={pg['schema']} -c default_transaction_read_only=on"
+    )
+    ro = make_host("ro", dsn=ro_dsn, relay=False)
+    with pytest.raises(PostgresReadOnly, match="read-only"):
+        ro.publish("/ro", "refused")
+    engine = ro.default.health()
+    assert engine["state"] == "readonly" and "read-only" in engine["error"]
+    assert "readonly" in str(ro.health())  # bus.health() carries the engine's report
+
+
+def test_a_table_reset_gives_the_bus_a_new_epoch(make_host: Callable[..., Bus], sql: Any) -> None:
+    a, b = make_host("a"), make_host("b")
+    wait_relaying(a, b)
+    for i in range(5):
+        a.publish("/e", i)
+    wait_for(lambda: b.last_id("/e") == 5, what="b caught up")
+    epoch = b.epoch
+    sql.execute("TRUNCATE message_bus RESTART IDENTITY")  # what the gem's reset! amounts to: ids restart at 1
+    mid = a.publish("/e", "after the reset")
+    assert mid == 1
+    wait_for(lambda: b.epoch != epoch, what="a new epoch on host b")
+    wait_for(lambda: [m.data for m in b.backlog("/e")] == ["after the reset"], what="the new history on host b")
+    assert b.default.health()["resets"] >= 1
