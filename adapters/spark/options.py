@@ -140,6 +140,8 @@ class Options:
                 bus=get("bus") or None,
                 redis_url=get("redis_url") or get("redisUrl") or None,
                 redis_prefix=get("redisKeyPrefix") or "",
+                postgres_dsn=get("postgres_dsn") or get("postgresDsn") or None,
+                postgres_channel=get("postgres_notify_channel") or get("postgresNotifyChannel") or None,
                 site_id=get("siteId") or get("site_id") or None,
             ),
             channels=_channels(get("channels") or get("channel")),
@@ -159,8 +161,11 @@ class Options:
         )
 
     def require_source(self) -> None:
-        if not self.location.bus and not self.location.redis_url:
-            raise ValueError("the shmbus source needs .option('bus', NAME) (same host) or .option('redis_url', URL)")
+        if not self.location.remote and not self.location.bus:
+            raise ValueError(
+                "the shmbus source needs .option('bus', NAME) (same host), .option('redis_url', URL) or "
+                ".option('postgres_dsn', DSN)"
+            )
         if not self.channels:
             raise ValueError("the shmbus source needs .option('channels', '/a,/b') (comma list or JSON list)")
         if self.data_format not in ("string", "binary"):

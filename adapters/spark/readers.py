@@ -47,6 +47,7 @@ class Chunk:
     first_available: int = 0
     last_id: int = 0
     is_json: bool = True
+    sparse: bool = False  # message ids are global ids (PostgreSQL): a channel's ids have gaps
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,19 @@ class Location:
     redis_url: str | None = None
     redis_prefix: str = ""
     site_id: str | None = None
+    postgres_dsn: str | None = None
+    postgres_channel: str | None = None  # the bridge's notify channel (default: the gem's _message_bus_0)
+
+    @property
+    def remote(self) -> bool:
+        """Read or write through a shared backend (a cluster) rather than this host's segment."""
+        return bool(self.redis_url or self.postgres_dsn)
 
     def describe(self) -> str:
+        if self.postgres_dsn:
+            from ..postgres.bridge import redact_dsn
+
+            return f"postgres {redact_dsn(self.postgres_dsn)}"
         return f"redis {self.redis_url}" if self.redis_url else f"bus {self.bus!r}"
 
 
@@ -134,6 +146,7 @@ class ShmReader:
                 first_available=first,
                 last_id=last,
                 is_json=self.is_json,
+                sparse=self.seg.sparse_ids,
             )
         recs, last, first = self.seg.channel_backlog(self._key(channel), after, upto=upto)
         return Chunk(
@@ -145,6 +158,7 @@ class ShmReader:
             first_available=first,
             last_id=last,
             is_json=self.is_json,
+            sparse=self.seg.sparse_ids,
         )
 
     def decode(self, payload: bytes) -> Any:
@@ -234,8 +248,91 @@ class RedisReader:
         self.client.close()
 
 
+class PostgresReader:
+    """Reads the gem's PostgreSQL table (what the PostgreSQL bridge writes) in pages of the gem's channel backlog
+    statement. Ids are the table's (sparse within a channel); the table has no epoch (0), like Redis."""
+
+    PAGE = 20_000
+
+    def __init__(self, location: Location) -> None:
+        import psycopg
+
+        assert location.postgres_dsn
+        self.location = location
+        self.conn = psycopg.connect(location.postgres_dsn, autocommit=True)
+        self.is_json = True
+
+    def _chan(self, channel: str) -> str:
+        return backend_name(channel, self.location.site_id)
+
+    def epoch(self) -> int:
+        return 0
+
+    def last_ids(self, channels: list[str]) -> dict[str, int]:
+        if not channels:
+            return {}
+        names = {self._chan(ch): ch for ch in channels}
+        rows = self.conn.execute(  # the gem's max_channel_ids
+            "SELECT channel, max(id) FROM message_bus WHERE (channel = ANY(%s)) GROUP BY channel", (list(names),)
+        ).fetchall()
+        out = dict.fromkeys(channels, 0)
+        for chan, mx in rows:
+            out[names[chan]] = int(mx or 0)
+        return out
+
+    def first_available(self, channel: str) -> int:
+        row = self.conn.execute("SELECT min(id) FROM message_bus WHERE channel = %s", (self._chan(channel),)).fetchone()
+        if row and row[0] is not None:
+            return int(row[0])
+        return self.last_ids([channel])[channel] + 1
+
+    def read(self, channel: str, after: int, upto: int) -> Chunk:
+        chan = self._chan(channel)
+        out = Chunk(is_json=True, sparse=True)
+        cur = after
+        held = after == 0
+        if not held:  # the row at or before ``after`` still there: nothing after it was trimmed
+            held = (
+                self.conn.execute(
+                    "SELECT 1 FROM message_bus WHERE channel = %s AND id <= %s LIMIT 1", (chan, after)
+                ).fetchone()
+                is not None
+            )
+        while cur < upto:
+            rows = self.conn.execute(
+                "SELECT id, value, extract(epoch from added_at) FROM message_bus "
+                "WHERE channel = %s AND id > %s AND id <= %s ORDER BY id LIMIT %s",
+                (chan, cur, upto, self.PAGE),
+            ).fetchall()
+            for gid, value, ts in rows:
+                envelope = jsonlib.loads(value)
+                out.message_ids.append(int(gid))
+                out.global_ids.append(int(gid))
+                out.timestamps.append(float(ts) if ts is not None else None)
+                out.payloads.append(jsonlib.dumps_lenient(envelope.get("data")))
+                c, u, g = envelope.get("client_ids"), envelope.get("user_ids"), envelope.get("group_ids")
+                out.metas.append(encode_meta(c, u, g) if (c or u or g) else b"")
+                cur = int(gid)
+            if len(rows) < self.PAGE:
+                break
+        out.last_id = self.last_ids([channel])[channel]
+        if held:
+            out.first_available = after + 1
+        else:
+            out.first_available = out.message_ids[0] if out.message_ids else out.last_id + 1
+        return out
+
+    def decode(self, payload: bytes) -> Any:
+        return jsonlib.loads(payload)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
 def open_reader(location: Location) -> Reader:
-    """Open the backend ``location`` names (Redis when a URL is given, else the segment by name)."""
+    """Open the backend ``location`` names (Redis or PostgreSQL when given, else the segment by name)."""
+    if location.postgres_dsn:
+        return PostgresReader(location)
     if location.redis_url:
         return RedisReader(location)
     if not location.bus:

@@ -192,7 +192,14 @@ def read_partition(opts: Options, schema: StructType, part: BusPartition) -> Ite
         reader.close()
     expected = part.upto - part.after
     got = len(chunk.message_ids)
-    if got != expected or (got and chunk.message_ids[0] != part.after + 1):
+    if chunk.sparse:  # ids are global ids: the count is unknown, the store says whether anything is gone
+        if chunk.first_available > part.after + 1:
+            _loss(
+                opts,
+                f"data loss on {part.channel!r} ({opts.location.describe()}): messages after id {part.after} "
+                f"are gone (the store holds {chunk.first_available}..{chunk.last_id})",
+            )
+    elif got != expected or (got and chunk.message_ids[0] != part.after + 1):
         _loss(
             opts,
             f"data loss on {part.channel!r} ({opts.location.describe()}): expected ids "

@@ -66,10 +66,11 @@ class _BusWriterBase:
     """
 
     def __init__(self, opts: Options, schema: StructType) -> None:
-        if not opts.location.bus and not opts.location.redis_url:
+        if not opts.location.bus and not opts.location.remote:
             raise ValueError(
-                "the shmbus sink needs .option('bus', NAME) (same host) or .option('redis_url', URL) "
-                "(a cluster: rows go to Redis, and every host's bridge relay copies them into its bus)"
+                "the shmbus sink needs .option('bus', NAME) (same host), .option('redis_url', URL) or "
+                ".option('postgres_dsn', DSN) (a cluster: rows go to the shared store, and every host's bridge "
+                "relay copies them into its bus)"
             )
         names = schema.fieldNames()
         if "data" not in names:
@@ -121,14 +122,16 @@ class _BusWriterBase:
             from .readers import ShmReader
 
             return ShmReader(loc).bus
+        if loc.postgres_dsn:
+            return _PostgresSinkBus(loc.postgres_dsn, loc.postgres_channel)
         return _RedisSinkBus(loc.redis_url or "")
 
     def _sink_markers(self, bus: Any, sink: str) -> list[Any]:
         """The sink channel's progress records, oldest first (from Redis when writing through it)."""
-        if isinstance(bus, _RedisSinkBus):
-            from .readers import RedisReader
+        if isinstance(bus, (_RedisSinkBus, _PostgresSinkBus)):
+            from .readers import open_reader
 
-            reader = RedisReader(self.opts.location)
+            reader = open_reader(self.opts.location)
             try:
                 last = reader.last_ids([sink])[sink]
                 chunk = reader.read(sink, 0, last)
@@ -286,6 +289,38 @@ class _RedisSinkBus:
     def close(self) -> None:
         try:
             self._batch.__exit__(None, None, None)  # sends what is queued; raises if Redis refused it
+        finally:
+            self.bus.destroy()
+
+
+class _PostgresSinkBus:
+    """As :class:`_RedisSinkBus`, through the PostgreSQL bridge: rows go into the gem's table with the table's
+    ids, in statements of up to 1000 rows, and each bus host's relay copies them into its segment."""
+
+    def __init__(self, dsn: str, notify_channel: str | None) -> None:
+        import uuid
+
+        from shmbus import Bus
+
+        from ..postgres import PostgresBridge
+
+        self.bridge = PostgresBridge(dsn, notify_channel=notify_channel, relay=False, local_wait=0)
+        self.bus = Bus(
+            f"spark-sink-{os.getpid()}-{uuid.uuid4().hex[:8]}",
+            ring_size=1 << 20,
+            max_channels=1024,
+            keepalive_interval=0,
+            engine=self.bridge,
+        )
+        self._batch = self.bridge.batch()
+        self._batch.__enter__()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.bus, name)
+
+    def close(self) -> None:
+        try:
+            self._batch.__exit__(None, None, None)  # sends what is queued; raises if PostgreSQL refused it
         finally:
             self.bus.destroy()
 
