@@ -53,6 +53,37 @@ def _others(pids: list[int]) -> list[int]:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
+    watch = getattr(args, "watch", None)
+    if not watch:
+        return _stats_once(args)
+    shown = 0
+    try:
+        while True:
+            if sys.stdout.isatty():
+                sys.stdout.write("\x1b[H\x1b[2J")
+            _stats_once(args)
+            sys.stdout.flush()
+            shown += 1
+            if args.count and shown >= args.count:
+                return 0
+            time.sleep(watch)
+    except KeyboardInterrupt:
+        return 0
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    from .top import run
+
+    if args.interval <= 0:
+        sys.exit("shmbus: --interval must be positive")
+    seg = _open_existing(args)
+    try:
+        return run(seg, interval=args.interval, count=args.count)
+    finally:
+        seg.close()
+
+
+def _stats_once(args: argparse.Namespace) -> int:
     seg = _open_existing(args)
     try:
         st = seg.stats()
@@ -305,7 +336,27 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument(
         "--redis", help="Redis URL of a bridged bus: show Redis's role, ids and the relay (default: $SHMBUS_REDIS_URL)"
     )
+    s.add_argument(
+        "--watch",
+        nargs="?",
+        const=1.0,
+        type=float,
+        metavar="SECONDS",
+        help="redraw every SECONDS (default 1) until Ctrl-C",
+    )
+    s.add_argument("--count", type=int, default=0, help="with --watch: stop after N refreshes")
     s.set_defaults(fn=cmd_stats)
+    tp = add(
+        "top",
+        "live figures: rates per worker, parked clients, ring, lag, relay",
+        "Show the host's figures of a bus live (refreshed every second): publishes and deliveries per second "
+        "per worker and in total, parked polls and open streams, the ring's fill and history, listener lag, "
+        "messages lost, the relay's state and lag, and the busiest channels. Stop with Ctrl-C.",
+        [common],
+    )
+    tp.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
+    tp.add_argument("--count", type=int, default=0, help="stop after N refreshes (default: never)")
+    tp.set_defaults(fn=cmd_top)
     t = add(
         "tail",
         "print messages as they are published",

@@ -150,6 +150,8 @@ class MessageBusProtocol:
             if long_poll:
                 reg.discard(c)
             raise
+        if items:
+            self.bus.metrics.deliveries += len(items)
         if status:
             items.append(encode_status(status))
         if not long_poll or (items and not streaming):

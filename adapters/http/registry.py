@@ -56,9 +56,16 @@ class Registry:
         self.lock: AbstractContextManager[Any] = lock if lock is not None else threading.Lock()
         self.index: dict[tuple[str | None, str], set[Client]] = {}
         self.by_id: dict[str, Client] = {}
-        self.parked = 0
+        self.parked = 0  # waiting requests, streams included (``max_active_clients`` counts both)
+        self.streams = 0
         self.max_stream_buffer = max_stream_buffer
         self.is_json = bus.codec.is_json
+        self.metrics = bus.metrics
+        bus.metrics.add_source(self)
+
+    def metrics_gauges(self) -> dict[str, int]:
+        """This registry's part of the bus's gauges (:mod:`shmbus.metrics`)."""
+        return {"parked": self.parked - self.streams, "streams": self.streams}
 
     # -- registration
     def capture(self, c: Client) -> None:
@@ -86,6 +93,8 @@ class Registry:
                     del index[key]
         if c.parked:
             self.parked -= 1
+            if c.streaming:
+                self.streams -= 1
         if self.by_id.get(c.client_id) is c:
             del self.by_id[c.client_id]
 
@@ -115,6 +124,8 @@ class Registry:
             held, c.held = c.held, None
             c.parked = True
             self.parked += 1
+            if c.streaming:
+                self.streams += 1
             if held:
                 self._deliver_held(c, held)
                 if c.pending or c.done:
@@ -214,6 +225,7 @@ class Registry:
         if ok is None and group.plain and msgs[0].message_id > last:
             c.last[channel] = top
             self._push(c, group.shared_frame() if c.streaming else group.shared_inner())
+            self.metrics.deliveries += len(msgs)
             return
         enc = group.encoded()
         parts = []
@@ -231,6 +243,7 @@ class Registry:
                 c.status_due = set()
             c.status_due.add(channel)
         if parts:
+            self.metrics.deliveries += len(parts)
             inner = b",".join(parts)
             self._push(c, frame_chunk(b"[" + inner + b"]") if c.streaming else inner)
 

@@ -339,6 +339,7 @@ class Sink:
         self.bytes_pending += len(piece)
         if count:
             self.sent += 1
+            self.bus.metrics.deliveries += 1
         if self.bytes_pending > self.max_buffer:
             self.dropped = True
             self.pending.clear()
@@ -465,6 +466,11 @@ class Hub:
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
         self._loops: LoopTap[SinkIndex] = LoopTap(bus, lambda loop: SinkIndex(loop, bus), _hand_to_loop)
+        bus.metrics.add_source(self)
+
+    def metrics_gauges(self) -> dict[str, int]:
+        """Open connections count as streams in the bus's gauges (:mod:`shmbus.metrics`)."""
+        return {"streams": self.connections()}
 
     def register(self, sink: Sink) -> None:
         self._loops.get().add(sink)

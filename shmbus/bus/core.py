@@ -15,6 +15,7 @@ from ..codecs import Codec, get_codec
 from ..engines import Engine, EngineLike, SharedMemoryEngine, _DraftEngine, as_engine
 from ..errors import InvalidArgument
 from ..message import Message
+from ..metrics import Metrics
 from ..segment import Segment
 from .listener import Listening
 from .publishing import Publishing
@@ -125,6 +126,8 @@ class Bus(Publishing, Reading, Subscribing, Listening):
         self._off = False
         self._publish_off = False
         self._destroyed = False
+        #: this process's figures (deliveries, gauges) for the host-wide metrics: :mod:`shmbus.metrics`
+        self.metrics = Metrics(self)
         self._default_engine.attached(self)
         forks.register(self)
 
@@ -224,6 +227,7 @@ class Bus(Publishing, Reading, Subscribing, Listening):
         self._listener = None
         self._watchdog = None
         self._stop = threading.Event()
+        self.metrics.after_fork()
         if self._seg is not None:
             self._seg.reregister_after_fork()
         for e in [self._default_engine, *self._engines]:
@@ -249,6 +253,7 @@ class Bus(Publishing, Reading, Subscribing, Listening):
         """
         self._closed = True
         self.stop_listener()
+        self.metrics.flush()  # the last figures stay in the slot (host totals count them)
         for e in [self._default_engine, *self._engines]:
             try:
                 e.close()

@@ -54,8 +54,10 @@ class Listening(BusState):
     def _listen(self) -> None:
         stop = self._stop
         seg = self.segment
+        metrics = self.metrics
         while not stop.is_set():
             try:
+                metrics.maybe_flush()
                 word = seg.futex_word()
                 epoch = seg.read_epoch()
                 if epoch != self._epoch:
@@ -77,6 +79,7 @@ class Listening(BusState):
                                 n,
                             )
                     self._last_gid = recs[-1].global_id
+                    seg.store_metric("listener_gid", self._last_gid)
                     self._last_received = time.monotonic()
                     msgs = [self._message(r, epoch) for r in recs]
                     with self._dispatch_lock:

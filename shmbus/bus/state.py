@@ -16,6 +16,7 @@ from ..segment import Record, Segment
 
 if TYPE_CHECKING:
     from ..engines import Engine, SharedMemoryEngine
+    from ..metrics import Metrics
     from .core import Bus
     from .results import Backlog, Subscription
 
@@ -69,6 +70,7 @@ class BusState:
     _last_gid: int
     _last_received: float
     _lost: int
+    metrics: Metrics
     _off: bool
     _publish_off: bool
     _destroyed: bool

@@ -9,6 +9,7 @@ import mmap
 import os
 import secrets
 import stat
+import struct
 import time
 
 import posix_ipc
@@ -25,6 +26,7 @@ from .layout import (
     _I_FUTEX,
     _I_SLEEPERS,
     _OFF_BOOT,
+    _OFF_FLAGS,
     _OFF_MUTEX,
     _OFF_PROCS,
     _OFF_READY,
@@ -36,10 +38,12 @@ from .layout import (
     _Q_TABLE_GEN,
     _Q_TAIL,
     DEFAULT_LOCK_TIMEOUT,
+    FLAG_METRICS,
     HEADER_SIZE,
     LAYOUT_VERSION,
     MAGIC,
     MAX_PROCS,
+    METRICS_SIZE,
     MIN_RING,
     READY,
     SLOT_SIZE,
@@ -157,7 +161,7 @@ class Segment(Ring, ChannelTable, Processes, Locking):
             os.fchmod(fd, mode)  # whatever the umask says
             table_off = HEADER_SIZE
             ring_off = HEADER_SIZE + _table_bytes(max_channels)
-            total = ring_off + ring_size
+            total = ring_off + ring_size + METRICS_SIZE
             os.ftruncate(fd, total)
             mm = mmap.mmap(fd, total)
             cls._initialize(mm, table_off, ring_off, ring_size, max_channels, codec_name)
@@ -222,6 +226,7 @@ class Segment(Ring, ChannelTable, Processes, Locking):
             codec_name.encode()[:16],
         )
         mm[_OFF_BOOT : _OFF_BOOT + 16] = _boot_id()
+        struct.pack_into("<Q", mm, _OFF_FLAGS, FLAG_METRICS)
         anchor = ctypes.c_char.from_buffer(mm)
         try:
             _native.RobustMutex.initialize(ctypes.addressof(anchor) + _OFF_MUTEX)

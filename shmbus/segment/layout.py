@@ -64,6 +64,33 @@ _Q_FLAGS = _OFF_FLAGS >> 3
 #: Message ids are the engine's global ids (PostgreSQL): a channel's ids have gaps, and its backlog limit is a
 #: count of messages, not a window of ids. Set by such an engine; survives resets.
 FLAG_SPARSE_IDS = 1
+#: The segment ends with a metrics area (``METRICS_SIZE`` bytes after the ring): per-process counters that any
+#: process may read (:mod:`shmbus.metrics`). Segments made before it existed have no such area and no figures.
+FLAG_METRICS = 2
+
+# The metrics area: a header of retired totals (the counters of processes whose slot was taken over), then one
+# slot per process-table entry. Every field is one aligned u64 (f64 bits for times), written only by the slot's
+# process: readers never see a torn value.
+METRICS_HEADER = 512
+METRIC_SLOT = 128
+METRICS_SIZE = METRICS_HEADER + MAX_PROCS * METRIC_SLOT
+METRIC_FIELDS = (
+    "pid",
+    "started",  # f64: when the slot was claimed
+    "updated",  # f64: the last flush
+    "publishes",  # messages this process appended (counted in the append, under the segment's lock)
+    "relayed",  # messages with engine-assigned ids this process stored (a bridge's relay)
+    "deliveries",  # messages handed to clients (HTTP, SSE, WebSocket, guble) by this process
+    "lost",  # messages this process's listener reports lost
+    "parked",  # gauge: long polls waiting
+    "streams",  # gauge: open streams (chunked HTTP, SSE, WebSocket)
+    "listener_gid",  # the last global id this process's listener handled
+    "relay",  # 1 while this process relays for a bridge engine
+    "relay_state",  # index into RELAY_STATES: the bridge's relay state in this process
+    "relay_highest",  # the highest global id the relay has seen in the backend (lag = it - the segment's)
+)
+RELAY_STATES = ("", "standby", "connecting", "relaying", "reconnecting", "off")
+RETIRED_FIELDS = ("publishes", "relayed", "deliveries", "lost")
 _I_FUTEX = _OFF_FUTEX >> 2
 _I_SLEEPERS = _OFF_SLEEPERS >> 2
 _I_CHANNELS = _OFF_CHANNELS >> 2
@@ -241,8 +268,10 @@ def _validate_header(mm: mmap.mmap, fpath: str, size: int, check_ownership: Call
         problems.append(f"ring at {ring_off}, expected {HEADER_SIZE + _table_bytes(max_channels)}")
     if ring_size < MIN_RING or ring_size % 4096:
         problems.append(f"ring size {ring_size}")
-    if ring_off + ring_size != size:
-        problems.append(f"size {size} does not match ring {ring_off}+{ring_size}")
+    flags = struct.unpack_from("<Q", mm, _OFF_FLAGS)[0]
+    extra = METRICS_SIZE if flags & FLAG_METRICS else 0
+    if ring_off + ring_size + extra != size:
+        problems.append(f"size {size} does not match ring {ring_off}+{ring_size} (+{extra} of metrics)")
     if not epoch or epoch >= 1 << 63:
         problems.append(f"epoch {epoch}")
     if not codec.rstrip(b"\x00").isascii():

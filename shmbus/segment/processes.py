@@ -20,9 +20,24 @@ from .layout import (
     _Q_TAIL,
     ALIGN,
     MAX_PROCS,
+    METRIC_FIELDS,
+    METRIC_SLOT,
+    METRICS_HEADER,
+    RETIRED_FIELDS,
     _pid_alive,
 )
 from .state import SegmentState
+
+_M = {name: i for i, name in enumerate(METRIC_FIELDS)}
+_M_PID = _M["pid"]
+
+
+def _f64_bits(x: float) -> int:
+    return int(struct.unpack("<Q", struct.pack("<d", x))[0])
+
+
+def _bits_f64(x: int) -> float:
+    return float(struct.unpack("<d", struct.pack("<Q", x))[0])
 
 
 class Processes(SegmentState):
@@ -75,9 +90,71 @@ class Processes(SegmentState):
                     self._u32[(off + 4) >> 2] = 0
                     self._u32[off >> 2] = pid
                     self._proc_index = i
+                    self._claim_metrics_slot(i, pid)
                     break
         finally:
             self._unlock()
+
+    def _claim_metrics_slot(self, index: int, pid: int) -> None:
+        """Make metrics slot ``index`` this process's (under the lock): the previous owner's counters move to the
+        retired totals first, so host totals survive restarts and a slot is never counted twice."""
+        self._pub_word = self._relay_word = 0
+        self._metrics_base = -1
+        if self.metrics_off < 0:
+            return
+        u64 = self._u64
+        area = self.metrics_off >> 3
+        base = (self.metrics_off + METRICS_HEADER + index * METRIC_SLOT) >> 3
+        if u64[base + _M_PID]:
+            for i, name in enumerate(RETIRED_FIELDS):
+                u64[area + i] += u64[base + _M[name]]
+        for i in range(METRIC_SLOT >> 3):
+            u64[base + i] = 0
+        u64[base + _M["started"]] = _f64_bits(time.time())
+        u64[base + _M_PID] = pid
+        self._metrics_base = base
+        self._pub_word = base + _M["publishes"]
+        self._relay_word = base + _M["relayed"]
+
+    def write_metrics(self, values: dict[str, int | float]) -> bool:
+        """Store figures in this process's metrics slot (one aligned store each; no lock: only we write it).
+        Floats are stored as their bits (``started``, ``updated``). False when this process has no slot."""
+        base = self._metrics_base
+        if base < 0 or self._closed:
+            return False
+        u64 = self._u64
+        if u64[base + _M_PID] != os.getpid():
+            return False
+        for name, value in values.items():
+            u64[base + _M[name]] = _f64_bits(value) if isinstance(value, float) else max(int(value), 0)
+        return True
+
+    def store_metric(self, name: str, value: int) -> None:
+        """One field of this process's slot (the listener's position, after each batch)."""
+        base = self._metrics_base
+        if base >= 0 and not self._closed:
+            self._u64[base + _M[name]] = value
+
+    def read_metrics(self) -> tuple[dict[str, int], list[dict[str, float]]] | None:
+        """The metrics area as it is now: ``(retired totals, [slot fields for each used slot])``; None when the
+        segment has no area. Lock-free: each field is one aligned load, so a value is never torn (fields of a slot
+        may be from consecutive flushes)."""
+        if self.metrics_off < 0:
+            return None
+        u64 = self._u64
+        area = self.metrics_off >> 3
+        retired = {name: int(u64[area + i]) for i, name in enumerate(RETIRED_FIELDS)}
+        slots: list[dict[str, float]] = []
+        width = len(METRIC_FIELDS)
+        for index in range(MAX_PROCS):
+            base = (self.metrics_off + METRICS_HEADER + index * METRIC_SLOT) >> 3
+            if not u64[base + _M_PID]:
+                continue
+            row: dict[str, float] = {name: int(u64[base + i]) for i, name in enumerate(METRIC_FIELDS[:width])}
+            row["started"] = _bits_f64(int(row["started"]))
+            row["updated"] = _bits_f64(int(row["updated"]))
+            slots.append(row)
+        return retired, slots
 
     def reregister_after_fork(self) -> None:
         """In a forked child: take a process-table slot of our own (the parent keeps its own)."""
@@ -94,6 +171,8 @@ class Processes(SegmentState):
                 self._u32[(off + 4) >> 2] = 0
                 self._u32[off >> 2] = 0
             self._proc_index = -1
+            self._pub_word = self._relay_word = 0  # the slot keeps its figures (retired when it is reused)
+            self._metrics_base = -1
         finally:
             self._unlock()
 

@@ -13,7 +13,10 @@ from . import layout
 from .layout import (
     _OFF_FUTEX,
     _OFF_MUTEX,
+    _Q_FLAGS,
     DEFAULT_LOCK_TIMEOUT,
+    FLAG_METRICS,
+    METRICS_SIZE,
 )
 
 # Struct objects are assigned, not imported by name: see the note on the formats in layout.py.
@@ -102,3 +105,10 @@ class SegmentState:
         self._table_gen = -1
         self._proc_index = -1
         self._closed = False
+        flags = self._u64[_Q_FLAGS]
+        end = self.ring_off + self.ring_size
+        #: byte offset of the metrics area (:data:`~.layout.FLAG_METRICS`), -1 in a segment without one
+        self.metrics_off = end if flags & FLAG_METRICS and len(mm) >= end + METRICS_SIZE else -1
+        self._metrics_base = -1  # word index of this process's metrics slot
+        self._pub_word = 0  # word indexes of this process's publish / relay counters (0: not counting)
+        self._relay_word = 0

@@ -1,0 +1,261 @@
+"""Host-wide figures of a bus: what every process did, kept in the segment, readable by any process.
+
+The segment ends with a metrics area (see ``FLAG_METRICS`` in :mod:`shmbus.segment.layout`): one slot per entry of
+its process table, each written only by its process with single aligned 8-byte stores, so a reader (``shmbus
+top``, the Prometheus endpoint or the admin page in any worker) never sees a torn value and takes no lock. A slot
+taken over by a new process first adds the old one's counters to the area's retired totals, so host totals
+survive worker restarts.
+
+What costs what: publishes are counted by the append itself, under the segment's lock it already holds (exact,
+one store). Everything else is kept in this process's :class:`Metrics` as plain integers and written to the slot
+by :meth:`Metrics.flush`, which the bus's listener calls at most twice a second (and ``close`` once more); web
+adapters add their deliveries and register gauges (parked polls, open streams) read at each flush.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .segment import Segment
+from .segment.layout import RELAY_STATES
+
+if TYPE_CHECKING:
+    from .bus import Bus
+
+__all__ = ["GaugeSource", "Metrics", "ProcessFigures", "Snapshot", "read_snapshot"]
+
+FLUSH_INTERVAL = 0.5  # seconds between the listener's flushes
+
+
+class GaugeSource(Protocol):
+    """Anything that can say how many clients it holds right now (an HTTP registry, a transport hub)."""
+
+    def metrics_gauges(self) -> Mapping[str, int]:
+        """``{"parked": n, "streams": m}`` (either key may be missing)."""
+        ...
+
+
+class Metrics:
+    """This process's figures for one bus (``bus.metrics``); see the module doc.
+
+    Adapters add to :attr:`deliveries` (an int: ``+=`` under the GIL) and register a :class:`GaugeSource` with
+    :meth:`add_source` (held weakly: a source that goes away stops counting).
+    """
+
+    def __init__(self, bus: Bus) -> None:
+        self.bus = bus
+        self.deliveries = 0
+        self._sources: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._last_flush = 0.0
+
+    def add_source(self, source: GaugeSource) -> None:
+        self._sources.add(source)
+
+    def gauges(self) -> dict[str, int]:
+        totals = {"parked": 0, "streams": 0}
+        for source in list(self._sources):
+            try:
+                for name, value in source.metrics_gauges().items():
+                    totals[name] = totals.get(name, 0) + int(value)
+            except Exception:  # a figure is never worth breaking the listener for
+                continue
+        return totals
+
+    def after_fork(self) -> None:
+        """In a forked child: the parent's deliveries are the parent's."""
+        self.deliveries = 0
+        self._last_flush = 0.0
+
+    def maybe_flush(self) -> None:
+        now = time.monotonic()
+        if now - self._last_flush >= FLUSH_INTERVAL:
+            self._last_flush = now
+            self.flush()
+
+    def flush(self) -> bool:
+        """Write this process's figures to its slot; False when it has none (no segment, a full process table,
+        or a segment made before metrics existed)."""
+        bus = self.bus
+        seg = bus._seg
+        if seg is None or bus._pid != os.getpid():
+            return False
+        gauges = self.gauges()
+        values: dict[str, int | float] = {
+            "updated": time.time(),
+            "deliveries": self.deliveries,
+            "lost": bus._lost,
+            "listener_gid": bus._last_gid,
+            "parked": gauges.get("parked", 0),
+            "streams": gauges.get("streams", 0),
+            "relay": 0,
+            "relay_state": 0,
+            "relay_highest": 0,
+        }
+        for engine in [bus._default_engine, *bus._engines]:
+            state = getattr(engine, "relay_state", None)
+            if state is None:
+                continue
+            if state in RELAY_STATES:
+                values["relay_state"] = RELAY_STATES.index(state)
+            if getattr(engine, "_is_relay", False):
+                values["relay"] = 1
+                values["relay_highest"] = int(getattr(engine, "_highest", 0) or 0)
+        try:
+            return seg.write_metrics(values)
+        except (ValueError, TypeError):  # the segment was closed under us
+            return False
+
+
+@dataclass
+class ProcessFigures:
+    """One process's slot, as read."""
+
+    pid: int
+    alive: bool
+    started: float
+    updated: float
+    publishes: int
+    relayed: int
+    deliveries: int
+    lost: int
+    parked: int
+    streams: int
+    listener_gid: int
+    relay: bool
+    relay_state: str
+    relay_highest: int
+
+
+@dataclass
+class Snapshot:
+    """Everything ``shmbus top``, the metrics endpoint and the admin page show, read at one moment."""
+
+    time: float
+    bus: str
+    epoch: int
+    processes: list[ProcessFigures]
+    retired: dict[str, int]
+    global_id: int
+    oldest_global_id: int
+    ring_size: int
+    ring_used: int
+    history_seconds: float
+    channels: int
+    max_channels: int
+    sparse_ids: bool
+    has_metrics: bool
+    channel_last_ids: dict[str, int] = field(default_factory=dict)
+
+    def total(self, name: str) -> int:
+        """A counter summed over every slot plus the retired totals (``publishes``, ``relayed``, ...)."""
+        return int(sum(getattr(p, name) for p in self.processes) + self.retired.get(name, 0))
+
+    def gauge(self, name: str) -> int:
+        """A gauge (``parked``, ``streams``) summed over live processes."""
+        return int(sum(getattr(p, name) for p in self.processes if p.alive))
+
+    @property
+    def relay(self) -> ProcessFigures | None:
+        """The live process relaying for a bridge engine, if any."""
+        for p in self.processes:
+            if p.alive and p.relay:
+                return p
+        return None
+
+    @property
+    def relay_lag(self) -> int:
+        """Messages the relay has seen in the backend but not yet stored in the segment (0 without a relay)."""
+        r = self.relay
+        return max(r.relay_highest - self.global_id, 0) if r is not None and r.relay_highest else 0
+
+    def busiest(self, before: Snapshot | None, n: int = 10) -> list[tuple[str, float]]:
+        """Channels by messages per second since ``before`` (by id advance; with sparse ids, by global ids)."""
+        if before is None:
+            return []
+        dt = max(self.time - before.time, 1e-6)
+        rates = []
+        for key, last in self.channel_last_ids.items():
+            prev = before.channel_last_ids.get(key)
+            if prev is not None and last > prev:
+                rates.append((key, (last - prev) / dt))
+        rates.sort(key=lambda kv: -kv[1])
+        return rates[:n]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def read_snapshot(source: Bus | Segment, *, channels: bool = True, exclude_self: bool = False) -> Snapshot:
+    """Read the host's figures of a bus (or of an attached :class:`~shmbus.segment.Segment`, as the CLI does):
+    any process may call it, nothing is written but this process's own flush. ``exclude_self`` leaves out the
+    calling process (a CLI that attached only to look)."""
+    if isinstance(source, Segment):
+        seg, name = source, source.name
+    else:
+        source.metrics.flush()  # this process's own figures, current
+        seg, name = source.segment, source.name
+    st = seg.stats()
+    area = seg.read_metrics()
+    procs: list[ProcessFigures] = []
+    retired: dict[str, int] = {}
+    me = os.getpid()
+    if area is not None:
+        retired, slots = area
+        for row in slots:
+            pid = int(row["pid"])
+            if exclude_self and pid == me:
+                continue
+            alive = _alive(pid) and pid in st.processes
+            state = int(row["relay_state"])
+            procs.append(
+                ProcessFigures(
+                    pid=pid,
+                    alive=alive,
+                    started=float(row["started"]),
+                    updated=float(row["updated"]),
+                    publishes=int(row["publishes"]),
+                    relayed=int(row["relayed"]),
+                    deliveries=int(row["deliveries"]),
+                    lost=int(row["lost"]),
+                    parked=int(row["parked"]) if alive else 0,
+                    streams=int(row["streams"]) if alive else 0,
+                    listener_gid=int(row["listener_gid"]),
+                    relay=bool(row["relay"]) and alive,
+                    relay_state=RELAY_STATES[state] if 0 <= state < len(RELAY_STATES) else "?",
+                    relay_highest=int(row["relay_highest"]),
+                )
+            )
+    last_ids: dict[str, int] = {}
+    if channels:
+        for info in seg.iter_channels():
+            if info.last_id and not info.expired:
+                last_ids[info.key.decode(errors="replace")] = int(info.last_id)
+    return Snapshot(
+        time=time.time(),
+        bus=name,
+        epoch=int(st.epoch),
+        processes=procs,
+        retired=retired,
+        global_id=int(st.global_id),
+        oldest_global_id=int(st.oldest_global_id),
+        ring_size=int(st.ring_size),
+        ring_used=int(st.ring_used),
+        history_seconds=float(st.history_seconds),
+        channels=int(st.channels),
+        max_channels=int(st.max_channels),
+        sparse_ids=bool(seg.sparse_ids),
+        has_metrics=area is not None,
+        channel_last_ids=last_ids,
+    )

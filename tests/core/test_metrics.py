@@ -1,0 +1,208 @@
+"""Host-wide metrics in the segment: exact under concurrent publishers in several processes, kept across exits
+and kills, readable by any process, and `shmbus top` / `stats --watch` drawing them."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import pytest
+
+import shmbus
+from shmbus.metrics import read_snapshot
+from shmbus.segment import Segment
+
+CTX = multiprocessing.get_context("spawn")  # a fresh interpreter: nothing inherited from the test process
+
+
+def _publisher(name: str, count: int, start: multiprocessing.synchronize.Event) -> None:
+    bus = shmbus.Bus(name, ring_size=1 << 20, keepalive_interval=0, create=False)
+    assert bus.segment is not None  # attach (and take a slot) before the race starts
+    start.wait(30)
+    for i in range(count):
+        bus.publish(f"/m/{i % 3}", i)
+    bus.close()
+
+
+def _publish_forever(name: str, ready: multiprocessing.synchronize.Event) -> None:
+    bus = shmbus.Bus(name, ring_size=1 << 20, keepalive_interval=0, create=False)
+    ready.set()
+    i = 0
+    while True:
+        bus.publish("/forever", i)
+        i += 1
+
+
+def test_counters_are_exact_under_concurrent_publishers_in_several_processes(
+    make_bus: Callable[..., shmbus.Bus],
+) -> None:
+    bus = make_bus()
+    bus.publish("/m/0", "from the test")
+    start = CTX.Event()
+    workers = [CTX.Process(target=_publisher, args=(bus.name, 2000, start)) for _ in range(4)]
+    for w in workers:
+        w.start()
+    time.sleep(1.0)  # let every process attach before they race
+    start.set()
+    for w in workers:
+        w.join(60)
+        assert w.exitcode == 0
+    snap = read_snapshot(bus)
+    by_pid = {p.pid: p for p in snap.processes}
+    for w in workers:
+        assert by_pid[w.pid].publishes == 2000, f"process {w.pid}: {by_pid[w.pid]}"
+        assert not by_pid[w.pid].alive
+    assert by_pid[os.getpid()].publishes == 1
+    assert snap.total("publishes") == 8001 == snap.global_id
+
+
+def test_totals_survive_exits_slot_reuse_and_kill_9(make_bus: Callable[..., shmbus.Bus]) -> None:
+    bus = make_bus()
+    bus.publish("/m/0", "creates the segment")
+    start = CTX.Event()
+    start.set()
+    for _ in range(6):  # one after another: each exit frees its table entry and the next process reuses it
+        p = CTX.Process(target=_publisher, args=(bus.name, 150, start))
+        p.start()
+        p.join(60)
+        assert p.exitcode == 0
+    ready = CTX.Event()
+    victim = CTX.Process(target=_publish_forever, args=(bus.name, ready))
+    victim.start()
+    assert ready.wait(30)
+    time.sleep(0.3)
+    os.kill(victim.pid, signal.SIGKILL)  # mid-publish: the count is taken under the same lock as the append
+    victim.join(10)
+    for _ in range(3):  # reap the killed process and reuse slots again
+        p = CTX.Process(target=_publisher, args=(bus.name, 10, start))
+        p.start()
+        p.join(60)
+    snap = read_snapshot(bus)
+    assert snap.global_id > 6 * 150 + 30
+    assert snap.total("publishes") == snap.global_id  # nothing lost or counted twice, whoever left how
+    assert sum(snap.retired.values()) > 0, "slots were reused, so some counts must have been retired"
+
+
+def test_forked_child_counts_in_its_own_slot(make_bus: Callable[..., shmbus.Bus]) -> None:
+    bus = make_bus()
+    bus.publish("/f", 0)
+    pid = os.fork()
+    if pid == 0:  # the child: after-fork reconnect gives it its own slot
+        code = 1
+        try:
+            for i in range(25):
+                bus.publish("/f", i)
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    by_pid = {p.pid: p for p in read_snapshot(bus).processes}
+    assert by_pid[pid].publishes == 25
+    assert by_pid[os.getpid()].publishes == 1
+
+
+def test_listener_position_deliveries_and_gauges(make_bus: Callable[..., shmbus.Bus]) -> None:
+    bus = make_bus()
+
+    class Source:
+        def metrics_gauges(self) -> dict[str, int]:
+            return {"parked": 3, "streams": 2}
+
+    source = Source()
+    bus.metrics.add_source(source)
+    got: list[int] = []
+    bus.subscribe("/l", lambda m: got.append(m.data))
+    for i in range(10):
+        bus.publish("/l", i)
+    deadline = time.monotonic() + 10
+    while len(got) < 10 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    bus.metrics.deliveries += 10
+    snap = read_snapshot(bus)
+    me = next(p for p in snap.processes if p.pid == os.getpid())
+    assert me.listener_gid == snap.global_id == 10
+    assert (me.deliveries, me.parked, me.streams) == (10, 3, 2)
+    assert snap.channel_last_ids == {"/l": 10}
+    del source  # a gauge source held weakly goes away with its owner
+    assert bus.metrics.gauges() == {"parked": 0, "streams": 0}
+
+
+def test_a_segment_without_a_metrics_area_is_still_served(bus_name: str, tmp_path: object) -> None:
+    """Segments made before metrics existed have no area: they attach and work; the figures say so."""
+    bus = shmbus.Bus(bus_name, ring_size=1 << 20, keepalive_interval=0)
+    try:
+        bus.publish("/x", 1)
+        seg = bus.segment
+        seg.metrics_off = -1  # as such a segment reads
+        seg._metrics_base = -1
+        assert seg.read_metrics() is None
+        snap = read_snapshot(bus)
+        assert not snap.has_metrics and snap.processes == [] and snap.global_id == 1
+    finally:
+        bus.destroy()
+
+
+def _pty_run(argv: list[str], timeout: float = 30) -> str:
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, close_fds=True)
+    os.close(slave)
+    out = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # EIO: the child closed the terminal
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            elif proc.poll() is not None:
+                break
+        assert proc.wait(10) == 0, out.decode(errors="replace")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+    return out.decode(errors="replace")
+
+
+@pytest.mark.parametrize("command", ["top", "stats"])
+def test_top_and_stats_watch_refresh_under_a_terminal(make_bus: Callable[..., shmbus.Bus], command: str) -> None:
+    bus = make_bus()
+    bus.subscribe("/t", lambda m: None)
+    for i in range(42):
+        bus.publish("/t", i)
+    argv = [sys.executable, "-m", "shmbus.cli", command, "--bus", bus.name, "--count", "2"]
+    argv += ["--interval", "0.5"] if command == "top" else ["--watch", "0.5"]
+    out = _pty_run(argv)
+    if command == "top":
+        assert out.count("shmbus top - bus") >= 2, out
+        assert str(os.getpid()) in out and "PUB/s" in out
+        assert "total 42" in out
+    else:
+        assert out.count(f"bus {bus.name}") == 2, out
+        assert "\x1b[2J" in out  # redrawn, not scrolled
+
+
+def test_cli_snapshot_leaves_out_the_cli_itself(make_bus: Callable[..., shmbus.Bus]) -> None:
+    bus = make_bus()
+    bus.publish("/c", 1)
+    seg = Segment.open(bus.name, create=False)
+    try:
+        pids = {p.pid for p in read_snapshot(seg, exclude_self=True).processes}
+        assert os.getpid() not in pids
+        assert os.getpid() in {p.pid for p in read_snapshot(seg).processes}
+    finally:
+        seg.close()
