@@ -27,8 +27,10 @@ import falcon
 import falcon.asgi
 
 from shmbus import Bus
+from shmbus.adapters.admin import AdminApp
 from shmbus.adapters.guble import GubleApp
 from shmbus.adapters.integrations.falcon import mount
+from shmbus.adapters.metrics import MetricsApp
 
 STATIC = Path(__file__).resolve().parent / "static"
 STATIC_TYPES = {
@@ -181,3 +183,16 @@ def _guble_user(scope: Any) -> str | None:
 # guble's WebSocket protocol at /stream/ (try it: `shmbus guble --url ws://127.0.0.1:8000/stream/ --user alice`);
 # sends are allowed under /guble/ only, so guble clients cannot write into the chat's or the dashboard's channels.
 app = GubleApp(app, bus=bus, user_id_lookup=_guble_user, allow_send=lambda scope, path: path.startswith("/guble/"))
+
+
+def _local_admin(scope: Any) -> bool:
+    """The demo has no login: a browser on this machine is the admin (the demo binds 127.0.0.1 by default).
+    A real app asks its session, e.g. ``lambda scope: scope["user"].is_staff``."""
+    client = scope.get("client") or ("", 0)
+    return client[0] in ("127.0.0.1", "::1")
+
+
+# The live admin page at /admin (plots of every worker, ring, lag, busiest channels, a tail of /chat) and the
+# Prometheus metrics at /metrics: both read the host-wide figures from the segment, so any worker answers.
+app = AdminApp(app, bus=bus, is_admin_lookup=_local_admin, tail="/chat")
+app = MetricsApp(app, bus=bus, allow=_local_admin)

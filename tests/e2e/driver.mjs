@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // Open one page in Debian's headless Chromium and relay what it reports, for Python tests.
 //
-//   node tests/e2e/driver.mjs URL [--timeout=MS]
+//   node tests/e2e/driver.mjs URL [--timeout=MS] [--screenshot=PATH]
 //
 // The page reports by console.log("SHMBUS:" + payload). Each payload is printed to stdout as
 // one JSON line (a payload that is valid JSON is re-printed compactly, anything else becomes a
@@ -13,6 +13,7 @@
 // lines, page errors, failed requests) goes to stderr, prefixed, for debugging.
 // Timeout: --timeout=MS, else env SHMBUS_E2E_TIMEOUT_MS, else 30000.
 // Browser: env SHMBUS_CHROMIUM, else /usr/bin/chromium (never a downloaded browser).
+// --screenshot=PATH saves a PNG of the page when it logs SHMBUS:DONE (before the browser closes).
 
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -29,17 +30,19 @@ function usage(message) {
 
 function parseArgs(argv) {
   let url = null;
+  let screenshot = null;
   let timeout = Number(process.env.SHMBUS_E2E_TIMEOUT_MS || 30000);
   for (let i = 0; i < argv.length; i += 1) {
     const arg = argv[i];
     if (arg.startsWith('--timeout=')) timeout = Number(arg.slice('--timeout='.length));
     else if (arg === '--timeout') timeout = Number(argv[(i += 1)]);
+    else if (arg.startsWith('--screenshot=')) screenshot = arg.slice('--screenshot='.length);
     else if (url === null) url = arg;
     else usage(`unexpected argument ${JSON.stringify(arg)}`);
   }
   if (!url) usage('missing URL');
   if (!Number.isFinite(timeout) || timeout <= 0) usage('timeout must be a positive number of ms');
-  return { url, timeout };
+  return { url, timeout, screenshot };
 }
 
 function relay(payload) {
@@ -53,7 +56,7 @@ function relay(payload) {
 }
 
 async function main() {
-  const { url, timeout } = parseArgs(process.argv.slice(2));
+  const { url, timeout, screenshot } = parseArgs(process.argv.slice(2));
   const executablePath = process.env.SHMBUS_CHROMIUM || '/usr/bin/chromium';
   const userDataDir = mkdtempSync(join(tmpdir(), 'shmbus-chromium-'));
   let context = null;
@@ -114,6 +117,11 @@ async function main() {
       finish(1);
     });
     exitCode = await finished;
+    if (screenshot && exitCode === 0) {
+      await page.screenshot({ path: screenshot, fullPage: true }).catch((err) => {
+        process.stderr.write(`driver: screenshot failed: ${err.message}\n`);
+      });
+    }
   } catch (err) {
     process.stderr.write(`driver: ${err.stack || err}\n`);
     exitCode = 1;

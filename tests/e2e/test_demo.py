@@ -121,6 +121,16 @@ def test_scripts_demo(bus_name: str, procs: Any) -> None:
         assert str(tx.recv(timeout=20)).startswith("#ok-send g1")
         assert str(rx.recv(timeout=20)).endswith("\n\nhello alice")
 
+    # the admin page and the metrics, for a local browser (the demo's admin rule)
+    import httpx
+
+    page = httpx.get(f"http://127.0.0.1:{port}/admin/", timeout=10, trust_env=False)
+    assert page.status_code == 200 and "static/uPlot.iife.min.js" in page.text
+    sample = httpx.get(f"http://127.0.0.1:{port}/admin/snapshot.json?tail=/chat", timeout=10, trust_env=False).json()
+    assert sample["sample"]["totals"]["publishes"] >= last and sample["tail"]["messages"]
+    metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10, trust_env=False).text
+    assert "shmbus_published_messages_total" in metrics
+
     # Ctrl-C: SIGINT to the whole process group, as a terminal does
     os.killpg(proc.pid, signal.SIGINT)
     assert_stopped_cleanly(proc, bus_name)

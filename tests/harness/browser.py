@@ -50,12 +50,17 @@ def require_browser() -> str:
     return node
 
 
-def run_page(url: str, timeout: float = 30.0, env: dict[str, str | None] | None = None) -> PageRun:
+def run_page(
+    url: str, timeout: float = 30.0, env: dict[str, str | None] | None = None, screenshot: str | None = None
+) -> PageRun:
     """Open ``url`` (query string passed through unchanged) and collect what the page reports
-    until it logs SHMBUS:DONE or ``timeout`` seconds pass."""
+    until it logs SHMBUS:DONE or ``timeout`` seconds pass; ``screenshot``: a PNG path saved at DONE."""
     node = require_browser()
+    argv = [node, str(DRIVER), url, f"--timeout={int(timeout * 1000)}"]
+    if screenshot:
+        argv.append(f"--screenshot={screenshot}")
     proc = spawn(
-        [node, str(DRIVER), url, f"--timeout={int(timeout * 1000)}"],
+        argv,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

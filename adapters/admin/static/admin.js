@@ -1,0 +1,255 @@
+// shmbus admin page: live plots of a bus's host-wide figures (uPlot), fed once a second by the admin app's
+// Server-Sent Events stream, or by polling snapshot.json where there is no stream (WSGI).
+// ?report=N (for tests): after N samples, log what the plots hold as "SHMBUS:<json>" then "SHMBUS:DONE".
+(function () {
+  'use strict';
+
+  const config = JSON.parse(document.body.dataset.config || '{}');
+  const params = new URLSearchParams(location.search);
+  const reportAfter = Number(params.get('report') || 0);
+  const MAX_POINTS = 300;
+  const COLORS = ['#1f77b4', '#d62728', '#2ca02c', '#ff7f0e', '#9467bd', '#8c564b', '#e377c2', '#17becf'];
+
+  const times = [];
+  const series = {
+    publishes: [], deliveries: [], fill: [], history: [], listenerLag: [], relayLag: [], lost: [],
+  };
+  const perWorker = { clients: new Map(), deliveries: new Map() }; // pid -> values aligned with times
+  const charts = {};
+  let samples = 0;
+  let tailChannel = params.get('tail') || config.tail || '';
+  let tailAfter = null;
+  let source = null;
+  let pollTimer = null;
+
+  document.getElementById('bus').textContent = config.bus || '';
+  document.getElementById('tail-channel').value = tailChannel;
+
+  function el(tag, text, cls) {
+    const e = document.createElement(tag);
+    if (text !== undefined) e.textContent = String(text);
+    if (cls) e.className = cls;
+    return e;
+  }
+
+  function fmt(n) {
+    return typeof n === 'number' ? n.toLocaleString(undefined, { maximumFractionDigits: 1 }) : String(n);
+  }
+
+  function width(id) {
+    return Math.max(document.getElementById(id).clientWidth || 460, 300);
+  }
+
+  function makeChart(id, labels, data, scales) {
+    const opts = {
+      width: width(id),
+      height: 200,
+      scales: { x: { time: true }, ...(scales || {}) },
+      series: [{}].concat(labels.map((label, i) => ({
+        label,
+        stroke: COLORS[i % COLORS.length],
+        width: 2,
+        scale: (scales && label.startsWith('history')) ? 's' : undefined,
+      }))),
+      axes: [{}, {}].concat(scales && scales.s ? [{ scale: 's', side: 1, grid: { show: false } }] : []),
+    };
+    const target = document.getElementById(id);
+    target.textContent = '';
+    return new uPlot(opts, data, target);
+  }
+
+  function trim(arr) {
+    while (arr.length > MAX_POINTS) arr.shift();
+  }
+
+  function workerData(map) {
+    return [...map.keys()].sort((a, b) => a - b).map((pid) => map.get(pid));
+  }
+
+  function workerChart(name, id, map) {
+    const pids = [...map.keys()].sort((a, b) => a - b);
+    const key = pids.join(',');
+    const data = [times.slice()].concat(workerData(map).map((a) => a.slice()));
+    if (!charts[name] || charts[name].key !== key) {
+      if (charts[name]) charts[name].plot.destroy();
+      charts[name] = { key, plot: makeChart(id, pids.map((p) => `pid ${p}`), data) };
+    } else {
+      charts[name].plot.setData(data);
+    }
+  }
+
+  function fixedChart(name, id, labels, arrays, scales) {
+    const data = [times.slice()].concat(arrays.map((a) => a.slice()));
+    if (!charts[name]) charts[name] = { key: '', plot: makeChart(id, labels, data, scales) };
+    else charts[name].plot.setData(data);
+  }
+
+  function record(sample) {
+    times.push(sample.time);
+    series.publishes.push(sample.rates.publishes);
+    series.deliveries.push(sample.rates.deliveries);
+    series.fill.push(sample.ring.fill_percent);
+    series.history.push(sample.ring.history_seconds);
+    series.listenerLag.push(Math.max(0, ...sample.processes.map((p) => p.listener_lag)));
+    series.relayLag.push(sample.relay ? sample.relay.lag : 0);
+    series.lost.push(sample.totals.lost);
+    const seen = new Set();
+    for (const p of sample.processes) {
+      seen.add(p.pid);
+      for (const [kind, value] of [['clients', p.parked + p.streams], ['deliveries', p.deliveries_per_s]]) {
+        const map = perWorker[kind];
+        if (!map.has(p.pid)) map.set(p.pid, new Array(times.length - 1).fill(null));
+        map.get(p.pid).push(value);
+      }
+    }
+    for (const map of Object.values(perWorker)) {
+      for (const [pid, arr] of map) {
+        if (!seen.has(pid)) arr.push(null);
+        trim(arr);
+        if (arr.every((v) => v === null)) map.delete(pid);
+      }
+    }
+    trim(times);
+    for (const arr of Object.values(series)) trim(arr);
+  }
+
+  function draw(sample) {
+    fixedChart('rates', 'chart-rates', ['publishes/s', 'deliveries/s'], [series.publishes, series.deliveries]);
+    workerChart('clients', 'chart-clients', perWorker.clients);
+    workerChart('deliveries', 'chart-deliveries', perWorker.deliveries);
+    fixedChart('ring', 'chart-ring', ['fill %', 'history s'], [series.fill, series.history], { s: { auto: true } });
+    fixedChart('lag', 'chart-lag', ['listener lag (max)', 'relay lag', 'lost (total)'],
+      [series.listenerLag, series.relayLag, series.lost]);
+
+    const summary = document.getElementById('summary');
+    summary.textContent = '';
+    const relay = sample.relay ? `${sample.relay.state} (pid ${sample.relay.pid}), lag ${sample.relay.lag}` : 'none';
+    for (const [label, value] of [
+      ['publishes/s', fmt(sample.rates.publishes)],
+      ['deliveries/s', fmt(sample.rates.deliveries)],
+      ['ids', `${fmt(sample.oldest_global_id)}..${fmt(sample.global_id)}${sample.sparse_ids ? ' (sparse)' : ''}`],
+      ['ring', `${fmt(sample.ring.fill_percent)}% , ${fmt(sample.ring.history_seconds)} s of history`],
+      ['channels', `${fmt(sample.channels.count)} of ${fmt(sample.channels.max)}`],
+      ['lost', fmt(sample.totals.lost)],
+      ['relay', relay],
+    ]) {
+      const d = el('div');
+      d.append(el('span', `${label} `), el('b', value));
+      summary.append(d);
+    }
+
+    const workers = document.getElementById('workers');
+    workers.textContent = '';
+    const head = el('tr');
+    for (const h of ['pid', 'pub/s', 'deliv/s', 'parked', 'streams', 'lag', 'lost', 'relay']) head.append(el('th', h));
+    workers.append(head);
+    for (const p of sample.processes) {
+      const row = el('tr');
+      for (const v of [p.pid, fmt(p.publishes_per_s), fmt(p.deliveries_per_s), p.parked, p.streams,
+        p.listener_lag, p.lost, p.relay]) row.append(el('td', v));
+      workers.append(row);
+    }
+
+    const busiest = document.getElementById('busiest');
+    busiest.textContent = '';
+    const bh = el('tr');
+    bh.append(el('th', 'channel'), el('th', 'site'), el('th', 'msgs/s'));
+    busiest.append(bh);
+    for (const c of sample.busiest) {
+      const row = el('tr');
+      row.append(el('td', c.channel), el('td', c.site_id || ''), el('td', fmt(c.per_s)));
+      busiest.append(row);
+    }
+  }
+
+  function showTail(tail) {
+    if (!tail) return;
+    tailAfter = tail.last_id;
+    const table = document.getElementById('tail');
+    for (const m of tail.messages) {
+      const row = el('tr');
+      row.append(el('td', m.id), el('td', new Date(m.time * 1000).toLocaleTimeString()));
+      row.append(m.hidden ? el('td', m.hidden, 'hidden') : el('td', m.data));
+      table.prepend(row);
+    }
+    while (table.rows.length > 40) table.deleteRow(table.rows.length - 1);
+  }
+
+  function report() {
+    const out = { samples, charts: {} };
+    for (const [name, c] of Object.entries(charts)) {
+      const u = c.plot;
+      out.charts[name] = u.series.slice(1).map((s, i) => ({
+        label: s.label,
+        points: u.data[i + 1].filter((v) => v !== null).length,
+        max: Math.max(0, ...u.data[i + 1].filter((v) => v !== null)),
+      }));
+    }
+    out.tail = [...document.querySelectorAll('#tail tr')].map((r) => r.textContent);
+    return out;
+  }
+
+  function onSample(body) {
+    const status = document.getElementById('status');
+    status.className = '';
+    status.textContent = `updated ${new Date(body.sample.time * 1000).toLocaleTimeString()}`;
+    record(body.sample);
+    draw(body.sample);
+    showTail(body.tail);
+    samples += 1;
+    if (reportAfter && samples === reportAfter) {
+      console.log(`SHMBUS:${JSON.stringify(report())}`);
+      console.log('SHMBUS:DONE');
+    }
+  }
+
+  function tailQuery(withAfter) {
+    const q = new URLSearchParams();
+    if (tailChannel) {
+      q.set('tail', tailChannel);
+      if (withAfter && tailAfter !== null) q.set('after', String(tailAfter));
+    }
+    const s = q.toString();
+    return s ? `?${s}` : '';
+  }
+
+  function poll() {
+    fetch(`snapshot.json${tailQuery(true)}`, { credentials: 'same-origin', cache: 'no-store' })
+      .then((r) => (r.ok ? r.json() : Promise.reject(new Error(`HTTP ${r.status}`))))
+      .then(onSample)
+      .catch((err) => {
+        const status = document.getElementById('status');
+        status.className = 'error';
+        status.textContent = `error: ${err.message}`;
+      })
+      .finally(() => { pollTimer = setTimeout(poll, (config.interval || 1) * 1000); });
+  }
+
+  function connect() {
+    if (source) source.close();
+    if (pollTimer) clearTimeout(pollTimer);
+    pollTimer = null;
+    let opened = false;
+    source = new EventSource(`events${tailQuery(false)}`);
+    source.onopen = () => { opened = true; };
+    source.onmessage = (ev) => onSample(JSON.parse(ev.data));
+    source.onerror = () => {
+      if (!opened) { // no stream here (a WSGI app): poll instead
+        source.close();
+        source = null;
+        poll();
+      }
+    };
+  }
+
+  document.getElementById('tail-form').addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    tailChannel = document.getElementById('tail-channel').value.trim();
+    tailAfter = null;
+    document.getElementById('tail').textContent = '';
+    if (source) connect();
+  });
+
+  window.shmbusAdmin = { charts, report };
+  connect();
+}());

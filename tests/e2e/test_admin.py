@@ -1,0 +1,199 @@
+"""The admin page and the metrics endpoint on a running 2-worker app under load (gunicorn, uvicorn workers).
+
+Chromium opens the page as an admin and reports what its plots hold after several samples; the load (streaming
+and long-polling clients of the message-bus protocol, publishes through both workers) must show up as non-zero
+series of both workers. A non-admin gets 403 on every admin route. The Prometheus text parses with
+``prometheus_client`` and any worker answers with the same host totals.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from harness import require_module
+from harness.browser import E2E_DIR, run_page
+from harness.wait import wait_for
+
+from shmbus import Bus
+
+pytestmark = pytest.mark.e2e
+
+GUNICORN_CONFIG = "python:shmbus.adapters.integrations.gunicorn"
+
+
+@pytest.fixture
+def admin_server(procs: Any, bus_name: str) -> Iterator[Any]:
+    require_module("uvicorn")
+    bus = Bus(bus_name, keepalive_interval=0)
+    bus.segment  # noqa: B018 - made here, so the test can remove it (the workers only attach)
+    yield procs.gunicorn_server(
+        "admin_app:asgi_app",
+        workers=2,
+        worker_class="uvicorn.workers.UvicornWorker",
+        config=GUNICORN_CONFIG,
+        env={"SHMBUS_TEST_BUS": bus_name},
+        app_dir=E2E_DIR,
+        health_path="/health",
+    )
+    bus.destroy()
+
+
+class Load:
+    """Streaming clients (held open) and long polls (re-made after each answer) plus publishes through both
+    workers, until stopped."""
+
+    def __init__(self, url: str, streams: int = 8, polls: int = 4) -> None:
+        self.url = url
+        self.stop = threading.Event()
+        self.errors: list[str] = []
+        self.threads = [threading.Thread(target=self._stream, daemon=True) for _ in range(streams)]
+        self.threads += [threading.Thread(target=self._poll, daemon=True) for _ in range(polls)]
+        self.threads.append(threading.Thread(target=self._publish, daemon=True))
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(40)
+
+    def _stream(self) -> None:
+        cid = uuid.uuid4().hex
+        while not self.stop.is_set():
+            try:
+                with httpx.stream(
+                    "POST", f"{self.url}/message-bus/{cid}/poll", data={"/load": "-1"}, timeout=40, trust_env=False
+                ) as r:
+                    for _ in r.iter_bytes():
+                        if self.stop.is_set():
+                            break
+            except httpx.HTTPError as exc:
+                if not self.stop.is_set():
+                    self.errors.append(repr(exc))
+                    time.sleep(0.2)
+
+    def _poll(self) -> None:
+        cid = uuid.uuid4().hex
+        while not self.stop.is_set():
+            try:
+                httpx.post(
+                    f"{self.url}/message-bus/{cid}/poll",
+                    data={"/load": "-1"},
+                    headers={"Dont-Chunk": "true"},
+                    timeout=40,
+                    trust_env=False,
+                )
+            except httpx.HTTPError as exc:
+                if not self.stop.is_set():
+                    self.errors.append(repr(exc))
+                    time.sleep(0.2)
+
+    def _publish(self) -> None:
+        while not self.stop.is_set():
+            try:
+                httpx.post(f"{self.url}/publish?n=5", timeout=10, trust_env=False)
+            except httpx.HTTPError as exc:
+                self.errors.append(repr(exc))
+            time.sleep(0.05)
+
+
+def scrape(url: str, cookie: bool = False) -> dict[str, list[Any]]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = httpx.get(f"{url}/metrics", timeout=10, trust_env=False)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    return {f.name: f.samples for f in text_string_to_metric_families(r.text)}
+
+
+def pids_with_clients(url: str) -> set[str]:
+    fams = scrape(url)
+    busy = {s.labels["pid"] for s in fams["shmbus_open_streams"] if s.value > 0}
+    return busy
+
+
+@pytest.fixture
+def loaded(admin_server: Any) -> Iterator[tuple[Any, Load]]:
+    with Load(admin_server.url) as load:
+        wait_for(
+            lambda: len(pids_with_clients(admin_server.url)) == 2,
+            timeout=30,
+            what="open streams in both workers (per /metrics)",
+            interval=0.3,
+        )
+        yield admin_server, load
+
+
+def test_admin_page_plots_both_workers_under_load_and_refuses_non_admins(
+    loaded: tuple[Any, Load], tmp_path: Path
+) -> None:
+    server, load = loaded
+    shot = tmp_path / "admin-page.png"
+    run = run_page(f"{server.url}/login?report=6", timeout=60, screenshot=str(shot))
+    assert run.done, f"the page did not report: {run.messages} {run.stderr[-3000:]}\n{server.log()[-3000:]}"
+    report = run.messages[-1]
+    print(f"admin page screenshot: {shot}")
+    assert shot.exists() and shot.stat().st_size > 10_000, "no screenshot of the page"
+    charts = report["charts"]
+    assert set(charts) == {"rates", "clients", "deliveries", "ring", "lag"}, charts
+    for name in ("clients", "deliveries"):
+        workers = [s for s in charts[name] if s["max"] > 0]
+        assert len(workers) >= 2, f"{name}: the plot should draw non-zero series of both workers: {charts[name]}"
+    rates = {s["label"]: s for s in charts["rates"]}
+    assert rates["publishes/s"]["max"] > 0 and rates["deliveries/s"]["max"] > 0, rates
+    assert rates["publishes/s"]["points"] >= 5
+    ring = {s["label"]: s for s in charts["ring"]}
+    assert ring["fill %"]["max"] > 0
+    tail = " ".join(report["tail"])
+    assert '"pid"' in tail, "the live tail of /load shows no payloads"
+    assert "targeted message: payload not shown" in tail
+    assert "for user 7" not in tail, "a targeted payload leaked into the admin tail"
+    assert not load.errors[:1] or len(load.errors) < 5, load.errors
+
+    # a non-admin (no cookie): 403 on every admin route, whichever worker answers
+    for path in ("/admin", "/admin/", "/admin/snapshot.json", "/admin/events", "/admin/static/admin.js"):
+        for _ in range(2):
+            r = httpx.get(server.url + path, timeout=10, trust_env=False)
+            assert r.status_code == 403, (path, r.status_code, r.text)
+            assert "admin" in r.text
+
+
+def test_metrics_endpoint_parses_and_every_worker_answers_the_same(loaded: tuple[Any, Load]) -> None:
+    server, load = loaded
+    fams = scrape(server.url)
+    for name in (
+        "shmbus_published_messages",
+        "shmbus_delivered_messages",
+        "shmbus_parked_polls",
+        "shmbus_open_streams",
+        "shmbus_ring_used_bytes",
+        "shmbus_ring_history_seconds",
+        "shmbus_listener_lag_messages",
+        "shmbus_relay_up",
+    ):
+        assert name in fams, f"{name} missing from /metrics"
+    workers = {s.labels["pid"] for s in fams["shmbus_open_streams"]} - {str(os.getpid())}  # the test attached too
+    assert len(workers) == 2, workers
+    per_pid = {s.labels["pid"]: s.value for s in fams["shmbus_process_published_messages"]}
+    assert sum(1 for pid in workers if per_pid.get(pid, 0) > 0) == 2, "publishes went through both workers"
+    load.__exit__()  # stop the load: the totals stand still
+    time.sleep(1.5)
+    totals = set()
+    answered = set()
+    for _ in range(12):  # new connections: both workers answer
+        fams = scrape(server.url)
+        totals.add(fams["shmbus_published_messages"][0].value)
+        answered.add(fams["shmbus_global_id"][0].value)
+    assert len(totals) == 1 and len(answered) == 1, (totals, answered)
+    assert totals == answered, "every publish is counted once: host total == newest global id"
