@@ -300,7 +300,9 @@ class Segment(Ring, ChannelTable, Processes, Locking):
             self._unlock()
         gid, head, tail = u64[_Q_GID], u64[_Q_HEAD], u64[_Q_TAIL]
         published = gid  # global ids are contiguous from 1 since creation or the last reset
-        oldest_rec = self.global_backlog(0, limit=1) if head > tail else []
+        # the oldest record is the first one at the tail: read forward one record (walking back from the head,
+        # as global_backlog does, costs a pass over the whole ring: 0.2 s on a full 32 MiB one)
+        oldest_rec = self.read_since(tail, limit=1)[0] if head > tail else []
         oldest_gid = oldest_rec[0].global_id if oldest_rec else gid + 1
         history = time.time() - oldest_rec[0].timestamp if oldest_rec else 0.0
         return SegmentStats(
