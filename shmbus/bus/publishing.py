@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..channels import GLOBAL_PREFIX
-from ..engines import EngineLike, Envelope, as_engine
+from ..engines import EngineLike, Envelope, SharedMemoryEngine, as_engine
 from ..errors import BusDestroyed, InvalidMessage
 from ..message import Message, encode_meta
 from .state import BusState
@@ -126,10 +126,21 @@ class Publishing(BusState):
             return segment.append(channel_key, site, payload, meta, size, age, self.clear_every)[1]
         if engine is False:
             self._dispatch_local(channel, site_id, payload, meta)
+            self._count_published()
             return True  # the draft's "true: scheduled"; no id is assigned when nothing is stored
         if engine is True:
             raise TypeError("engine must be an Engine, None (the default) or False (this process only)")
-        return as_engine(engine).publish(self._as_bus(), Envelope(channel, site_id, payload, meta, size, age))
+        engine = as_engine(engine)
+        result = engine.publish(self._as_bus(), Envelope(channel, site_id, payload, meta, size, age))
+        if not isinstance(engine, SharedMemoryEngine):  # that one appends here, and the append counts itself
+            self._count_published()
+        return result
+
+    def _count_published(self) -> None:
+        """Count a publish an engine handled in this process's metrics (a segment append counts its own)."""
+        seg = self._seg
+        if seg is not None:
+            seg.count_published()
 
     def store(
         self,

@@ -129,6 +129,16 @@ class Processes(SegmentState):
             u64[base + _M[name]] = _f64_bits(value) if isinstance(value, float) else max(int(value), 0)
         return True
 
+    def count_published(self, n: int = 1) -> None:
+        """Count publishes that did not append here themselves (through an engine, or ``engine=False``). Under
+        the lock, like the append's own count of the same word."""
+        if self._pub_word and not self._closed:
+            self._lock()
+            try:
+                self._u64[self._pub_word] += n
+            finally:
+                self._unlock()
+
     def store_metric(self, name: str, value: int) -> None:
         """One field of this process's slot (the listener's position, after each batch)."""
         base = self._metrics_base

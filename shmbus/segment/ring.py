@@ -166,8 +166,11 @@ class Ring(SegmentState):
             u64[(slot_offset + _OFF_SLOT_VERSION) >> 3] = version + 1
             u64[_Q_HEAD] = pos + rec_len  # the commit
             u64[_Q_GID] = new_gid
-            counter = self._pub_word if global_id is None else self._relay_word
-            if counter:  # this process's metrics slot (shmbus.metrics): exact, as it is counted under the lock
+            # this process's metrics slot (shmbus.metrics), exact as it is counted under the lock: a publish, or a
+            # relay's store (a bridge's publisher storing its own message, expect_global_id, is counted by the bus)
+            relay_store = global_id is not None and expect_global_id is None
+            counter = self._relay_word if relay_store else self._pub_word if global_id is None else 0
+            if counter:
                 u64[counter] += 1
             word, sleepers = _WAKE.unpack_from(mm, _OFF_FUTEX)
             self._u32[_I_FUTEX] = (word + 1) & 0xFFFFFFFF

@@ -265,3 +265,22 @@ def test_the_relay_trims_as_the_gem_does(make_host: Callable[..., Bus], sql: Any
     spread = [a.publish(f"/g{i}", i) for i in range(40)]  # 40 channels of one row: only the global trim bites
     wait_for(lambda: sql.execute("SELECT min(id) FROM message_bus").fetchone()[0] > spread[-1] - 30, what="global")
     assert sql.execute("SELECT count(*) FROM message_bus WHERE channel LIKE '/g%'").fetchone()[0] == 30
+
+
+def test_metrics_show_publishes_the_relay_and_its_lag(make_host: Callable[..., Bus]) -> None:
+    from shmbus.metrics import read_snapshot
+
+    a, b = make_host("a"), make_host("b")
+    wait_relaying(a, b)
+    for i in range(7):
+        a.publish("/m", i)
+    with a.default.batch():
+        for i in range(5):
+            a.publish("/m", i)
+    top = a.last_id("/m")
+    wait_for(lambda: b.segment.global_id() == top, what="host b caught up")
+    wait_for(lambda: read_snapshot(b).total("relayed") == 12, what="host b's relay counted 12 stores")
+    snap_a, snap_b = read_snapshot(a), read_snapshot(b)
+    assert snap_a.total("publishes") == 12 and snap_b.total("publishes") == 0
+    assert snap_b.relay is not None and snap_b.relay.relay_state == "relaying" and snap_b.relay_lag == 0
+    assert snap_b.sparse_ids

@@ -278,3 +278,22 @@ def test_cli_stats_shows_the_bridge(redis_server: Any, make_host: Callable[..., 
         timeout=60,
     )
     assert out.returncode == 0 and "UNREACHABLE" in out.stdout
+
+
+def test_metrics_show_publishes_the_relay_and_its_lag(redis_server: Any, make_host: Callable[..., Bus]) -> None:
+    from shmbus.adapters.metrics import families
+    from shmbus.metrics import read_snapshot
+
+    a, b = make_host("a", redis_server.url), make_host("b", redis_server.url)
+    wait_relaying(a, b)
+    for i in range(12):
+        a.publish("/m", i)
+    wait_for(lambda: b.segment.global_id() == 12 and a.segment.global_id() == 12, what="both hosts have 12")
+    wait_for(lambda: read_snapshot(b).total("relayed") == 12, what="host b's relay counted 12 stores")
+    snap_a, snap_b = read_snapshot(a), read_snapshot(b)
+    assert snap_a.total("publishes") == 12 and snap_b.total("publishes") == 0  # counted once, where published
+    assert snap_a.relay is not None and snap_a.relay.relay_state == "relaying"
+    assert snap_b.relay is not None and snap_b.relay_lag == 0
+    fams = {f.name: f for f in families(snap_b)}
+    assert fams["shmbus_relay_up"].samples[0][1] == 1
+    assert fams["shmbus_relayed_messages_total"].samples[0][1] == 12
