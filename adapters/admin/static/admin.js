@@ -132,7 +132,7 @@
       ['channels', `${fmt(sample.channels.count)} of ${fmt(sample.channels.max)}`],
       ['lost', fmt(sample.totals.lost)],
       ['relay', relay],
-    ]) {
+    ].concat(sample.has_metrics ? [] : [['per-worker figures', 'none: this segment predates metrics']])) {
       const d = el('div');
       d.append(el('span', `${label} `), el('b', value));
       summary.append(d);
