@@ -43,8 +43,9 @@ class GaugeSource(Protocol):
 class Metrics:
     """This process's figures for one bus (``bus.metrics``); see the module doc.
 
-    Adapters add to :attr:`deliveries` (an int: ``+=`` under the GIL) and register a :class:`GaugeSource` with
-    :meth:`add_source` (held weakly: a source that goes away stops counting).
+    Adapters add to :attr:`deliveries` (a plain int: no lock on the delivery path; two threads adding at the same
+    instant may lose one increment, which a rate shown once a second can afford) and register a
+    :class:`GaugeSource` with :meth:`add_source` (held weakly: a source that goes away stops counting).
     """
 
     def __init__(self, bus: Bus) -> None:

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
+from shmbus.errors import InvalidArgument
+
 from ..asgi_support import maybe_await
 from ..transports.hub import relative_path
 from .sampler import Sampler, parse_tail, read_tail
@@ -89,7 +91,10 @@ class _Admin:
                 return _text(400, str(exc))
             body = {"sample": self.sampler.sample()}
             if channel:
-                body["tail"] = read_tail(self.bus, channel, after, site)
+                try:
+                    body["tail"] = read_tail(self.bus, channel, after, site)
+                except InvalidArgument as exc:  # e.g. channel and site together too long to be stored
+                    return _text(400, str(exc))
             return 200, [("content-type", "application/json")], json.dumps(body).encode()
         if sub == "/events":
             return None
@@ -158,7 +163,9 @@ class AdminApp(_Admin):
             return
         try:
             channel, after, site = parse_tail(query)
-        except ValueError as exc:
+            if channel:
+                await asyncio.to_thread(read_tail, self.bus, channel, after, site)  # refuse a bad tail up front
+        except ValueError as exc:  # InvalidArgument is one
             await _send(send, _text(400, str(exc)))
             return
         await self._events(send, receive, channel, after, site)

@@ -13,7 +13,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from shmbus.channels import check_channel, split_backend_name
+from shmbus.channels import check_channel, check_site, split_backend_name
 from shmbus.errors import InvalidChannel
 from shmbus.metrics import Snapshot, read_snapshot
 
@@ -149,9 +149,12 @@ def parse_tail(query: dict[str, list[str]]) -> tuple[str | None, int | None, str
             raise ValueError(f"after must be an integer, got {after_raw!r}") from None
         if after < 0:
             raise ValueError("after must be >= 0")
-    if channel is not None:
-        try:
+    site = one("site") or None
+    try:
+        if channel is not None:
             check_channel(channel)
-        except InvalidChannel as exc:
-            raise ValueError(str(exc)) from None
-    return channel, after, one("site") or None
+        if site is not None:
+            check_site(site)
+    except InvalidChannel as exc:
+        raise ValueError(str(exc)) from None
+    return channel, after, site

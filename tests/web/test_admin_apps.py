@@ -77,7 +77,14 @@ def test_asgi_admin_routes(bus: Bus, lookup: Any) -> None:
         assert asgi_get(app, f"/admin/static/{bad}")[0] == 404, bad
     assert asgi_get(app, "/admin/snapshot.json", method="POST")[0] == 405
     assert asgi_get(app, "/elsewhere")[0] == 404  # no wrapped app
-    for query in ("tail=/" + "x" * 400, "tail=/room&after=x", "tail=/room&after=-1", "tail=/a%00b"):
+    for query in (
+        "tail=/" + "x" * 400,
+        "tail=/room&after=x",
+        "tail=/room&after=-1",
+        "tail=/a%00b",
+        "tail=/room&site=a%24%7C%24b",
+        "tail=/room&site=" + "s" * 40,
+    ):
         status, _, body = asgi_get(app, "/admin/snapshot.json", query)
         assert status == 400 and body, query
     status, _, body = asgi_get(app, "/admin/snapshot.json", "tail=/room")
@@ -90,6 +97,7 @@ def test_asgi_admin_routes(bus: Bus, lookup: Any) -> None:
         '{"text":"bye"}',
     ]
     assert b"for user 7" not in body and b"for a client" not in body
+    assert asgi_get(app, "/admin/events", "tail=/room&site=" + "s" * 40)[0] == 400
     status, headers, body = asgi_get(app, "/admin/events", "tail=/room")
     assert status == 200 and headers["content-type"] == "text/event-stream"
     first = json.loads(body.split(b"\n\n")[0].removeprefix(b"data: "))
