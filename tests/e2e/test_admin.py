@@ -50,7 +50,7 @@ class Load:
     """Streaming clients (held open) and long polls (re-made after each answer) plus publishes through both
     workers, until stopped."""
 
-    def __init__(self, url: str, streams: int = 8, polls: int = 4) -> None:
+    def __init__(self, url: str, streams: int = 10, polls: int = 4) -> None:
         self.url = url
         self.stop = threading.Event()
         self.errors: list[str] = []
@@ -128,7 +128,7 @@ def loaded(admin_server: Any) -> Iterator[tuple[Any, Load]]:
     with Load(admin_server.url) as load:
         wait_for(
             lambda: len(pids_with_clients(admin_server.url)) == 2,
-            timeout=30,
+            timeout=60,  # streams re-connect every long-polling interval (25 s): a lopsided start evens out
             what="open streams in both workers (per /metrics)",
             interval=0.3,
         )
