@@ -57,7 +57,6 @@ class Listening(BusState):
         metrics = self.metrics
         while not stop.is_set():
             try:
-                metrics.maybe_flush()
                 word = seg.futex_word()
                 epoch = seg.read_epoch()
                 if epoch != self._epoch:
@@ -84,9 +83,11 @@ class Listening(BusState):
                     msgs = [self._message(r, epoch) for r in recs]
                     with self._dispatch_lock:
                         self._dispatch(msgs)
+                    metrics.maybe_flush()  # after the delivery, never in front of it
                     continue
                 if stop.is_set():
                     break
+                metrics.maybe_flush()
                 seg.wait(word, 1.0)
             except BusLockTimeout as exc:  # a stopped lock holder: say so, keep trying (reads go on meanwhile)
                 if stop.is_set() or self._seg is None:

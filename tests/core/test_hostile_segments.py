@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from harness.wait import wait_for
 
 import shmbus
 from shmbus import Bus
@@ -208,6 +209,7 @@ def test_a_garbage_record_raises_typed_errors_and_live_delivery_goes_on(make_bus
 
     bus.subscribe("/live", on_message)
     bus.publish("/live", "before")
+    wait_for(lambda: got == ["before"], what="the listener running")
     seg = bus.segment
     writer = Bus(bus.name, keepalive_interval=0)  # another handle: its publishes land after the damage
     head = seg.head()
@@ -215,6 +217,9 @@ def test_a_garbage_record_raises_typed_errors_and_live_delivery_goes_on(make_bus
     struct.pack_into("<I", seg.mm, seg.ring_off + head % seg.ring_size, 7)  # record length 7: impossible
     with pytest.raises(shmbus.SegmentCorrupt, match="length 7"):
         _run_bounded(lambda: bus.global_backlog())
+    # the listener has met the damage (or read the record before it was damaged): only then publish, so what is
+    # checked is delivery after the damage, not how late a loaded machine woke the listener
+    wait_for(lambda: "damaged" in got or bus.health()["lost_by_listener"] >= 1, what="the listener past the damage")
     writer.publish("/live", "after")
     assert arrived.wait(10), f"live delivery stopped after the damaged record: {got}"
     # The listener either read "damaged" before it was damaged, or met the damage: then it skipped it and

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -22,9 +23,11 @@ from shmbus.segment import Segment
 CTX = multiprocessing.get_context("spawn")  # a fresh interpreter: nothing inherited from the test process
 
 
-def _publisher(name: str, count: int, start: multiprocessing.synchronize.Event) -> None:
+def _publisher(name: str, count: int, start: multiprocessing.synchronize.Event, attached: Any = None) -> None:
     bus = shmbus.Bus(name, ring_size=1 << 20, keepalive_interval=0, create=False)
     assert bus.segment is not None  # attach (and take a slot) before the race starts
+    if attached is not None:
+        attached.put(os.getpid())
     start.wait(30)
     for i in range(count):
         bus.publish(f"/m/{i % 3}", i)
@@ -46,10 +49,11 @@ def test_counters_are_exact_under_concurrent_publishers_in_several_processes(
     bus = make_bus()
     bus.publish("/m/0", "from the test")
     start = CTX.Event()
-    workers = [CTX.Process(target=_publisher, args=(bus.name, 2000, start)) for _ in range(4)]
+    attached = CTX.Queue()
+    workers = [CTX.Process(target=_publisher, args=(bus.name, 2000, start, attached)) for _ in range(4)]
     for w in workers:
         w.start()
-    time.sleep(1.0)  # let every process attach before they race
+    assert sorted(attached.get(timeout=60) for _ in workers) == sorted(w.pid for w in workers)  # all in, then race
     start.set()
     for w in workers:
         w.join(60)
@@ -86,7 +90,9 @@ def test_totals_survive_exits_slot_reuse_and_kill_9(make_bus: Callable[..., shmb
         p.join(60)
     snap = read_snapshot(bus)
     assert snap.global_id > 6 * 150 + 30
-    assert snap.total("publishes") == snap.global_id  # nothing lost or counted twice, whoever left how
+    # Nothing counted twice, nothing lost, whoever left how — except that SIGKILL may land between an append's
+    # commit and its count (the next store): a process killed inside an append is one short, never one over.
+    assert snap.global_id - 1 <= snap.total("publishes") <= snap.global_id
     assert sum(snap.retired.values()) > 0, "slots were reused, so some counts must have been retired"
 
 
