@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 import time
@@ -37,7 +38,8 @@ def _f64_bits(x: float) -> int:
 
 
 def _bits_f64(x: int) -> float:
-    return float(struct.unpack("<d", struct.pack("<Q", x))[0])
+    value = float(struct.unpack("<d", struct.pack("<Q", x))[0])
+    return value if math.isfinite(value) else 0.0  # a damaged slot must not put NaN into JSON or Prometheus
 
 
 class Processes(SegmentState):

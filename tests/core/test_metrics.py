@@ -212,3 +212,25 @@ def test_cli_snapshot_leaves_out_the_cli_itself(make_bus: Callable[..., shmbus.B
         assert os.getpid() in {p.pid for p in read_snapshot(seg).processes}
     finally:
         seg.close()
+
+
+def test_a_damaged_slot_reads_as_numbers(make_bus: Callable[..., shmbus.Bus]) -> None:
+    """Garbage in a slot's time fields (NaN, infinity bits) never reaches JSON or Prometheus as NaN."""
+    import json
+    import math
+    import struct
+
+    from shmbus.adapters.metrics import render
+
+    bus = make_bus()
+    bus.publish("/d", 1)
+    seg = bus.segment
+    base = seg._metrics_base
+    seg._u64[base + 1] = struct.unpack("<Q", struct.pack("<d", math.nan))[0]  # started
+    seg._u64[base + 2] = struct.unpack("<Q", struct.pack("<d", math.inf))[0]  # updated
+    area = seg.read_metrics()
+    assert area is not None
+    row = area[1][0]
+    assert row["started"] == 0.0 and row["updated"] == 0.0
+    json.dumps(row, allow_nan=False)
+    assert "nan" not in render(bus).lower()
