@@ -8,6 +8,7 @@ series of both workers. A non-admin gets 403 on every admin route. The Prometheu
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -197,3 +198,18 @@ def test_metrics_endpoint_parses_and_every_worker_answers_the_same(loaded: tuple
         answered.add(fams["shmbus_global_id"][0].value)
     assert len(totals) == 1 and len(answered) == 1, (totals, answered)
     assert totals == answered, "every publish is counted once: host total == newest global id"
+
+
+def test_vendored_uplot_is_the_npm_package() -> None:
+    """The admin page's vendored uPlot is byte-identical to the npm package the browser tests install."""
+    package = E2E_DIR / "node_modules" / "uplot"
+    if not (package / "package.json").exists():
+        import harness
+
+        harness.skip_or_fail(f"uplot not installed in {E2E_DIR} (run scripts/test, or npm ci there)")
+    static = E2E_DIR.parent.parent / "adapters" / "admin" / "static"
+    version = json.loads((package / "package.json").read_text())["version"]
+    for name in ("uPlot.iife.min.js", "uPlot.min.css"):
+        assert (static / name).read_bytes() == (package / "dist" / name).read_bytes(), f"{name} differs from {version}"
+    assert (static / "LICENSE.uPlot").read_bytes() == (package / "LICENSE").read_bytes()
+    assert version in (static / "README.md").read_text()
