@@ -5,8 +5,9 @@ Mount :class:`AdminApp` (ASGI) or :class:`AdminWSGIApp` like the message-bus mid
 
     app = AdminApp(app, bus=bus, is_admin_lookup=lambda scope: is_staff(scope))
 
-Figures are host-wide (read from the segment), so whichever worker answers shows every worker. The plots use
-uPlot (MIT), vendored in ``static/`` with its license.
+Figures are host-wide (read from the segment), so whichever worker answers shows every worker. The page is fed
+over the bus's own SSE transport (see :mod:`shmbus.adapters.admin.app`). The plots use uPlot (MIT), vendored in
+``static/`` with its license.
 """
 
 from .app import AdminApp, AdminWSGIApp

@@ -1,11 +1,21 @@
-"""The admin page's ASGI and WSGI shells: routing, the admin check, static files, the event stream.
+"""The admin page's ASGI and WSGI shells: routing, the admin check, static files, the live feed.
 
 Routes below ``path`` (default ``/admin``), every one refused with 403 unless ``is_admin_lookup`` says yes:
 
 * ``{path}/`` — the page (``{path}`` redirects there so its relative URLs resolve);
 * ``{path}/static/<file>`` — its script and style and the vendored uPlot;
-* ``{path}/events?tail=/channel`` — ASGI only: Server-Sent Events, one sample (plus the tail) a second;
-* ``{path}/snapshot.json?tail=/channel&after=N`` — one sample, for the page's polling fallback (and WSGI).
+* ``{path}/events?view=<id>&tail=/channel`` — the live feed: the bus's own SSE transport
+  (:class:`~shmbus.adapters.transports.sse.SSEApp`, or :class:`~shmbus.adapters.transports.sse_wsgi.SSEWSGIApp`
+  under gevent or threads) subscribed to the view's channel ``/_shmbus_admin/<id>``, on which this worker
+  publishes one sample (plus the tail) a second while the page is open;
+* ``{path}/snapshot.json?tail=/channel&after=N`` — one sample, for the page's polling fallback (sync WSGI
+  workers, where a stream would hold the worker).
+
+Why the feed is a bus message: the page is a client of the bus like any other and shows that its transport
+works end to end. The samples are published process-locally (``engine=False``: they cost no ring space and
+never reach other workers or hosts) and targeted at a random per-app viewer id that only this app's event stream
+resolves as its user, so no other transport (message-bus polls, other SSE or WebSocket apps, guble) can deliver
+them, whatever channel, prefix or glob its clients ask for.
 """
 
 from __future__ import annotations
@@ -14,6 +24,10 @@ import asyncio
 import html
 import inspect
 import json
+import logging
+import re
+import secrets
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,13 +36,23 @@ from urllib.parse import parse_qs
 from shmbus.errors import InvalidArgument
 
 from ..asgi_support import maybe_await
+from ..transports.connection import Connection
 from ..transports.hub import relative_path
+from ..transports.sse import SSEApp
+from ..transports.sse_wsgi import SSEWSGIApp
 from .sampler import Sampler, parse_tail, read_tail
 
 if TYPE_CHECKING:
     from shmbus import Bus
 
-__all__ = ["AdminApp", "AdminWSGIApp"]
+__all__ = ["VIEW_CHANNEL_PREFIX", "AdminApp", "AdminWSGIApp"]
+
+log = logging.getLogger("shmbus.admin")
+
+#: Each open page listens on ``VIEW_CHANNEL_PREFIX + <its view id>``.
+VIEW_CHANNEL_PREFIX = "/_shmbus_admin/"
+_VIEW_ID = re.compile(r"[A-Za-z0-9_-]{8,64}")
+Tail = tuple[str | None, int | None, str | None]
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 _TYPES = {
@@ -68,6 +92,26 @@ class _Admin:
         self.interval = interval
         self.tail_default = tail_default
         self.sampler = Sampler(bus, min_interval=interval * 0.9)
+        # The user id the event stream gives its clients and the samples are targeted at: random per app, so no
+        # user id any other transport's lookup returns can equal it.
+        self.viewer = f"shmbus-admin:{secrets.token_hex(16)}"
+
+    def viewer_id(self, _scope_or_environ: Any) -> str:
+        """``user_id_lookup`` of the admin event stream (it is only reached after the admin check)."""
+        return self.viewer
+
+    def body(self, tail: Tail) -> tuple[dict[str, Any], int | None]:
+        """One feed message (the sample, plus the tail when one is asked for) and the tail's new position."""
+        channel, after, site = tail
+        body: dict[str, Any] = {"sample": self.sampler.sample()}
+        if channel:
+            body["tail"] = read_tail(self.bus, channel, after, site)
+            after = body["tail"]["last_id"]
+        return body, after
+
+    def publish_view(self, channel: str, body: dict[str, Any]) -> None:
+        """Send one feed message to the page listening on ``channel``: through this process's transports only."""
+        self.bus.publish(channel, body, engine=False, user_ids=[self.viewer])
 
     def owns(self, path: str) -> bool:
         return path == self.path or path.startswith(self.path + "/")
@@ -89,12 +133,10 @@ class _Admin:
                 channel, after, site = parse_tail(query)
             except ValueError as exc:
                 return _text(400, str(exc))
-            body = {"sample": self.sampler.sample()}
-            if channel:
-                try:
-                    body["tail"] = read_tail(self.bus, channel, after, site)
-                except InvalidArgument as exc:  # e.g. channel and site together too long to be stored
-                    return _text(400, str(exc))
+            try:
+                body, _ = self.body((channel, after, site))
+            except InvalidArgument as exc:  # e.g. channel and site together too long to be stored
+                return _text(400, str(exc))
             return 200, [("content-type", "application/json")], json.dumps(body).encode()
         if sub == "/events":
             return None
@@ -104,6 +146,14 @@ class _Admin:
         page = (STATIC_DIR / "index.html").read_text()
         config = json.dumps({"bus": self.bus.name, "interval": self.interval, "tail": self.tail_default or ""})
         return page.replace("{{CONFIG}}", html.escape(config, quote=True)).encode()
+
+
+def parse_view(query: dict[str, list[str]]) -> tuple[str, Tail]:
+    """``?view=<id>&tail=..`` of the event stream -> (the view's channel, the tail); ValueError with a reason."""
+    view = (query.get("view") or [""])[-1]
+    if not _VIEW_ID.fullmatch(view):
+        raise ValueError("view must be 8 to 64 letters, digits, '-' or '_' (the page makes one at random)")
+    return VIEW_CHANNEL_PREFIX + view, parse_tail(query)
 
 
 def _text(status: int, reason: str) -> Reply:
@@ -136,6 +186,14 @@ class AdminApp(_Admin):
     ) -> None:
         super().__init__(bus, is_admin_lookup, path, interval, tail)
         self.app = app
+        self.events = SSEApp(
+            bus=bus,
+            path=path + "/events",
+            on_open=self._open_view,
+            on_close=self._close_view,
+            user_id_lookup=self.viewer_id,
+        )
+        self._feeds: dict[int, asyncio.Task[None]] = {}
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         path = relative_path(scope) if scope["type"] == "http" else ""
@@ -161,49 +219,38 @@ class AdminApp(_Admin):
         if reply is not None:
             await _send(send, reply)
             return
-        try:
-            channel, after, site = parse_tail(query)
-            if channel:
-                await asyncio.to_thread(read_tail, self.bus, channel, after, site)  # refuse a bad tail up front
+        try:  # refuse a bad view or tail up front, with its reason
+            _, tail = parse_view(query)
+            await asyncio.to_thread(self.body, tail)
         except ValueError as exc:  # InvalidArgument is one
             await _send(send, _text(400, str(exc)))
             return
-        await self._events(send, receive, channel, after, site)
+        await self.events(scope, receive, send)
 
-    async def _events(self, send: Any, receive: Any, channel: str | None, after: int | None, site: str | None) -> None:
-        gone = asyncio.Event()
+    def _open_view(self, conn: Connection) -> None:
+        channel, tail = parse_view(_query(conn.scope.get("query_string", b"").decode("latin-1")))
+        conn.subscribe(channel)
+        self._feeds[id(conn)] = asyncio.ensure_future(self._feed(conn, channel, tail))
 
-        async def watch() -> None:
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    gone.set()
-                    return
+    def _close_view(self, conn: Connection) -> None:
+        feed = self._feeds.pop(id(conn), None)
+        if feed is not None:
+            feed.cancel()
 
-        watcher = asyncio.ensure_future(watch())
-        headers = [("content-type", "text/event-stream"), *_SECURITY]
-        await send({"type": "http.response.start", "status": 200, "headers": _encode(headers)})
+    async def _feed(self, conn: Connection, channel: str, tail: Tail) -> None:
+        """One sample a second to one open page, as a bus message, until the page goes."""
         try:
-            while not gone.is_set():
-                body: dict[str, Any] = {"sample": await asyncio.to_thread(self.sampler.sample)}
-                if channel:
-                    tail = await asyncio.to_thread(read_tail, self.bus, channel, after, site)
-                    after = tail["last_id"]
-                    body["tail"] = tail
-                chunk = b"data: " + json.dumps(body).encode() + b"\n\n"
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                try:
-                    await asyncio.wait_for(gone.wait(), timeout=self.interval)
-                except asyncio.TimeoutError:
-                    pass
-        except OSError:  # the client went away mid-write
-            pass
-        finally:
-            watcher.cancel()
-        try:
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except OSError:
-            pass
+            while conn.open and not conn.live:  # the stream is still opening
+                await asyncio.sleep(0.005)
+            while conn.open:
+                body, after = await asyncio.to_thread(self.body, tail)
+                tail = (tail[0], after, tail[2])
+                self.publish_view(channel, body)
+                await asyncio.sleep(self.interval)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the bus closed under it, or a bug: the page shows it stopped updating
+            log.exception("shmbus: the admin feed of %s stopped", channel)
 
 
 def _encode(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
@@ -228,8 +275,10 @@ _REASONS = {
 
 
 class AdminWSGIApp(_Admin):
-    """WSGI twin of :class:`AdminApp` (``is_admin_lookup(environ)``, a plain function). It serves no event
-    stream (a sync worker would be held by it): the page polls ``snapshot.json`` once a second instead."""
+    """WSGI twin of :class:`AdminApp` (``is_admin_lookup(environ)``, a plain function). Its event stream is the
+    bus's :class:`~shmbus.adapters.transports.sse_wsgi.SSEWSGIApp`, so it needs gevent or threaded workers; a
+    sync worker refuses it with 503 (a stream would hold the worker) and the page polls ``snapshot.json`` once a
+    second instead."""
 
     def __init__(
         self,
@@ -243,6 +292,43 @@ class AdminWSGIApp(_Admin):
     ) -> None:
         super().__init__(bus, is_admin_lookup, path, interval, tail)
         self.app = app
+        self.events = SSEWSGIApp(
+            bus=bus,
+            path=path + "/events",
+            on_open=self._open_view,
+            on_close=self._close_view,
+            user_id_lookup=self.viewer_id,
+        )
+        self._feeds: dict[int, threading.Event] = {}
+        self._feeds_lock = threading.Lock()
+
+    def _open_view(self, conn: Connection) -> None:
+        channel, tail = parse_view(_query(conn.scope.get("QUERY_STRING", "")))
+        conn.subscribe(channel)
+        stop = threading.Event()
+        with self._feeds_lock:
+            self._feeds[id(conn)] = stop
+        # a thread (a greenlet under gevent's patching) per open page, like the stream it feeds
+        threading.Thread(target=self._feed, args=(conn, channel, tail, stop), daemon=True).start()
+
+    def _close_view(self, conn: Connection) -> None:
+        with self._feeds_lock:
+            stop = self._feeds.pop(id(conn), None)
+        if stop is not None:
+            stop.set()
+
+    def _feed(self, conn: Connection, channel: str, tail: Tail, stop: threading.Event) -> None:
+        """One sample a second to one open page, as a bus message, until the page goes."""
+        try:
+            while conn.open and not conn.live and not stop.is_set():  # the stream is still opening
+                stop.wait(0.005)
+            while conn.open and not stop.is_set():
+                body, after = self.body(tail)
+                tail = (tail[0], after, tail[2])
+                self.publish_view(channel, body)
+                stop.wait(self.interval)
+        except Exception:  # the bus closed under it, or a bug: the page shows it stopped updating
+            log.exception("shmbus: the admin feed of %s stopped", channel)
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
@@ -267,7 +353,13 @@ class AdminWSGIApp(_Admin):
             return _wsgi(start_response, _text(400, "malformed query string"))
         reply = self.reply(path, query)
         if reply is None:
-            return _wsgi(start_response, _text(404, "no event stream under WSGI: poll snapshot.json"))
+            try:  # refuse a bad view or tail up front, with its reason
+                _, tail = parse_view(query)
+                self.body(tail)
+            except ValueError as exc:  # InvalidArgument is one
+                return _wsgi(start_response, _text(400, str(exc)))
+            events: Iterable[bytes] = self.events(environ, start_response)
+            return events
         if reply[0] == 308:  # relative to the script root (SCRIPT_NAME) like any WSGI redirect
             reply = (308, [("location", environ.get("SCRIPT_NAME", "") + self.path + "/")], b"")
         return _wsgi(start_response, reply)

@@ -92,6 +92,12 @@ class Connection:
         sink = self._sink
         return not (self._closed or sink.closed or sink.dropped)
 
+    @property
+    def live(self) -> bool:
+        """True once the transport has opened the stream: from then on, messages published reach the client
+        live (while ``on_open`` runs, live delivery is held and what it publishes process-locally is not seen)."""
+        return self.open and not self._sink.holding
+
     # -- the draft's instance methods
     def subscribe(self, channel: str, pattern: bool | str = False, callback: DataCallback | None = None) -> bool | None:
         """Subscribe this connection (see the module docstring). None if it is closed; raises

@@ -38,7 +38,7 @@ def asgi_get(app: Any, path: str, query: str = "", admin: bool = True, method: s
         calls += 1
         if calls == 1:
             return {"type": "http.request", "body": b"", "more_body": False}
-        while not any(m.get("more_body") for m in sent if m["type"] == "http.response.body"):
+        while not any(b"\ndata: " in m.get("body", b"") for m in sent if m["type"] == "http.response.body"):
             await asyncio.sleep(0.01)
         return {"type": "http.disconnect"}  # after the first event of a stream
 
@@ -97,12 +97,65 @@ def test_asgi_admin_routes(bus: Bus, lookup: Any) -> None:
         '{"text":"bye"}',
     ]
     assert b"for user 7" not in body and b"for a client" not in body
-    assert asgi_get(app, "/admin/events", "tail=/room&site=" + "s" * 40)[0] == 400
-    status, headers, body = asgi_get(app, "/admin/events", "tail=/room")
-    assert status == 200 and headers["content-type"] == "text/event-stream"
-    first = json.loads(body.split(b"\n\n")[0].removeprefix(b"data: "))
-    assert first["sample"]["global_id"] == 4 and len(first["tail"]["messages"]) == 4
+    assert asgi_get(app, "/admin/events", "view=v1234567&tail=/room&site=" + "s" * 40)[0] == 400
+    for view in ("", "short", "x" * 65, "bad/view1"):
+        status, _, body = asgi_get(app, "/admin/events", f"view={view}&tail=/room")
+        assert status == 400 and b"view" in body, view
+    status, headers, body = asgi_get(app, "/admin/events", "view=v1234567&tail=/room")
+    assert status == 200 and headers["content-type"].startswith("text/event-stream")
+    first = first_event(body)
+    assert first["channel"] == "/_shmbus_admin/v1234567"  # a bus message on the view's channel
+    assert first["data"]["sample"]["global_id"] == 4 and len(first["data"]["tail"]["messages"]) == 4
     assert b"for user 7" not in body
+
+
+def first_event(stream: bytes) -> dict[str, Any]:
+    """The data of the first message event of an SSE stream (the bus's SSE format: event name = channel)."""
+    for event in stream.split(b"\n\n"):
+        fields = dict(line.split(b": ", 1) for line in event.split(b"\n") if b": " in line and line[:1] != b":")
+        if fields.get(b"event", b"").startswith(b"/"):
+            doc: dict[str, Any] = json.loads(fields[b"data"])
+            return doc
+    raise AssertionError(f"no message event in {stream!r}")
+
+
+def test_the_admin_feed_reaches_no_other_transport(bus: Bus) -> None:
+    """The samples travel on the bus, but only the admin stream can deliver them: a public SSE stream of the
+    same process subscribed to every channel (prefix "/") and a bus subscriber see the messages' targeting."""
+    from shmbus.adapters.transports.sse import SSEApp
+
+    admin = AdminApp(bus=bus, is_admin_lookup=is_admin)
+    public = SSEApp(bus=bus, path="/sse", user_id_lookup=lambda scope: admin.viewer.upper())
+    seen: list[Any] = []
+    bus.subscribe("/_shmbus_admin/", seen.append, pattern="prefix")
+
+    async def both() -> tuple[bytes, bytes]:
+        public_out: list[bytes] = []
+        stop = asyncio.Event()
+
+        async def public_receive() -> dict[str, Any]:
+            if not public_out:
+                public_out.append(b"")
+                return {"type": "http.request", "body": b"", "more_body": False}
+            await stop.wait()
+            return {"type": "http.disconnect"}
+
+        async def public_send(message: dict[str, Any]) -> None:
+            public_out.append(message.get("body", b""))
+
+        scope = {"type": "http", "method": "GET", "path": "/sse", "query_string": b"prefix=/", "headers": []}
+        task = asyncio.ensure_future(public.__call__(scope, public_receive, public_send))
+        await asyncio.sleep(0.2)
+        _, _, admin_body = await asyncio.to_thread(asgi_get, admin, "/admin/events", "view=v1234567")
+        await asyncio.sleep(0.2)
+        stop.set()
+        await task
+        return admin_body, b"".join(public_out)
+
+    admin_body, public_body = asyncio.run(both())
+    assert first_event(admin_body)["data"]["sample"]["bus"] == bus.name
+    assert b"_shmbus_admin" not in public_body and b"sample" not in public_body
+    assert seen and all(m.user_ids == [admin.viewer] for m in seen)  # on the bus, targeted at the viewer only
 
 
 def test_asgi_admin_passes_other_paths_to_the_app(bus: Bus) -> None:
@@ -150,7 +203,29 @@ def test_wsgi_admin_routes(bus: Bus) -> None:
     assert status.startswith("200")
     doc = json.loads(body)
     assert len(doc["tail"]["messages"]) == 4 and b"for user 7" not in body
-    assert wsgi_get(app, "/admin/events")[0].startswith("404")  # the page polls instead
+    assert wsgi_get(app, "/admin/events")[0].startswith("400")  # no view
+    status, body = wsgi_get(app, "/admin/events", "view=v1234567")
+    assert status.startswith("503") and b"gevent or threaded" in body  # a sync worker: the page polls instead
+    # a threaded worker streams: the first event is the view's sample, sent as a bus message
+    out: dict[str, Any] = {}
+    environ = {
+        "REQUEST_METHOD": "GET",
+        "PATH_INFO": "/admin/events",
+        "QUERY_STRING": "view=v1234567&tail=/room",
+        "SCRIPT_NAME": "",
+        "wsgi.input": io.BytesIO(),
+        "wsgi.multithread": True,
+        "HTTP_X_ADMIN": "yes",
+    }
+    stream = iter(app(environ, lambda status, headers: out.update(status=status)))
+    got = b""
+    while b"\ndata: " not in got:
+        got += next(stream)
+    stream.close()  # type: ignore[attr-defined]
+    assert out["status"].startswith("200")
+    first = first_event(got)
+    assert first["channel"] == "/_shmbus_admin/v1234567" and len(first["data"]["tail"]["messages"]) == 4
+    assert b"for user 7" not in got
     assert wsgi_get(app, "/admin/snapshot.json", "tail=/room&after=zz")[0].startswith("400")
 
     async def not_plain(environ: Any) -> bool:

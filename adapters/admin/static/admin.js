@@ -1,5 +1,6 @@
 // shmbus admin page: live plots of a bus's host-wide figures (uPlot), fed once a second by the admin app's
-// Server-Sent Events stream, or by polling snapshot.json where there is no stream (WSGI).
+// Server-Sent Events stream of the bus's own SSE transport, or by polling snapshot.json where there is no
+// stream (sync WSGI workers).
 // ?report=N (for tests): after N samples, log what the plots hold as "SHMBUS:<json>" then "SHMBUS:DONE".
 (function () {
   'use strict';
@@ -176,7 +177,7 @@
   }
 
   function report() {
-    const out = { samples, charts: {} };
+    const out = { samples, transport: source ? 'sse' : 'poll', charts: {} };
     for (const [name, c] of Object.entries(charts)) {
       const u = c.plot;
       out.charts[name] = u.series.slice(1).map((s, i) => ({
@@ -225,16 +226,22 @@
       .finally(() => { pollTimer = setTimeout(poll, (config.interval || 1) * 1000); });
   }
 
+  // The live feed is the bus's own SSE transport: this page listens on its view's channel, on which the
+  // worker that holds the stream publishes one sample a second (process-local, targeted at admin viewers).
+  const view = Array.from(crypto.getRandomValues(new Uint8Array(12)), (b) => b.toString(16).padStart(2, '0')).join('');
+  const viewChannel = `/_shmbus_admin/${view}`;
+
   function connect() {
     if (source) source.close();
     if (pollTimer) clearTimeout(pollTimer);
     pollTimer = null;
     let opened = false;
-    source = new EventSource(`events${tailQuery(false)}`);
+    const q = tailQuery(false);
+    source = new EventSource(`events?view=${view}${q ? `&${q.slice(1)}` : ''}`);
     source.onopen = () => { opened = true; };
-    source.onmessage = (ev) => onSample(JSON.parse(ev.data));
+    source.addEventListener(viewChannel, (ev) => onSample(JSON.parse(ev.data).data));
     source.onerror = () => {
-      if (!opened) { // no stream here (a WSGI app): poll instead
+      if (!opened) { // no stream here (a sync WSGI worker answers 503): poll instead
         source.close();
         source = null;
         poll();
