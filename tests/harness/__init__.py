@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import os
 import shutil
+import subprocess
 from pathlib import Path
 from types import ModuleType
 from typing import NoReturn
@@ -21,6 +22,7 @@ import pytest
 __all__ = [
     "REPO_ROOT",
     "TESTS_DIR",
+    "message_bus_gem",
     "require",
     "require_all",
     "require_binary",
@@ -84,3 +86,27 @@ def require_module(name: str, how: str | None = None) -> ModuleType:
     except ImportError as exc:
         hint = how or "pip install -e '.[all,test]', or run scripts/test"
         skip_or_fail(f"Python module {name!r} cannot be imported: {exc} ({hint})")
+
+
+def message_bus_gem(checked_from_python: str) -> Path:
+    """The message_bus gem's checkout named by ``MESSAGE_BUS_GEM_DIR``, runnable by this machine's Ruby (with the
+    pg and rack libraries), else a loud skip that names ``checked_from_python``, the tests that cover the same
+    format without Ruby.
+
+    Never a failure, even under SHMBUS_REQUIRE_ALL: the gem is on no registry this project installs from (only
+    Ruby itself is, from Debian: ``apt-get install ruby ruby-pg ruby-rack``), so a fresh machine cannot have it.
+    """
+    gem_dir = os.environ.get("MESSAGE_BUS_GEM_DIR", "")
+    why = ""
+    if shutil.which("ruby") is None:
+        why = "ruby is not installed (Debian: ruby ruby-pg ruby-rack)"
+    elif not gem_dir or not (Path(gem_dir) / "lib" / "message_bus.rb").is_file():
+        why = "MESSAGE_BUS_GEM_DIR does not name a checkout of the message_bus gem (its lib/ is loaded from there)"
+    elif subprocess.run(["ruby", "-e", "require 'pg'; require 'rack'"], capture_output=True).returncode:
+        why = "Ruby's pg or rack library is missing (Debian: ruby-pg ruby-rack)"
+    if why:
+        pytest.skip(
+            f"LOUD SKIP: the message_bus gem's own code cannot run here: {why}. Covered without Ruby by "
+            f"{checked_from_python}"
+        )
+    return Path(gem_dir)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -120,28 +119,6 @@ def test_a_gem_publisher_is_seen_with_its_ids(make_host: Callable[..., Bus], sql
     assert [x.message_id for x in got] == [rid, quiet, loud]
 
 
-def _gem_dir() -> Path:
-    """The gem's checkout from MESSAGE_BUS_GEM_DIR, with Ruby and its pg and rack libraries, else a loud skip.
-
-    The gem is not on any registry this project installs from, so the suite cannot fetch it; the Python side of
-    the gem's format is checked always (the two tests above)."""
-    why = ""
-    gem_dir = os.environ.get("MESSAGE_BUS_GEM_DIR", "")
-    if shutil.which("ruby") is None:
-        why = "ruby is not installed (Debian: ruby ruby-pg ruby-rack)"
-    elif not gem_dir or not (Path(gem_dir) / "lib" / "message_bus" / "backends" / "postgres.rb").is_file():
-        why = "MESSAGE_BUS_GEM_DIR does not name a checkout of the message_bus gem (its lib/ is loaded from there)"
-    elif subprocess.run(["ruby", "-e", "require 'pg'; require 'rack'"], capture_output=True).returncode:
-        why = "Ruby's pg or rack library is missing (Debian: ruby-pg ruby-rack)"
-    if why:
-        pytest.skip(
-            f"LOUD SKIP: the gem's own postgres backend cannot run here: {why}. The gem's table, statements and "
-            "lines are checked from Python in test_the_table_statements_and_lines_are_the_gems and "
-            "test_a_gem_publisher_is_seen_with_its_ids"
-        )
-    return Path(gem_dir)
-
-
 class GemPeer:
     """tests/postgres/gem_peer.rb: a Ruby process publishing and subscribing through the gem's postgres backend."""
 
@@ -180,7 +157,9 @@ class GemPeer:
 def test_the_ruby_gem_itself(make_host: Callable[..., Bus], pg: Any, bus_name: str) -> None:
     """The gem's postgres backend in a Ruby process and shmbus on one table: each sees the other's messages,
     live and in backlogs, with the same ids, targets and sites."""
-    gem_dir = _gem_dir()
+    gem_dir = harness.message_bus_gem(
+        "test_the_table_statements_and_lines_are_the_gems and test_a_gem_publisher_is_seen_with_its_ids"
+    )
     db = bus_name.lower()  # the gem's notify channel is "_message_bus_<db>"
     a = make_host("a", notify_channel=f"_message_bus_{db}")
     wait_relaying(a)

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import secrets
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
+import harness
 import pytest
 
 from shmbus import Bus
@@ -140,3 +143,70 @@ def test_ruby_http_client_pattern(procs: Any, bus_name: str, shared_bus: Bus, se
     # nothing is delivered twice on the following polls
     client.poll_once()
     assert len(client.received) == 2
+
+
+@pytest.mark.parametrize("server_kind", ["gunicorn", "uvicorn"])
+@pytest.mark.parametrize("mode", ["streaming", "no-chunk", "no-long-poll"])
+def test_the_gems_http_client(procs: Any, bus_name: str, shared_bus: Bus, server_kind: str, mode: str) -> None:
+    """The gem's own ``MessageBus::HTTPClient`` (Ruby) against our servers: a backlog from id 0, live messages,
+    a channel joined at -1 (the ``/__status`` reply), a targeted message it must not get; nothing twice."""
+    gem_dir = harness.message_bus_gem("test_ruby_http_client_pattern (the client's requests, reproduced)")
+    env = {"SHMBUS_TEST_BUS": bus_name, "SHMBUS_TEST_OPTS": json.dumps({"long_polling_interval": 1.0})}
+    if server_kind == "uvicorn":
+        server = procs.uvicorn_server("webapps:asgi_app", env=env, app_dir=WEB_DIR)
+    else:
+        server = procs.gunicorn_server(
+            "webapps:wsgi_app",
+            workers=2,
+            worker_class="gthread",
+            config="python:shmbus.adapters.integrations.gunicorn",
+            env=env,
+            app_dir=WEB_DIR,
+        )
+    backlog = [shared_bus.publish("/ruby", {"n": i}) for i in range(3)]
+    ruby = subprocess.Popen(
+        [
+            "ruby",
+            str(WEB_DIR / "gem_http_client.rb"),
+            server.url,
+            "0" if mode == "no-long-poll" else "1",
+            "1" if mode == "streaming" else "0",
+            "9",
+        ],
+        stdout=subprocess.PIPE,
+        env=dict(os.environ, MESSAGE_BUS_GEM_DIR=str(gem_dir)),
+        text=True,
+    )
+    try:
+        lines: list[Any] = []
+
+        def read(n: int) -> None:
+            while len(lines) < n:
+                line = ruby.stdout.readline()  # type: ignore[union-attr]
+                assert line, f"the gem's client exited early: {lines}"
+                lines.append(json.loads(line))
+
+        read(3)
+        live = [shared_bus.publish("/ruby", {"n": 10 + i}) for i in range(3)]
+        read(6)  # by now the client has the status of /ruby2 too (it came with the first reply)
+        later = [shared_bus.publish("/ruby2", "a"), shared_bus.publish("/ruby2", "b")]
+        shared_bus.publish("/ruby2", "for user 99 only", user_ids=[99])
+        marker = shared_bus.publish("/ruby2", "last")
+        read(9)
+        assert ruby.wait(30) == 0
+    finally:
+        if ruby.poll() is None:
+            ruby.kill()
+            ruby.wait()
+    gids = [m.global_id for m in shared_bus.backlog("/ruby")] + [m.global_id for m in shared_bus.backlog("/ruby2")]
+    assert lines == [
+        ["/ruby", {"n": 0}, gids[0], backlog[0]],
+        ["/ruby", {"n": 1}, gids[1], backlog[1]],
+        ["/ruby", {"n": 2}, gids[2], backlog[2]],
+        ["/ruby", {"n": 10}, gids[3], live[0]],
+        ["/ruby", {"n": 11}, gids[4], live[1]],
+        ["/ruby", {"n": 12}, gids[5], live[2]],
+        ["/ruby2", "a", gids[6], later[0]],
+        ["/ruby2", "b", gids[7], later[1]],
+        ["/ruby2", "last", gids[9], marker],  # the targeted message (gids[8]) never reached it
+    ]
