@@ -105,7 +105,9 @@ class Metrics:
                 values["relay_state"] = RELAY_STATES.index(state)
             if getattr(engine, "_is_relay", False):
                 values["relay"] = 1
-                values["relay_highest"] = int(getattr(engine, "_highest", 0) or 0)
+                # the backend's newest id as the relay knows it (not what it stored: lag = it - the segment's)
+                newest = getattr(engine, "backend_newest", None)
+                values["relay_highest"] = int((newest if newest is not None else getattr(engine, "_highest", 0)) or 0)
         try:
             return seg.write_metrics(values)
         except (ValueError, TypeError):  # the segment was closed under us

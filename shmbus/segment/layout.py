@@ -87,7 +87,7 @@ METRIC_FIELDS = (
     "listener_gid",  # the last global id this process's listener handled
     "relay",  # 1 while this process relays for a bridge engine
     "relay_state",  # index into RELAY_STATES: the bridge's relay state in this process
-    "relay_highest",  # the highest global id the relay has seen in the backend (lag = it - the segment's)
+    "relay_highest",  # the backend's newest global id as the relay knows it, stored or not (lag = it - the segment's)
 )
 RELAY_STATES = ("", "standby", "connecting", "relaying", "reconnecting", "off")
 RETIRED_FIELDS = ("publishes", "relayed", "deliveries", "lost")
