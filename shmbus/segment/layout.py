@@ -91,6 +91,10 @@ METRIC_FIELDS = (
 )
 RELAY_STATES = ("", "standby", "connecting", "relaying", "reconnecting", "off")
 RETIRED_FIELDS = ("publishes", "relayed", "deliveries", "lost")
+#: The metrics area's generation word (the header's last u64): a slot claim (under the segment's lock) makes it
+#: odd, moves the old owner's counters to the retired totals, zeroes the slot, and makes it even again; a reader
+#: that saw an odd value, or a change, read mid-claim and retries (a seqlock: writers never wait for readers).
+METRICS_GEN_WORD = (METRICS_HEADER >> 3) - 1
 _I_FUTEX = _OFF_FUTEX >> 2
 _I_SLEEPERS = _OFF_SLEEPERS >> 2
 _I_CHANNELS = _OFF_CHANNELS >> 2

@@ -96,6 +96,46 @@ def test_totals_survive_exits_slot_reuse_and_kill_9(make_bus: Callable[..., shmb
     assert sum(snap.retired.values()) > 0, "slots were reused, so some counts must have been retired"
 
 
+def _churn(name: str, rounds: int) -> None:
+    """Forks ``rounds`` short-lived processes one after another: each attaches (claiming the slot the previous
+    one left, which retires its counters), publishes once and detaches."""
+    for _ in range(rounds):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                seg = Segment.open(name, create=False)
+                seg.append(b"/churn", b"", b"1")
+                seg.close()
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_host_totals_never_go_down_while_slots_are_reclaimed(make_bus: Callable[..., shmbus.Bus]) -> None:
+    """A reader (no lock) looping while processes exit and others reclaim their slots never sees a total dip: a
+    claim moves a slot's counters to the retired totals, and a read is never half before and half after it."""
+    bus = make_bus()
+    bus.publish("/c", 0)
+    seg = bus.segment
+    churner = CTX.Process(target=_churn, args=(bus.name, 300))
+    churner.start()
+    last = reads = 0
+    while churner.is_alive() or not reads:
+        area = seg.read_metrics()
+        assert area is not None
+        retired, slots = area
+        total = retired["publishes"] + sum(int(row["publishes"]) for row in slots)
+        assert total >= last, f"host publishes went from {last} down to {total} (read {reads})"
+        last, reads = total, reads + 1
+    churner.join(60)
+    assert churner.exitcode == 0
+    snap = read_snapshot(bus)
+    assert snap.total("publishes") == snap.global_id == 301
+
+
 def test_forked_child_counts_in_its_own_slot(make_bus: Callable[..., shmbus.Bus]) -> None:
     bus = make_bus()
     bus.publish("/f", 0)
