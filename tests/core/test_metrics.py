@@ -274,3 +274,38 @@ def test_a_damaged_slot_reads_as_numbers(make_bus: Callable[..., shmbus.Bus]) ->
     assert row["started"] == 0.0 and row["updated"] == 0.0
     json.dumps(row, allow_nan=False)
     assert "nan" not in render(bus).lower()
+
+
+def _publish_big_forever(name: str, ready: multiprocessing.synchronize.Event) -> None:
+    bus = shmbus.Bus(name, create=False, keepalive_interval=0)
+    ready.set()
+    blob = "x" * 6000  # a 64 KiB ring holds ~10: every publish overwrites the oldest record
+    i = 0
+    while True:
+        bus.publish("/big", [i, blob])
+        i += 1
+
+
+def test_stats_find_the_oldest_record_on_a_full_ring_under_a_publisher(make_bus: Callable[..., shmbus.Bus]) -> None:
+    """The record at the tail may be overwritten while stats() reads it: it reads on at the new tail, so the
+    oldest id is never the newest + 1 (an empty ring) nor the history 0 on a full, busy ring."""
+    bus = make_bus(ring_size=64 << 10)
+    seg = bus.segment
+    for i in range(40):
+        bus.publish("/big", [i, "x" * 6000])
+    assert seg.tail() > 0  # full: the ring has wrapped
+    ready = CTX.Event()
+    publisher = CTX.Process(target=_publish_big_forever, args=(bus.name, ready))
+    publisher.start()
+    try:
+        assert ready.wait(30)
+        start = seg.global_id()
+        while seg.global_id() < start + 50:  # the publisher is running
+            time.sleep(0.001)
+        for i in range(2000):
+            st = seg.stats()
+            assert st.oldest_global_id <= st.global_id, f"stats {i}: oldest {st.oldest_global_id}, {st}"
+            assert st.history_seconds > 0, f"stats {i}: {st}"
+    finally:
+        publisher.kill()
+        publisher.join(10)
