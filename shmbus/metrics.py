@@ -200,6 +200,35 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _process_figures(pid: int, rows: list[dict[str, float]], pid_alive: bool) -> ProcessFigures:
+    """One process's figures from its slots: one normally, more when it attached more than once (two Bus objects
+    on one segment, or a Bus closed and attached again through another entry). Counters add up over all of them;
+    gauges and the listener's position come from the slots still attached (a detached slot keeps its last
+    figures, which are no longer true)."""
+    live = [r for r in rows if r.get("attached", 1)] if pid_alive else []
+    relays = [r for r in live if r["relay"]]
+    states = [int(r["relay_state"]) for r in relays or live or rows if int(r["relay_state"])]
+    state = states[0] if states else 0
+    listener = [int(r["listener_gid"]) for r in live if r["listener_gid"]]
+    return ProcessFigures(
+        pid=pid,
+        alive=bool(live),
+        started=min(float(r["started"]) for r in rows),
+        updated=max(float(r["updated"]) for r in rows),
+        publishes=sum(int(r["publishes"]) for r in rows),
+        relayed=sum(int(r["relayed"]) for r in rows),
+        deliveries=sum(int(r["deliveries"]) for r in rows),
+        lost=sum(int(r["lost"]) for r in rows),
+        parked=sum(int(r["parked"]) for r in live),
+        streams=sum(int(r["streams"]) for r in live),
+        # the laggiest listener of the process (a lag is what the figure is for); without one, the last known
+        listener_gid=min(listener) if listener else max(int(r["listener_gid"]) for r in rows),
+        relay=bool(relays),
+        relay_state=RELAY_STATES[state] if 0 <= state < len(RELAY_STATES) else "?",
+        relay_highest=max((int(r["relay_highest"]) for r in relays or rows), default=0),
+    )
+
+
 def read_snapshot(source: Bus | Segment, *, channels: bool = True, exclude_self: bool = False) -> Snapshot:
     """Read the host's figures of a bus (or of an attached :class:`~shmbus.segment.Segment`, as the CLI does):
     any process may call it, nothing is written but this process's own flush. ``exclude_self`` leaves out the
@@ -216,30 +245,14 @@ def read_snapshot(source: Bus | Segment, *, channels: bool = True, exclude_self:
     me = os.getpid()
     if area is not None:
         retired, slots = area
+        by_pid: dict[int, list[dict[str, float]]] = {}
         for row in slots:
             pid = int(row["pid"])
             if exclude_self and pid == me:
                 continue
-            alive = _alive(pid) and pid in st.processes
-            state = int(row["relay_state"])
-            procs.append(
-                ProcessFigures(
-                    pid=pid,
-                    alive=alive,
-                    started=float(row["started"]),
-                    updated=float(row["updated"]),
-                    publishes=int(row["publishes"]),
-                    relayed=int(row["relayed"]),
-                    deliveries=int(row["deliveries"]),
-                    lost=int(row["lost"]),
-                    parked=int(row["parked"]) if alive else 0,
-                    streams=int(row["streams"]) if alive else 0,
-                    listener_gid=int(row["listener_gid"]),
-                    relay=bool(row["relay"]) and alive,
-                    relay_state=RELAY_STATES[state] if 0 <= state < len(RELAY_STATES) else "?",
-                    relay_highest=int(row["relay_highest"]),
-                )
-            )
+            by_pid.setdefault(pid, []).append(row)
+        for pid, rows in by_pid.items():
+            procs.append(_process_figures(pid, rows, _alive(pid) and pid in st.processes))
     last_ids: dict[str, int] = {}
     if channels:
         for info in seg.iter_channels():

@@ -154,10 +154,13 @@ class Processes(SegmentState):
 
     def read_metrics(self) -> tuple[dict[str, int], list[dict[str, float]]] | None:
         """The metrics area as it is now: ``(retired totals, [slot fields for each used slot])``; None when the
-        segment has no area. Lock-free: each field is one aligned load, so a value is never torn (fields of a slot
-        may be from consecutive flushes); a slot claim (which moves counters from a slot to the retired totals)
-        is never seen half done: the read is retried around it (the generation word, ``METRICS_GEN_WORD``), so
-        host totals never go down. After many tries (a claimer stopped under the lock) it reads under the lock."""
+        segment has no area. Each row also says whether the slot's process-table entry still names its pid
+        (``attached``: 0 once that process detached it, or died and was reaped).
+
+        Lock-free: each field is one aligned load, so a value is never torn (fields of a slot may be from
+        consecutive flushes); a slot claim (which moves counters from a slot to the retired totals) is never seen
+        half done: the read is retried around it (the generation word, ``METRICS_GEN_WORD``), so host totals
+        never go down. After many tries (a claimer stopped under the lock) it reads under the lock."""
         if self.metrics_off < 0:
             return None
         gen = (self.metrics_off >> 3) + METRICS_GEN_WORD
@@ -191,6 +194,9 @@ class Processes(SegmentState):
             row: dict[str, float] = {name: int(u64[base + i]) for i, name in enumerate(METRIC_FIELDS[:width])}
             row["started"] = _bits_f64(int(row["started"]))
             row["updated"] = _bits_f64(int(row["updated"]))
+            # is the slot's process still attached through it? (its process-table entry, same index, names it;
+            # a Bus closed in a process that goes on leaves a slot with its pid that is not)
+            row["attached"] = int(self._u32[(_OFF_PROCS + index * _PROC_SIZE) >> 2] == row["pid"])
             slots.append(row)
         return retired, slots
 

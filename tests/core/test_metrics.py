@@ -309,3 +309,61 @@ def test_stats_find_the_oldest_record_on_a_full_ring_under_a_publisher(make_bus:
     finally:
         publisher.kill()
         publisher.join(10)
+
+
+def test_a_process_attached_twice_is_one_process(make_bus: Callable[..., shmbus.Bus]) -> None:
+    """Two Bus objects of one name in one process, or a Bus closed and attached again through another entry of
+    the process table: one process in the figures (no duplicate {bus,pid} series), counters added up, and the
+    gauges of a detached slot (its last flush) no longer counted."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from shmbus.adapters.metrics import render
+
+    class Source:
+        def __init__(self, parked: int) -> None:
+            self.parked = parked
+
+        def metrics_gauges(self) -> dict[str, int]:
+            return {"parked": self.parked}
+
+    first, second = make_bus(), make_bus()
+    sources = [Source(3), Source(2)]
+    first.metrics.add_source(sources[0])
+    second.metrics.add_source(sources[1])
+    first.publish("/p", 1)
+    second.publish("/p", 2)
+    first.metrics.flush()  # (read_snapshot flushes the bus it is given)
+    snap = read_snapshot(second)
+    mine = [p for p in snap.processes if p.pid == os.getpid()]
+    assert len(mine) == 1 and mine[0].publishes == 2 and mine[0].parked == 5 and mine[0].alive
+
+    helper = Segment.open(first.name, create=False)  # an entry below third's: third attaches there again
+    third = make_bus()
+    sources.append(Source(4))
+    third.metrics.add_source(sources[2])
+    third.publish("/p", 3)
+    third.close()  # its slot keeps its last figures (parked 4) and this pid
+    helper.close()
+    third.on()
+    sources[2].parked = 1
+    third.publish("/p", 4)  # attaches again, through helper's entry
+    first.metrics.flush()
+    snap = read_snapshot(third)
+    mine = [p for p in snap.processes if p.pid == os.getpid()]
+    assert len(mine) == 1, mine
+    assert mine[0].publishes == 4 and mine[0].parked == 3 + 2 + 1  # not the closed slot's 4
+    text = render(third)
+    series = [
+        (s.name, s.labels.get("pid"))
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if "pid" in s.labels
+    ]
+    assert len(series) == len(set(series)), text
+    parked = [
+        s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name == "shmbus_parked_polls" and s.labels["pid"] == str(os.getpid())
+    ]
+    assert parked == [6]
