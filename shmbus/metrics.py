@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .segment import Segment
-from .segment.layout import RELAY_STATES
+from .segment.layout import RELAY_STATES, _pid_alive
 
 if TYPE_CHECKING:
     from .bus import Bus
@@ -190,16 +190,6 @@ class Snapshot:
         return rates[:n]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _process_figures(pid: int, rows: list[dict[str, float]], pid_alive: bool) -> ProcessFigures:
     """One process's figures from its slots: one normally, more when it attached more than once (two Bus objects
     on one segment, or a Bus closed and attached again through another entry). Counters add up over all of them;
@@ -252,7 +242,7 @@ def read_snapshot(source: Bus | Segment, *, channels: bool = True, exclude_self:
                 continue
             by_pid.setdefault(pid, []).append(row)
         for pid, rows in by_pid.items():
-            procs.append(_process_figures(pid, rows, _alive(pid) and pid in st.processes))
+            procs.append(_process_figures(pid, rows, _pid_alive(pid) and pid in st.processes))
     last_ids: dict[str, int] = {}
     if channels:
         for info in seg.iter_channels():

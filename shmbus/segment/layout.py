@@ -296,11 +296,21 @@ def _reinitialize_after_reboot(mm: mmap.mmap) -> None:
     mm[_OFF_BOOT : _OFF_BOOT + 16] = _boot_id()
 
 
+#: The highest pid Linux can hand out (``PID_MAX_LIMIT``, 2**22): a pid word above it, or 0, is damage.
+PID_MAX = 1 << 22
+
+
 def _pid_alive(pid: int) -> bool:
+    """Is process ``pid`` alive? A pid no process can have (a damaged word: 0, beyond ``PID_MAX``, or one
+    ``os.kill`` cannot even take) is not: it must never crash a reader."""
+    if not 0 < pid <= PID_MAX:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
+    except (OverflowError, ValueError, OSError):
+        return False
     return True

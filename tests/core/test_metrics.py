@@ -367,3 +367,28 @@ def test_a_process_attached_twice_is_one_process(make_bus: Callable[..., shmbus.
         if s.name == "shmbus_parked_polls" and s.labels["pid"] == str(os.getpid())
     ]
     assert parked == [6]
+
+
+def test_a_damaged_pid_word_is_a_dead_process(make_bus: Callable[..., shmbus.Bus]) -> None:
+    """Pids no process can have (beyond what os.kill takes) in a metrics slot and in the process table: readers
+    (figures, Prometheus, `shmbus top`) treat them as dead instead of crashing."""
+    from shmbus.adapters.metrics import render
+    from shmbus.segment.layout import _OFF_PROCS, _PROC_SIZE, MAX_PROCS, METRIC_SLOT, METRICS_HEADER
+
+    bus = make_bus()
+    bus.publish("/d", 1)
+    seg = bus.segment
+    for index, pid in ((MAX_PROCS - 1, 1 << 40), (MAX_PROCS - 2, 1 << 31), (MAX_PROCS - 3, (1 << 32) - 1)):
+        seg._u64[(seg.metrics_off + METRICS_HEADER + index * METRIC_SLOT) >> 3] = pid
+        seg._u64[(seg.metrics_off + METRICS_HEADER + index * METRIC_SLOT + 8 * 3) >> 3] = 5  # publishes
+        if pid < 1 << 32:
+            seg._u32[(_OFF_PROCS + index * _PROC_SIZE) >> 2] = pid
+    snap = read_snapshot(bus)
+    damaged = {p.pid: p for p in snap.processes if p.pid > 1 << 30}
+    assert set(damaged) == {1 << 40, 1 << 31, (1 << 32) - 1}
+    assert not any(p.alive for p in damaged.values())
+    assert snap.total("publishes") == 1 + 15
+    assert os.getpid() in seg.stats().processes
+    assert f'pid="{1 << 40}"' in render(bus)
+    out = _pty_run([sys.executable, "-m", "shmbus.cli", "top", "--bus", bus.name, "--count", "1"])
+    assert "shmbus top - bus" in out and "Traceback" not in out, out
