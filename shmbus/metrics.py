@@ -68,8 +68,10 @@ class Metrics:
         return totals
 
     def after_fork(self) -> None:
-        """In a forked child: the parent's deliveries are the parent's."""
+        """In a forked child: the parent's deliveries and lost messages are the parent's (already counted in the
+        parent's slot; the child counts in a slot of its own)."""
         self.deliveries = 0
+        self.bus._lost = 0
         self._last_flush = 0.0
 
     def maybe_flush(self) -> None:

@@ -155,6 +155,31 @@ def test_forked_child_counts_in_its_own_slot(make_bus: Callable[..., shmbus.Bus]
     assert by_pid[os.getpid()].publishes == 1
 
 
+def test_forked_child_starts_its_counts_at_zero(make_bus: Callable[..., shmbus.Bus]) -> None:
+    """What the parent delivered or lost is counted in the parent's slot: a child's slot starts from 0 (else
+    the host's totals count the parent's figures twice)."""
+    bus = make_bus()
+    bus.publish("/f", 0)
+    bus._lost = 7  # as the parent's listener counted them
+    bus.metrics.deliveries = 5
+    bus.metrics.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            bus.publish("/f", 1)
+            code = 0 if bus.metrics.flush() else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    snap = read_snapshot(bus)
+    by_pid = {p.pid: p for p in snap.processes}
+    assert (by_pid[pid].lost, by_pid[pid].deliveries, by_pid[pid].publishes) == (0, 0, 1)
+    assert (by_pid[os.getpid()].lost, by_pid[os.getpid()].deliveries) == (7, 5)
+    assert snap.total("lost") == 7 and snap.total("deliveries") == 5
+
+
 def test_listener_position_deliveries_and_gauges(make_bus: Callable[..., shmbus.Bus]) -> None:
     bus = make_bus()
 
