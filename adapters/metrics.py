@@ -17,6 +17,7 @@ workers that have gone (the segment's retired totals), so they only ever grow un
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -221,7 +222,9 @@ class MetricsApp:
         elif self.allow is not None and not self.allow(scope):
             await _answer(send, 403, b"forbidden\n", b"text/plain")
         else:
-            await _answer(send, 200, render(self.bus).encode(), CONTENT_TYPE.encode())
+            # in a thread: a scrape reads the segment's stats under its lock, which must never stall the event loop
+            body = await asyncio.to_thread(render, self.bus)
+            await _answer(send, 200, body.encode(), CONTENT_TYPE.encode())
 
 
 async def _answer(send: Any, status: int, body: bytes, content_type: bytes) -> None:
