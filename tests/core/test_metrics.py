@@ -417,3 +417,30 @@ def test_a_damaged_pid_word_is_a_dead_process(make_bus: Callable[..., shmbus.Bus
     assert f'pid="{1 << 40}"' in render(bus)
     out = _pty_run([sys.executable, "-m", "shmbus.cli", "top", "--bus", bus.name, "--count", "1"])
     assert "shmbus top - bus" in out and "Traceback" not in out, out
+
+
+@pytest.mark.parametrize(
+    ("argv", "why"),
+    [
+        (["stats", "--watch", "-1"], "positive number of seconds"),
+        (["stats", "--watch", "nan"], "positive number of seconds"),
+        (["stats", "--watch", "inf"], "positive number of seconds"),
+        (["stats", "--watch", "soon"], "not a number of seconds"),
+        (["stats", "--watch", "1", "--count", "-2"], "0 (no limit) or more"),
+        (["top", "--count", "-1"], "0 (no limit) or more"),
+        (["top", "--interval", "nan"], "positive number of seconds"),
+    ],
+)
+def test_cli_refuses_bad_intervals_and_counts(
+    make_bus: Callable[..., shmbus.Bus], capsys: pytest.CaptureFixture[str], argv: list[str], why: str
+) -> None:
+    """A clear usage error (exit 2, argparse's), never a traceback or a loop that never sleeps."""
+    from shmbus.cli import main
+
+    bus = make_bus()
+    bus.publish("/c", 1)
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--bus", bus.name])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert why in err and "Traceback" not in err, err
