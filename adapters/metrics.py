@@ -81,6 +81,12 @@ def families(snap: Snapshot) -> list[Family]:
             "Messages listeners report overwritten before they read them.",
             snap.total("lost"),
         ),
+        host(
+            "shmbus_relay_lost_messages_total",
+            "counter",
+            "Messages a bridge's relay found gone from the backend when catching up (never stored on this host).",
+            snap.total("relay_lost"),
+        ),
         per_pid(
             "shmbus_process_published_messages_total",
             "counter",

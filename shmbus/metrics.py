@@ -53,6 +53,7 @@ class Metrics:
         self.deliveries = 0
         self._sources: weakref.WeakSet[Any] = weakref.WeakSet()
         self._last_flush = 0.0
+        self._relay_lost_base = 0  # the engines' relay_lost at fork (a bridge's counters survive fork)
 
     def add_source(self, source: GaugeSource) -> None:
         self._sources.add(source)
@@ -72,6 +73,11 @@ class Metrics:
         parent's slot; the child counts in a slot of its own)."""
         self.deliveries = 0
         self.bus._lost = 0
+        self._relay_lost_base = self._engines_relay_lost()
+
+    def _engines_relay_lost(self) -> int:
+        bus = self.bus
+        return sum(int(getattr(e, "relay_lost", 0) or 0) for e in [bus._default_engine, *bus._engines])
         self._last_flush = 0.0
 
     def maybe_flush(self) -> None:
@@ -98,6 +104,7 @@ class Metrics:
             "relay": 0,
             "relay_state": 0,
             "relay_highest": 0,
+            "relay_lost": max(self._engines_relay_lost() - self._relay_lost_base, 0),
         }
         for engine in [bus._default_engine, *bus._engines]:
             state = getattr(engine, "relay_state", None)
@@ -134,6 +141,7 @@ class ProcessFigures:
     relay: bool
     relay_state: str
     relay_highest: int
+    relay_lost: int = 0
 
 
 @dataclass
@@ -218,6 +226,7 @@ def _process_figures(pid: int, rows: list[dict[str, float]], pid_alive: bool) ->
         relay=bool(relays),
         relay_state=RELAY_STATES[state] if 0 <= state < len(RELAY_STATES) else "?",
         relay_highest=max((int(r["relay_highest"]) for r in relays or rows), default=0),
+        relay_lost=sum(int(r.get("relay_lost", 0)) for r in rows),
     )
 
 
