@@ -96,6 +96,8 @@ class Processes(SegmentState):
                     self._proc_index = i
                     self._claim_metrics_slot(i, pid)
                     break
+            else:  # the process table is full: no slot of our own
+                self._count_without_slot()
         finally:
             self._unlock()
 
@@ -122,6 +124,17 @@ class Processes(SegmentState):
         self._metrics_base = base
         self._pub_word = base + _M["publishes"]
         self._relay_word = base + _M["relayed"]
+
+    def _count_without_slot(self) -> None:
+        """A process beyond the process table (no slot): its publishes and relayed stores still count in the host
+        totals, straight into the retired totals (under the lock, like every count); not per process, and its
+        flushed figures (deliveries, losses, gauges) are not kept."""
+        self._metrics_base = -1
+        self._pub_word = self._relay_word = 0
+        if self.metrics_off >= 0:
+            area = self.metrics_off >> 3
+            self._pub_word = area + RETIRED_FIELDS.index("publishes")
+            self._relay_word = area + RETIRED_FIELDS.index("relayed")
 
     def write_metrics(self, values: dict[str, int | float]) -> bool:
         """Store figures in this process's metrics slot (one aligned store each; no lock: only we write it).

@@ -445,3 +445,34 @@ def test_cli_refuses_bad_intervals_and_counts(
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert why in err and "Traceback" not in err, err
+
+
+def test_a_process_beyond_the_process_table_still_counts_in_the_host_totals(
+    make_bus: Callable[..., shmbus.Bus],
+) -> None:
+    """With every process-table entry taken, a process has no slot of its own: its publishes are still in the
+    host totals (not per process)."""
+    from shmbus.segment.layout import _OFF_PROCS, _PROC_SIZE, MAX_PROCS
+
+    bus = make_bus()
+    bus.publish("/full", 0)
+    seg = bus.segment
+    taken = []
+    for i in range(MAX_PROCS):  # fill the table with a live pid (ours), so no reap frees an entry
+        word = (_OFF_PROCS + i * _PROC_SIZE) >> 2
+        if not seg._u32[word]:
+            seg._u32[word] = os.getpid()
+            taken.append(word)
+    late = Segment.open(bus.name, create=False)
+    try:
+        assert late._proc_index == -1 and late._metrics_base == -1  # no slot
+        for i in range(5):
+            late.append(b"/full", b"", b"%d" % i)
+        snap = read_snapshot(bus)
+        assert snap.global_id == 6
+        assert snap.total("publishes") == 6
+        assert sum(p.publishes for p in snap.processes) == 1  # the 5 are not per process
+    finally:
+        late.close()
+        for word in taken:
+            seg._u32[word] = 0
