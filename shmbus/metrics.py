@@ -8,8 +8,9 @@ survive worker restarts.
 
 What costs what: publishes are counted by the append itself, under the segment's lock it already holds (exact,
 one store). Everything else is kept in this process's :class:`Metrics` as plain integers and written to the slot
-by :meth:`Metrics.flush`, which the bus's listener calls at most twice a second (and ``close`` once more); web
-adapters add their deliveries and register gauges (parked polls, open streams) read at each flush.
+by :meth:`Metrics.flush`, which the bus's listener calls at most twice a second while messages flow, and on an idle
+bus when its 1 s wait ends (so figures are up to about 1 s old), and ``close`` once more; web adapters add their
+deliveries and register gauges (parked polls, open streams) read at each flush.
 """
 
 from __future__ import annotations
