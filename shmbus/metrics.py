@@ -75,11 +75,11 @@ class Metrics:
         self.deliveries = 0
         self.bus._lost = 0
         self._relay_lost_base = self._engines_relay_lost()
+        self._last_flush = 0.0
 
     def _engines_relay_lost(self) -> int:
         bus = self.bus
         return sum(int(getattr(e, "relay_lost", 0) or 0) for e in [bus._default_engine, *bus._engines])
-        self._last_flush = 0.0
 
     def maybe_flush(self) -> None:
         now = time.monotonic()
