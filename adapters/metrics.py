@@ -142,7 +142,7 @@ def families(snap: Snapshot) -> list[Family]:
         host(
             "shmbus_relay_lag_messages",
             "gauge",
-            "Messages the relay saw in the backend but has not stored yet.",
+            "Messages in the backend (its newest id as the relay knows it) not yet in the segment.",
             snap.relay_lag,
         ),
     ]

@@ -183,7 +183,8 @@ class Snapshot:
 
     @property
     def relay_lag(self) -> int:
-        """Messages the relay has seen in the backend but not yet stored in the segment (0 without a relay)."""
+        """The backend's newest id as the relay knows it minus the segment's newest: messages Redis/PostgreSQL hold
+        that the relay has not stored yet (0 without a relay)."""
         r = self.relay
         return max(r.relay_highest - self.global_id, 0) if r is not None and r.relay_highest else 0
 
