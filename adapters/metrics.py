@@ -17,6 +17,7 @@ workers that have gone (the segment's retired totals), so they only ever grow un
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -80,6 +81,12 @@ def families(snap: Snapshot) -> list[Family]:
             "Messages listeners report overwritten before they read them.",
             snap.total("lost"),
         ),
+        host(
+            "shmbus_relay_lost_messages_total",
+            "counter",
+            "Messages a bridge's relay found gone from the backend when catching up (never stored on this host).",
+            snap.total("relay_lost"),
+        ),
         per_pid(
             "shmbus_process_published_messages_total",
             "counter",
@@ -135,7 +142,7 @@ def families(snap: Snapshot) -> list[Family]:
         host(
             "shmbus_relay_lag_messages",
             "gauge",
-            "Messages the relay saw in the backend but has not stored yet.",
+            "Messages in the backend (its newest id as the relay knows it) not yet in the segment.",
             snap.relay_lag,
         ),
     ]
@@ -221,7 +228,9 @@ class MetricsApp:
         elif self.allow is not None and not self.allow(scope):
             await _answer(send, 403, b"forbidden\n", b"text/plain")
         else:
-            await _answer(send, 200, render(self.bus).encode(), CONTENT_TYPE.encode())
+            # in a thread: a scrape reads the segment's stats under its lock, which must never stall the event loop
+            body = await asyncio.to_thread(render, self.bus)
+            await _answer(send, 200, body.encode(), CONTENT_TYPE.encode())
 
 
 async def _answer(send: Any, status: int, body: bytes, content_type: bytes) -> None:

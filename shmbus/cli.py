@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import math
 import os
 import sys
 import time
@@ -298,6 +299,28 @@ def cmd_destroy(args: argparse.Namespace) -> int:
     return 0 if gone else 1
 
 
+def _seconds(value: str) -> float:
+    """argparse type: a positive, finite number of seconds (``--watch -1`` or ``nan`` is refused up front)."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{value!r}: must be a positive number of seconds")
+    return seconds
+
+
+def _count(value: str) -> int:
+    """argparse type: a count of 0 or more (0: no limit)."""
+    try:
+        count = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"{value!r}: must be 0 (no limit) or more")
+    return count
+
+
 def _ids(value: str) -> int | str:
     return int(value) if value.lstrip("-").isdigit() else value
 
@@ -340,11 +363,11 @@ def main(argv: list[str] | None = None) -> int:
         "--watch",
         nargs="?",
         const=1.0,
-        type=float,
+        type=_seconds,
         metavar="SECONDS",
         help="redraw every SECONDS (default 1) until Ctrl-C",
     )
-    s.add_argument("--count", type=int, default=0, help="with --watch: stop after N refreshes")
+    s.add_argument("--count", type=_count, default=0, help="with --watch: stop after N refreshes")
     s.set_defaults(fn=cmd_stats)
     tp = add(
         "top",
@@ -354,8 +377,8 @@ def main(argv: list[str] | None = None) -> int:
         "messages lost, the relay's state and lag, and the busiest channels. Stop with Ctrl-C.",
         [common],
     )
-    tp.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
-    tp.add_argument("--count", type=int, default=0, help="stop after N refreshes (default: never)")
+    tp.add_argument("--interval", type=_seconds, default=1.0, help="seconds between refreshes (default 1)")
+    tp.add_argument("--count", type=_count, default=0, help="stop after N refreshes (default: never)")
     tp.set_defaults(fn=cmd_top)
     t = add(
         "tail",

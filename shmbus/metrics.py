@@ -8,8 +8,9 @@ survive worker restarts.
 
 What costs what: publishes are counted by the append itself, under the segment's lock it already holds (exact,
 one store). Everything else is kept in this process's :class:`Metrics` as plain integers and written to the slot
-by :meth:`Metrics.flush`, which the bus's listener calls at most twice a second (and ``close`` once more); web
-adapters add their deliveries and register gauges (parked polls, open streams) read at each flush.
+by :meth:`Metrics.flush`, which the bus's listener calls at most twice a second while messages flow, and on an idle
+bus when its 1 s wait ends (so figures are up to about 1 s old), and ``close`` once more; web adapters add their
+deliveries and register gauges (parked polls, open streams) read at each flush.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .segment import Segment
-from .segment.layout import RELAY_STATES
+from .segment.layout import RELAY_STATES, _pid_alive
 
 if TYPE_CHECKING:
     from .bus import Bus
@@ -53,6 +54,7 @@ class Metrics:
         self.deliveries = 0
         self._sources: weakref.WeakSet[Any] = weakref.WeakSet()
         self._last_flush = 0.0
+        self._relay_lost_base = 0  # the engines' relay_lost at fork (a bridge's counters survive fork)
 
     def add_source(self, source: GaugeSource) -> None:
         self._sources.add(source)
@@ -68,9 +70,16 @@ class Metrics:
         return totals
 
     def after_fork(self) -> None:
-        """In a forked child: the parent's deliveries are the parent's."""
+        """In a forked child: the parent's deliveries and lost messages are the parent's (already counted in the
+        parent's slot; the child counts in a slot of its own)."""
         self.deliveries = 0
+        self.bus._lost = 0
+        self._relay_lost_base = self._engines_relay_lost()
         self._last_flush = 0.0
+
+    def _engines_relay_lost(self) -> int:
+        bus = self.bus
+        return sum(int(getattr(e, "relay_lost", 0) or 0) for e in [bus._default_engine, *bus._engines])
 
     def maybe_flush(self) -> None:
         now = time.monotonic()
@@ -96,6 +105,7 @@ class Metrics:
             "relay": 0,
             "relay_state": 0,
             "relay_highest": 0,
+            "relay_lost": max(self._engines_relay_lost() - self._relay_lost_base, 0),
         }
         for engine in [bus._default_engine, *bus._engines]:
             state = getattr(engine, "relay_state", None)
@@ -105,7 +115,9 @@ class Metrics:
                 values["relay_state"] = RELAY_STATES.index(state)
             if getattr(engine, "_is_relay", False):
                 values["relay"] = 1
-                values["relay_highest"] = int(getattr(engine, "_highest", 0) or 0)
+                # the backend's newest id as the relay knows it (not what it stored: lag = it - the segment's)
+                newest = getattr(engine, "backend_newest", None)
+                values["relay_highest"] = int((newest if newest is not None else getattr(engine, "_highest", 0)) or 0)
         try:
             return seg.write_metrics(values)
         except (ValueError, TypeError):  # the segment was closed under us
@@ -130,6 +142,7 @@ class ProcessFigures:
     relay: bool
     relay_state: str
     relay_highest: int
+    relay_lost: int = 0
 
 
 @dataclass
@@ -170,7 +183,8 @@ class Snapshot:
 
     @property
     def relay_lag(self) -> int:
-        """Messages the relay has seen in the backend but not yet stored in the segment (0 without a relay)."""
+        """The backend's newest id as the relay knows it minus the segment's newest: messages Redis/PostgreSQL hold
+        that the relay has not stored yet (0 without a relay)."""
         r = self.relay
         return max(r.relay_highest - self.global_id, 0) if r is not None and r.relay_highest else 0
 
@@ -188,14 +202,34 @@ class Snapshot:
         return rates[:n]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _process_figures(pid: int, rows: list[dict[str, float]], pid_alive: bool) -> ProcessFigures:
+    """One process's figures from its slots: one normally, more when it attached more than once (two Bus objects
+    on one segment, or a Bus closed and attached again through another entry). Counters add up over all of them;
+    gauges and the listener's position come from the slots still attached (a detached slot keeps its last
+    figures, which are no longer true)."""
+    live = [r for r in rows if r.get("attached", 1)] if pid_alive else []
+    relays = [r for r in live if r["relay"]]
+    states = [int(r["relay_state"]) for r in relays or live or rows if int(r["relay_state"])]
+    state = states[0] if states else 0
+    listener = [int(r["listener_gid"]) for r in live if r["listener_gid"]]
+    return ProcessFigures(
+        pid=pid,
+        alive=bool(live),
+        started=min(float(r["started"]) for r in rows),
+        updated=max(float(r["updated"]) for r in rows),
+        publishes=sum(int(r["publishes"]) for r in rows),
+        relayed=sum(int(r["relayed"]) for r in rows),
+        deliveries=sum(int(r["deliveries"]) for r in rows),
+        lost=sum(int(r["lost"]) for r in rows),
+        parked=sum(int(r["parked"]) for r in live),
+        streams=sum(int(r["streams"]) for r in live),
+        # the laggiest listener of the process (a lag is what the figure is for); without one, the last known
+        listener_gid=min(listener) if listener else max(int(r["listener_gid"]) for r in rows),
+        relay=bool(relays),
+        relay_state=RELAY_STATES[state] if 0 <= state < len(RELAY_STATES) else "?",
+        relay_highest=max((int(r["relay_highest"]) for r in relays or rows), default=0),
+        relay_lost=sum(int(r.get("relay_lost", 0)) for r in rows),
+    )
 
 
 def read_snapshot(source: Bus | Segment, *, channels: bool = True, exclude_self: bool = False) -> Snapshot:
@@ -214,30 +248,14 @@ def read_snapshot(source: Bus | Segment, *, channels: bool = True, exclude_self:
     me = os.getpid()
     if area is not None:
         retired, slots = area
+        by_pid: dict[int, list[dict[str, float]]] = {}
         for row in slots:
             pid = int(row["pid"])
             if exclude_self and pid == me:
                 continue
-            alive = _alive(pid) and pid in st.processes
-            state = int(row["relay_state"])
-            procs.append(
-                ProcessFigures(
-                    pid=pid,
-                    alive=alive,
-                    started=float(row["started"]),
-                    updated=float(row["updated"]),
-                    publishes=int(row["publishes"]),
-                    relayed=int(row["relayed"]),
-                    deliveries=int(row["deliveries"]),
-                    lost=int(row["lost"]),
-                    parked=int(row["parked"]) if alive else 0,
-                    streams=int(row["streams"]) if alive else 0,
-                    listener_gid=int(row["listener_gid"]),
-                    relay=bool(row["relay"]) and alive,
-                    relay_state=RELAY_STATES[state] if 0 <= state < len(RELAY_STATES) else "?",
-                    relay_highest=int(row["relay_highest"]),
-                )
-            )
+            by_pid.setdefault(pid, []).append(row)
+        for pid, rows in by_pid.items():
+            procs.append(_process_figures(pid, rows, _pid_alive(pid) and pid in st.processes))
     last_ids: dict[str, int] = {}
     if channels:
         for info in seg.iter_channels():

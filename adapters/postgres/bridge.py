@@ -155,6 +155,7 @@ class PostgresBridge(Engine):
         self._is_relay = False
         self._listen_conn: psycopg.Connection[Any] | None = None
         self._highest = 0
+        self.backend_newest = 0  # the newest id the relay knows the table holds (metrics: the relay's lag)
         self._ready = False  # the table and the function exist (checked once per process)
         self._active: dict[str, int] = {}  # channel -> newest id relayed since the last trim pass
         self._trimmed_below = 0  # the global trim's previous bound (rows at or below it are gone)
@@ -443,6 +444,7 @@ class PostgresBridge(Engine):
             "published": self.published,
             "relayed": self.relayed,
             "relay_highest_global_id": self._highest,
+            "relay_backend_global_id": self.backend_newest,
             "relay_lost": self.relay_lost,
             "unrelayable": self.unrelayable,
             "resets": self.resets,
@@ -548,6 +550,7 @@ class PostgresBridge(Engine):
             gid = int(line[: line.index(b"|")])
         except ValueError:
             return  # not one of ours (the gem's unsubscribe marker, or noise)
+        self.backend_newest = max(self.backend_newest, gid)
         if gid <= self._highest:
             if not self._is_stored(gid, line):  # ids went back: the table was reset or recreated
                 self._check_history(self._conn())
@@ -642,6 +645,7 @@ class PostgresBridge(Engine):
             if len(rows) < _PAGE:
                 break
         self._highest = max(self._highest, highest)
+        self.backend_newest = max(self.backend_newest, self._highest)
 
     def _check_history(self, conn: psycopg.Connection[Any]) -> None:
         """Reset the bus when the table is no longer the history the segment holds: its ids went back (the
@@ -652,6 +656,7 @@ class PostgresBridge(Engine):
         row = conn.execute("SELECT max(id), pg_is_in_recovery() FROM message_bus").fetchone()
         assert row is not None
         table_max = int(row[0] or 0)
+        self.backend_newest = table_max
         self.in_recovery = bool(row[1])
         if self.in_recovery and self.state != "readonly":
             self._set_state("readonly", PostgresReadOnly("the server is in recovery (a standby)"))

@@ -156,7 +156,8 @@ class RedisBridge(Relay, Engine):
         self._lock_fd = -1
         self._is_relay = False
         self._pubsub_conn: Any = None
-        self._highest = 0
+        self._highest = 0  # the newest global id the relay has handled (stored, or skipped as already there)
+        self.backend_newest = 0  # the newest global id the relay knows Redis holds (metrics: the relay's lag)
         self._dup = (0, 0)
 
     # ------------------------------------------------------------------ engine hooks
@@ -510,6 +511,7 @@ class RedisBridge(Relay, Engine):
             "dropped_from_queue": self.dropped,
             "relayed": self.relayed,
             "relay_highest_global_id": self._highest,
+            "relay_backend_global_id": self.backend_newest,
             "relay_lost": self.relay_lost,
             "unrelayable": self.unrelayable,
             "resets": self.resets,

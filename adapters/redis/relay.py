@@ -54,6 +54,7 @@ class Relay:
     _is_relay: bool
     _pubsub_conn: Any
     _highest: int
+    backend_newest: int
     _dup: tuple[int, int]
 
     if TYPE_CHECKING:
@@ -182,6 +183,8 @@ class Relay:
 
     def _on_line(self, line: bytes) -> None:
         gid = int(line[: line.index(b"|")])
+        if gid > self.backend_newest:
+            self.backend_newest = gid  # Redis has it, whether or not it is stored yet (the relay's lag)
         if gid == self._highest + 1:
             self._store(line, gid)
         elif self._dup[0] < gid <= self._dup[1]:
@@ -213,6 +216,7 @@ class Relay:
         r = self.client
         before = highest = seg.global_id()
         redis_gid = int(r.get(layout.GLOBAL_ID_KEY) or 0)
+        self.backend_newest = redis_gid  # what Redis holds, before storing any of it: the lag is the difference
         if highest and (redis_gid < highest or not self._same_history(seg, highest)):
             self.resets += 1
             log.warning(
@@ -252,6 +256,7 @@ class Relay:
                     self._store(lines[0], gid)
                 highest = gid
         self._highest = max(highest, before)
+        self.backend_newest = max(self.backend_newest, self._highest)
         self._dup = (before, self._highest)
 
     def _same_history(self, seg: Segment, gid: int) -> bool:

@@ -47,6 +47,7 @@ from .layout import (
     MIN_RING,
     READY,
     SLOT_SIZE,
+    Record,
     SegmentStats,
     _boot_id,
     _check_ownership,
@@ -298,11 +299,27 @@ class Segment(Ring, ChannelTable, Processes, Locking):
             self._reap_dead_processes()
         finally:
             self._unlock()
-        gid, head, tail = u64[_Q_GID], u64[_Q_HEAD], u64[_Q_TAIL]
-        published = gid  # global ids are contiguous from 1 since creation or the last reset
         # the oldest record is the first one at the tail: read forward one record (walking back from the head,
-        # as global_backlog does, costs a pass over the whole ring: 0.2 s on a full 32 MiB one)
-        oldest_rec = self.read_since(tail, limit=1)[0] if head > tail else []
+        # as global_backlog does, costs a pass over the whole ring: 0.2 s on a full 32 MiB one). On a full ring a
+        # concurrent append may overwrite it while we read: then read again at the new tail.
+        oldest_rec: list[Record] = []
+        for _ in range(1000):
+            gid, head, tail = u64[_Q_GID], u64[_Q_HEAD], u64[_Q_TAIL]
+            if head <= tail:
+                break
+            oldest_rec = self.read_since(tail, limit=1)[0]
+            if oldest_rec:
+                break
+        else:  # lapped 1000 times in a row: read under the lock (no append can move the tail meanwhile)
+            self._lock()
+            try:
+                gid, head, tail = u64[_Q_GID], u64[_Q_HEAD], u64[_Q_TAIL]
+                oldest_rec = self.read_since(tail, limit=1)[0] if head > tail else []
+            finally:
+                self._unlock()
+        if oldest_rec and oldest_rec[0].global_id > gid:  # lapped to a record newer than the figures read with it
+            gid, head, tail = u64[_Q_GID], u64[_Q_HEAD], u64[_Q_TAIL]
+        published = gid  # global ids are contiguous from 1 since creation or the last reset
         oldest_gid = oldest_rec[0].global_id if oldest_rec else gid + 1
         history = time.time() - oldest_rec[0].timestamp if oldest_rec else 0.0
         return SegmentStats(

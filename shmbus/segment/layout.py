@@ -87,10 +87,15 @@ METRIC_FIELDS = (
     "listener_gid",  # the last global id this process's listener handled
     "relay",  # 1 while this process relays for a bridge engine
     "relay_state",  # index into RELAY_STATES: the bridge's relay state in this process
-    "relay_highest",  # the highest global id the relay has seen in the backend (lag = it - the segment's)
+    "relay_highest",  # the backend's newest global id as the relay knows it, stored or not (lag = it - the segment's)
+    "relay_lost",  # messages this process's relay found gone from the backend's backlog when catching up
 )
 RELAY_STATES = ("", "standby", "connecting", "relaying", "reconnecting", "off")
-RETIRED_FIELDS = ("publishes", "relayed", "deliveries", "lost")
+RETIRED_FIELDS = ("publishes", "relayed", "deliveries", "lost", "relay_lost")
+#: The metrics area's generation word (the header's last u64): a slot claim (under the segment's lock) makes it
+#: odd, moves the old owner's counters to the retired totals, zeroes the slot, and makes it even again; a reader
+#: that saw an odd value, or a change, read mid-claim and retries (a seqlock: writers never wait for readers).
+METRICS_GEN_WORD = (METRICS_HEADER >> 3) - 1
 _I_FUTEX = _OFF_FUTEX >> 2
 _I_SLEEPERS = _OFF_SLEEPERS >> 2
 _I_CHANNELS = _OFF_CHANNELS >> 2
@@ -292,11 +297,21 @@ def _reinitialize_after_reboot(mm: mmap.mmap) -> None:
     mm[_OFF_BOOT : _OFF_BOOT + 16] = _boot_id()
 
 
+#: The highest pid Linux can hand out (``PID_MAX_LIMIT``, 2**22): a pid word above it, or 0, is damage.
+PID_MAX = 1 << 22
+
+
 def _pid_alive(pid: int) -> bool:
+    """Is process ``pid`` alive? A pid no process can have (a damaged word: 0, beyond ``PID_MAX``, or one
+    ``os.kill`` cannot even take) is not: it must never crash a reader."""
+    if not 0 < pid <= PID_MAX:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
+    except (OverflowError, ValueError, OSError):
+        return False
     return True

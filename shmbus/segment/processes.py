@@ -23,6 +23,7 @@ from .layout import (
     MAX_PROCS,
     METRIC_FIELDS,
     METRIC_SLOT,
+    METRICS_GEN_WORD,
     METRICS_HEADER,
     RETIRED_FIELDS,
     _pid_alive,
@@ -31,6 +32,7 @@ from .state import SegmentState
 
 _M = {name: i for i, name in enumerate(METRIC_FIELDS)}
 _M_PID = _M["pid"]
+_SEQLOCK_TRIES = 200  # lock-free attempts of a metrics read before it takes the lock (a claimer stopped mid-claim)
 
 
 def _f64_bits(x: float) -> int:
@@ -94,6 +96,8 @@ class Processes(SegmentState):
                     self._proc_index = i
                     self._claim_metrics_slot(i, pid)
                     break
+            else:  # the process table is full: no slot of our own
+                self._count_without_slot()
         finally:
             self._unlock()
 
@@ -107,6 +111,8 @@ class Processes(SegmentState):
         u64 = self._u64
         area = self.metrics_off >> 3
         base = (self.metrics_off + METRICS_HEADER + index * METRIC_SLOT) >> 3
+        gen = area + METRICS_GEN_WORD
+        u64[gen] |= 1  # odd: a claim is under way (already odd: a claimer died mid-claim; it stays odd till done)
         if u64[base + _M_PID]:
             for i, name in enumerate(RETIRED_FIELDS):
                 u64[area + i] += u64[base + _M[name]]
@@ -114,9 +120,21 @@ class Processes(SegmentState):
             u64[base + i] = 0
         u64[base + _M["started"]] = _f64_bits(time.time())
         u64[base + _M_PID] = pid
+        u64[gen] = (u64[gen] + 1) & 0xFFFFFFFFFFFFFFFF  # even: done
         self._metrics_base = base
         self._pub_word = base + _M["publishes"]
         self._relay_word = base + _M["relayed"]
+
+    def _count_without_slot(self) -> None:
+        """A process beyond the process table (no slot): its publishes and relayed stores still count in the host
+        totals, straight into the retired totals (under the lock, like every count); not per process, and its
+        flushed figures (deliveries, losses, gauges) are not kept."""
+        self._metrics_base = -1
+        self._pub_word = self._relay_word = 0
+        if self.metrics_off >= 0:
+            area = self.metrics_off >> 3
+            self._pub_word = area + RETIRED_FIELDS.index("publishes")
+            self._relay_word = area + RETIRED_FIELDS.index("relayed")
 
     def write_metrics(self, values: dict[str, int | float]) -> bool:
         """Store figures in this process's metrics slot (one aligned store each; no lock: only we write it).
@@ -149,10 +167,34 @@ class Processes(SegmentState):
 
     def read_metrics(self) -> tuple[dict[str, int], list[dict[str, float]]] | None:
         """The metrics area as it is now: ``(retired totals, [slot fields for each used slot])``; None when the
-        segment has no area. Lock-free: each field is one aligned load, so a value is never torn (fields of a slot
-        may be from consecutive flushes)."""
+        segment has no area. Each row also says whether the slot's process-table entry still names its pid
+        (``attached``: 0 once that process detached it, or died and was reaped).
+
+        Lock-free: each field is one aligned load, so a value is never torn (fields of a slot may be from
+        consecutive flushes); a slot claim (which moves counters from a slot to the retired totals) is never seen
+        half done: the read is retried around it (the generation word, ``METRICS_GEN_WORD``), so host totals
+        never go down. After many tries (a claimer stopped under the lock) it reads under the lock."""
         if self.metrics_off < 0:
             return None
+        gen = (self.metrics_off >> 3) + METRICS_GEN_WORD
+        u64 = self._u64
+        for _ in range(_SEQLOCK_TRIES):
+            before = u64[gen]
+            if before & 1:
+                time.sleep(0)  # a claim is under way (it holds the lock for a few microseconds)
+                continue
+            area = self._read_metrics_area()
+            if u64[gen] == before:
+                return area
+        self._lock()
+        try:
+            if u64[gen] & 1:  # a claimer died mid-claim (the lock's repair ran): what it left is all there is
+                u64[gen] = (u64[gen] + 1) & 0xFFFFFFFFFFFFFFFF
+            return self._read_metrics_area()
+        finally:
+            self._unlock()
+
+    def _read_metrics_area(self) -> tuple[dict[str, int], list[dict[str, float]]]:
         u64 = self._u64
         area = self.metrics_off >> 3
         retired = {name: int(u64[area + i]) for i, name in enumerate(RETIRED_FIELDS)}
@@ -165,6 +207,9 @@ class Processes(SegmentState):
             row: dict[str, float] = {name: int(u64[base + i]) for i, name in enumerate(METRIC_FIELDS[:width])}
             row["started"] = _bits_f64(int(row["started"]))
             row["updated"] = _bits_f64(int(row["updated"]))
+            # is the slot's process still attached through it? (its process-table entry, same index, names it;
+            # a Bus closed in a process that goes on leaves a slot with its pid that is not)
+            row["attached"] = int(self._u32[(_OFF_PROCS + index * _PROC_SIZE) >> 2] == row["pid"])
             slots.append(row)
         return retired, slots
 

@@ -96,6 +96,46 @@ def test_totals_survive_exits_slot_reuse_and_kill_9(make_bus: Callable[..., shmb
     assert sum(snap.retired.values()) > 0, "slots were reused, so some counts must have been retired"
 
 
+def _churn(name: str, rounds: int) -> None:
+    """Forks ``rounds`` short-lived processes one after another: each attaches (claiming the slot the previous
+    one left, which retires its counters), publishes once and detaches."""
+    for _ in range(rounds):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                seg = Segment.open(name, create=False)
+                seg.append(b"/churn", b"", b"1")
+                seg.close()
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_host_totals_never_go_down_while_slots_are_reclaimed(make_bus: Callable[..., shmbus.Bus]) -> None:
+    """A reader (no lock) looping while processes exit and others reclaim their slots never sees a total dip: a
+    claim moves a slot's counters to the retired totals, and a read is never half before and half after it."""
+    bus = make_bus()
+    bus.publish("/c", 0)
+    seg = bus.segment
+    churner = CTX.Process(target=_churn, args=(bus.name, 300))
+    churner.start()
+    last = reads = 0
+    while churner.is_alive() or not reads:
+        area = seg.read_metrics()
+        assert area is not None
+        retired, slots = area
+        total = retired["publishes"] + sum(int(row["publishes"]) for row in slots)
+        assert total >= last, f"host publishes went from {last} down to {total} (read {reads})"
+        last, reads = total, reads + 1
+    churner.join(60)
+    assert churner.exitcode == 0
+    snap = read_snapshot(bus)
+    assert snap.total("publishes") == snap.global_id == 301
+
+
 def test_forked_child_counts_in_its_own_slot(make_bus: Callable[..., shmbus.Bus]) -> None:
     bus = make_bus()
     bus.publish("/f", 0)
@@ -113,6 +153,32 @@ def test_forked_child_counts_in_its_own_slot(make_bus: Callable[..., shmbus.Bus]
     by_pid = {p.pid: p for p in read_snapshot(bus).processes}
     assert by_pid[pid].publishes == 25
     assert by_pid[os.getpid()].publishes == 1
+
+
+def test_forked_child_starts_its_counts_at_zero(make_bus: Callable[..., shmbus.Bus]) -> None:
+    """What the parent delivered or lost is counted in the parent's slot: a child's slot starts from 0 (else
+    the host's totals count the parent's figures twice)."""
+    bus = make_bus()
+    bus.publish("/f", 0)
+    bus._lost = 7  # as the parent's listener counted them
+    bus.metrics.deliveries = 5
+    bus._default_engine.relay_lost = 4  # type: ignore[attr-defined]  # a bridge's counters survive fork
+    bus.metrics.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            bus.publish("/f", 1)
+            code = 0 if bus.metrics.flush() else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    snap = read_snapshot(bus)
+    by_pid = {p.pid: p for p in snap.processes}
+    assert (by_pid[pid].lost, by_pid[pid].deliveries, by_pid[pid].relay_lost, by_pid[pid].publishes) == (0, 0, 0, 1)
+    assert (by_pid[os.getpid()].lost, by_pid[os.getpid()].deliveries, by_pid[os.getpid()].relay_lost) == (7, 5, 4)
+    assert snap.total("lost") == 7 and snap.total("deliveries") == 5 and snap.total("relay_lost") == 4
 
 
 def test_listener_position_deliveries_and_gauges(make_bus: Callable[..., shmbus.Bus]) -> None:
@@ -234,3 +300,179 @@ def test_a_damaged_slot_reads_as_numbers(make_bus: Callable[..., shmbus.Bus]) ->
     assert row["started"] == 0.0 and row["updated"] == 0.0
     json.dumps(row, allow_nan=False)
     assert "nan" not in render(bus).lower()
+
+
+def _publish_big_forever(name: str, ready: multiprocessing.synchronize.Event) -> None:
+    bus = shmbus.Bus(name, create=False, keepalive_interval=0)
+    ready.set()
+    blob = "x" * 6000  # a 64 KiB ring holds ~10: every publish overwrites the oldest record
+    i = 0
+    while True:
+        bus.publish("/big", [i, blob])
+        i += 1
+
+
+def test_stats_find_the_oldest_record_on_a_full_ring_under_a_publisher(make_bus: Callable[..., shmbus.Bus]) -> None:
+    """The record at the tail may be overwritten while stats() reads it: it reads on at the new tail, so the
+    oldest id is never the newest + 1 (an empty ring) nor the history 0 on a full, busy ring."""
+    bus = make_bus(ring_size=64 << 10)
+    seg = bus.segment
+    for i in range(40):
+        bus.publish("/big", [i, "x" * 6000])
+    assert seg.tail() > 0  # full: the ring has wrapped
+    ready = CTX.Event()
+    publisher = CTX.Process(target=_publish_big_forever, args=(bus.name, ready))
+    publisher.start()
+    try:
+        assert ready.wait(30)
+        start = seg.global_id()
+        while seg.global_id() < start + 50:  # the publisher is running
+            time.sleep(0.001)
+        for i in range(2000):
+            st = seg.stats()
+            assert st.oldest_global_id <= st.global_id, f"stats {i}: oldest {st.oldest_global_id}, {st}"
+            assert st.history_seconds > 0, f"stats {i}: {st}"
+    finally:
+        publisher.kill()
+        publisher.join(10)
+
+
+def test_a_process_attached_twice_is_one_process(make_bus: Callable[..., shmbus.Bus]) -> None:
+    """Two Bus objects of one name in one process, or a Bus closed and attached again through another entry of
+    the process table: one process in the figures (no duplicate {bus,pid} series), counters added up, and the
+    gauges of a detached slot (its last flush) no longer counted."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from shmbus.adapters.metrics import render
+
+    class Source:
+        def __init__(self, parked: int) -> None:
+            self.parked = parked
+
+        def metrics_gauges(self) -> dict[str, int]:
+            return {"parked": self.parked}
+
+    first, second = make_bus(), make_bus()
+    sources = [Source(3), Source(2)]
+    first.metrics.add_source(sources[0])
+    second.metrics.add_source(sources[1])
+    first.publish("/p", 1)
+    second.publish("/p", 2)
+    first.metrics.flush()  # (read_snapshot flushes the bus it is given)
+    snap = read_snapshot(second)
+    mine = [p for p in snap.processes if p.pid == os.getpid()]
+    assert len(mine) == 1 and mine[0].publishes == 2 and mine[0].parked == 5 and mine[0].alive
+
+    helper = Segment.open(first.name, create=False)  # an entry below third's: third attaches there again
+    third = make_bus()
+    sources.append(Source(4))
+    third.metrics.add_source(sources[2])
+    third.publish("/p", 3)
+    third.close()  # its slot keeps its last figures (parked 4) and this pid
+    helper.close()
+    third.on()
+    sources[2].parked = 1
+    third.publish("/p", 4)  # attaches again, through helper's entry
+    first.metrics.flush()
+    snap = read_snapshot(third)
+    mine = [p for p in snap.processes if p.pid == os.getpid()]
+    assert len(mine) == 1, mine
+    assert mine[0].publishes == 4 and mine[0].parked == 3 + 2 + 1  # not the closed slot's 4
+    text = render(third)
+    series = [
+        (s.name, s.labels.get("pid"))
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if "pid" in s.labels
+    ]
+    assert len(series) == len(set(series)), text
+    parked = [
+        s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name == "shmbus_parked_polls" and s.labels["pid"] == str(os.getpid())
+    ]
+    assert parked == [6]
+
+
+def test_a_damaged_pid_word_is_a_dead_process(make_bus: Callable[..., shmbus.Bus]) -> None:
+    """Pids no process can have (beyond what os.kill takes) in a metrics slot and in the process table: readers
+    (figures, Prometheus, `shmbus top`) treat them as dead instead of crashing."""
+    from shmbus.adapters.metrics import render
+    from shmbus.segment.layout import _OFF_PROCS, _PROC_SIZE, MAX_PROCS, METRIC_SLOT, METRICS_HEADER
+
+    bus = make_bus()
+    bus.publish("/d", 1)
+    seg = bus.segment
+    for index, pid in ((MAX_PROCS - 1, 1 << 40), (MAX_PROCS - 2, 1 << 31), (MAX_PROCS - 3, (1 << 32) - 1)):
+        seg._u64[(seg.metrics_off + METRICS_HEADER + index * METRIC_SLOT) >> 3] = pid
+        seg._u64[(seg.metrics_off + METRICS_HEADER + index * METRIC_SLOT + 8 * 3) >> 3] = 5  # publishes
+        if pid < 1 << 32:
+            seg._u32[(_OFF_PROCS + index * _PROC_SIZE) >> 2] = pid
+    snap = read_snapshot(bus)
+    damaged = {p.pid: p for p in snap.processes if p.pid > 1 << 30}
+    assert set(damaged) == {1 << 40, 1 << 31, (1 << 32) - 1}
+    assert not any(p.alive for p in damaged.values())
+    assert snap.total("publishes") == 1 + 15
+    assert os.getpid() in seg.stats().processes
+    assert f'pid="{1 << 40}"' in render(bus)
+    out = _pty_run([sys.executable, "-m", "shmbus.cli", "top", "--bus", bus.name, "--count", "1"])
+    assert "shmbus top - bus" in out and "Traceback" not in out, out
+
+
+@pytest.mark.parametrize(
+    ("argv", "why"),
+    [
+        (["stats", "--watch", "-1"], "positive number of seconds"),
+        (["stats", "--watch", "nan"], "positive number of seconds"),
+        (["stats", "--watch", "inf"], "positive number of seconds"),
+        (["stats", "--watch", "soon"], "not a number of seconds"),
+        (["stats", "--watch", "1", "--count", "-2"], "0 (no limit) or more"),
+        (["top", "--count", "-1"], "0 (no limit) or more"),
+        (["top", "--interval", "nan"], "positive number of seconds"),
+    ],
+)
+def test_cli_refuses_bad_intervals_and_counts(
+    make_bus: Callable[..., shmbus.Bus], capsys: pytest.CaptureFixture[str], argv: list[str], why: str
+) -> None:
+    """A clear usage error (exit 2, argparse's), never a traceback or a loop that never sleeps."""
+    from shmbus.cli import main
+
+    bus = make_bus()
+    bus.publish("/c", 1)
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--bus", bus.name])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert why in err and "Traceback" not in err, err
+
+
+def test_a_process_beyond_the_process_table_still_counts_in_the_host_totals(
+    make_bus: Callable[..., shmbus.Bus],
+) -> None:
+    """With every process-table entry taken, a process has no slot of its own: its publishes are still in the
+    host totals (not per process)."""
+    from shmbus.segment.layout import _OFF_PROCS, _PROC_SIZE, MAX_PROCS
+
+    bus = make_bus()
+    bus.publish("/full", 0)
+    seg = bus.segment
+    taken = []
+    for i in range(MAX_PROCS):  # fill the table with a live pid (ours), so no reap frees an entry
+        word = (_OFF_PROCS + i * _PROC_SIZE) >> 2
+        if not seg._u32[word]:
+            seg._u32[word] = os.getpid()
+            taken.append(word)
+    late = Segment.open(bus.name, create=False)
+    try:
+        assert late._proc_index == -1 and late._metrics_base == -1  # no slot
+        for i in range(5):
+            late.append(b"/full", b"", b"%d" % i)
+        snap = read_snapshot(bus)
+        assert snap.global_id == 6
+        assert snap.total("publishes") == 6
+        assert sum(p.publishes for p in snap.processes) == 1  # the 5 are not per process
+    finally:
+        late.close()
+        for word in taken:
+            seg._u32[word] = 0

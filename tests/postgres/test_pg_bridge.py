@@ -355,3 +355,42 @@ def test_metrics_show_publishes_the_relay_and_its_lag(make_host: Callable[..., B
     assert snap_a.total("publishes") == 12 and snap_b.total("publishes") == 0
     assert snap_b.relay is not None and snap_b.relay.relay_state == "relaying" and snap_b.relay_lag == 0
     assert snap_b.sparse_ids
+
+
+def test_relay_lag_shows_the_backlog_while_the_relay_is_behind(
+    make_host: Callable[..., Bus], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lag is the table's newest id minus what the segment holds: a relay catching up on 12 rows shows 12
+    (not the 1 it had in hand), and 0 once it has stored them."""
+    import threading
+
+    from shmbus.metrics import read_snapshot
+
+    a = make_host("a")
+    wait_relaying(a)
+    for i in range(12):
+        a.publish("/m", i)
+    top = a.last_id("/m")
+    late = f"{a.name[:-1]}b"
+    held, release = threading.Event(), threading.Event()
+    store = PostgresBridge._store
+
+    def held_store(self: Any, gid: int, chan: str, value: bytes) -> None:
+        if self._bus_of(None).name == late and not release.is_set():
+            held.set()
+            release.wait(30)  # the late host's relay stops at its first store, the table holding 12 rows
+        store(self, gid, chan, value)
+
+    monkeypatch.setattr(PostgresBridge, "_store", held_store)
+    b = make_host("b")
+    try:
+        assert held.wait(30), "the late host's relay never started its catch-up"
+        snap = read_snapshot(b)
+        assert snap.relay is not None and snap.global_id == 0
+        assert snap.relay.relay_highest == top and snap.relay_lag == top >= 12
+    finally:
+        release.set()
+    wait_relaying(b)
+    wait_for(lambda: b.segment.global_id() == top, what="host b caught up")
+    snap = read_snapshot(b)
+    assert snap.relay is not None and snap.relay.relay_highest == top and snap.relay_lag == 0

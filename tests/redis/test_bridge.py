@@ -297,3 +297,42 @@ def test_metrics_show_publishes_the_relay_and_its_lag(redis_server: Any, make_ho
     fams = {f.name: f for f in families(snap_b)}
     assert fams["shmbus_relay_up"].samples[0][1] == 1
     assert fams["shmbus_relayed_messages_total"].samples[0][1] == 12
+
+
+def test_relay_lag_shows_the_backlog_while_the_relay_is_behind(
+    redis_server: Any, make_host: Callable[..., Bus], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lag is Redis's newest id minus what the segment holds: a relay catching up on 12 messages shows 12
+    (not the 1 it had in hand), and 0 once it has stored them."""
+    import threading
+
+    from shmbus.adapters.redis import RedisBridge
+    from shmbus.metrics import read_snapshot
+
+    a = make_host("a", redis_server.url)
+    wait_relaying(a)
+    for i in range(12):
+        a.publish("/m", i)
+    late = f"{a.name[:-1]}b"
+    held, release = threading.Event(), threading.Event()
+    store = RedisBridge._store
+
+    def held_store(self: Any, line: bytes, gid: int) -> None:
+        if self._bus_of(None).name == late and not release.is_set():
+            held.set()
+            release.wait(30)  # the late host's relay stops at its first store, Redis holding 12
+        store(self, line, gid)
+
+    monkeypatch.setattr(RedisBridge, "_store", held_store)
+    b = make_host("b", redis_server.url)
+    try:
+        assert held.wait(30), "the late host's relay never started its catch-up"
+        snap = read_snapshot(b)
+        assert snap.relay is not None and snap.global_id == 0
+        assert snap.relay.relay_highest == 12 and snap.relay_lag == 12
+    finally:
+        release.set()
+    wait_relaying(b)
+    wait_for(lambda: b.segment.global_id() == 12, what="host b caught up")
+    snap = read_snapshot(b)
+    assert snap.relay is not None and snap.relay.relay_highest == 12 and snap.relay_lag == 0
