@@ -158,8 +158,8 @@ def _split_send(rest: str) -> tuple[str, str]:
     if headers:
         try:
             parsed = json.loads(headers)
-        except ValueError:
-            raise BadRequest("the header must be a JSON object") from None
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser's limit
+            raise BadRequest("the header must be a JSON object (not nested too deeply)") from None
         if not isinstance(parsed, dict):
             raise BadRequest("the header must be a JSON object")
         if "\n" in headers:

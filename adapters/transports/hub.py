@@ -66,6 +66,19 @@ def check_channel(ch: Any, what: str = "channel") -> str:
     return ch  # type: ignore[no-any-return]
 
 
+def check_pattern(pattern: Any, kind: str) -> str:
+    """Validate a pattern from a client (:func:`check_channel`'s rules, then :func:`shmbus.patterns.compile_pattern`
+    must accept it: no empty set ``[]``, no reversed range ``[z-a]``): a ProtocolError(400), never a crash."""
+    check_channel(pattern, "pattern")
+    if kind not in PATTERN_KINDS:
+        raise ProtocolError(400, f"pattern kind must be one of {list(PATTERN_KINDS)}, got {str(kind)[:20]!r}")
+    try:
+        compile_pattern(pattern, kind)
+    except ValueError as exc:
+        raise ProtocolError(400, str(exc)) from None
+    return pattern  # type: ignore[no-any-return]
+
+
 def check_client_id(value: Any) -> str | None:
     if value is None or value == "":
         return None

@@ -45,6 +45,7 @@ from .hub import (
     Sink,
     TransportApp,
     check_channel,
+    check_pattern,
     fallback,
     log,
     relative_path,
@@ -272,8 +273,8 @@ class WebSocketApp(TransportApp):
         try:
             try:
                 obj = json.loads(text)
-            except ValueError:
-                raise _BadInput("invalid JSON")
+            except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser's limit
+                raise _BadInput("invalid JSON (or nested too deeply)")
             if not isinstance(obj, dict):
                 raise _BadInput("a command must be a JSON object with an 'op'")
             ref = obj.get("ref")
@@ -304,6 +305,9 @@ class WebSocketApp(TransportApp):
             self._error(sink, str(exc), ref)
         except ProtocolError as exc:
             self._error(sink, exc.reason, ref)
+        except Exception as exc:  # a bug, not bad input: say so and keep the connection (never die silently)
+            log.exception("shmbus: WebSocket command failed")
+            self._error(sink, f"internal error ({type(exc).__name__}); see the server log", ref)
 
     def _target(self, obj: dict[str, Any]) -> tuple[str | None, tuple[str, str] | None]:
         channel, pattern = obj.get("channel"), obj.get("pattern")
@@ -314,7 +318,7 @@ class WebSocketApp(TransportApp):
         kind = obj.get("kind", "prefix")
         if kind not in PATTERN_KINDS:
             raise _BadInput(f"kind must be one of {list(PATTERN_KINDS)}")
-        return None, (check_channel(pattern, "pattern"), kind)
+        return None, (check_pattern(pattern, kind), kind)
 
     def _subscribe(self, sink: Sink, obj: dict[str, Any], ref: Any) -> None:
         channel, pat = self._target(obj)
