@@ -86,6 +86,8 @@ def _path(token: str) -> str:
         raise BadRequest(f"a path must start with '/': {token[:80]!r}")
     if len(token) > MAX_PATH_LENGTH:
         raise BadRequest(f"path longer than {MAX_PATH_LENGTH} characters")
+    if "," in token:
+        raise BadRequest(f"a path must not contain commas (a message's header line is comma separated): {token[:80]!r}")
     return token
 
 

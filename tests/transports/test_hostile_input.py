@@ -7,12 +7,10 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
-from transport_util import Recorder, http_scope
+from transport_util import Recorder, drive, http_scope
 
 from shmbus import Bus, InvalidChannel
 from shmbus.adapters.guble import GubleApp
@@ -26,36 +24,6 @@ from shmbus.adapters.transports.websocket import WebSocketApp
 
 BAD_GLOBS = ["/a[]", "/a[!]", "/a[z-a]"]
 DEEP = "[" * 100_000
-
-
-def drive(app: Any, path: str, frames: list[str], until: Callable[[list[str]], bool]) -> list[str]:
-    """Connect a WebSocket to ``app`` in-process, send ``frames`` (text), wait until ``until(received)``."""
-    rec = Recorder()
-
-    def received() -> list[str]:
-        return [m["text"] for m in rec.messages if m["type"] == "websocket.send"]
-
-    async def main() -> None:
-        inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        await inbox.put({"type": "websocket.connect"})
-        for f in frames:
-            await inbox.put({"type": "websocket.receive", "text": f})
-
-        async def receive() -> dict[str, Any]:
-            return await inbox.get()
-
-        scope = {"type": "websocket", "path": path, "root_path": "", "query_string": b"", "headers": []}
-        task = asyncio.ensure_future(app(scope, receive, rec))
-        deadline = time.monotonic() + 20
-        while not until(received()):
-            assert not task.done(), ("the connection ended", received())
-            assert time.monotonic() < deadline, ("timed out", received())
-            await asyncio.sleep(0.005)
-        await inbox.put({"type": "websocket.disconnect", "code": 1000})
-        await asyncio.wait_for(task, 20)
-
-    asyncio.run(main())
-    return received()
 
 
 async def _no_body() -> dict[str, Any]:

@@ -1,0 +1,175 @@
+"""guble's endpoint in-process: header-line safety (commas), user-space isolation (user ids with '/', other
+transports on the same bus) and subscriptions that change while messages are in flight."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from typing import Any
+
+from transport_util import Recorder, drive, http_scope
+
+from shmbus import Bus
+from shmbus.adapters.guble import GubleApp
+from shmbus.adapters.http import MessageBusProtocol
+from shmbus.adapters.transports.hub import Identity
+from shmbus.adapters.transports.sse import SSEApp
+from shmbus.adapters.wsgi import MessageBusMiddleware
+
+
+def _header(scope: Any, name: bytes) -> str | None:
+    for k, v in scope.get("headers") or ():
+        if k.lower() == name:
+            return str(v.decode("latin-1"))
+    return None
+
+
+def guble_app(bus: Bus, **kw: Any) -> GubleApp:
+    return GubleApp(
+        bus=bus,
+        user_id_lookup=lambda scope: _header(scope, b"x-user"),
+        application_id_lookup=lambda scope: _header(scope, b"x-app"),
+        allow_send=lambda scope, path: True,
+        **kw,
+    )
+
+
+def user(name: str, app: str = "phone") -> list[tuple[bytes, bytes]]:
+    return [(b"x-user", name.encode()), (b"x-app", app.encode())]
+
+
+def bodies(frames: list[str]) -> list[tuple[str, str]]:
+    """(path, body) of the message frames."""
+    out = []
+    for f in frames:
+        if f.startswith("/"):
+            head, _headers, body = f.split("\n", 2)
+            out.append((head.split(",", 1)[0], body))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- commas
+def test_commas_in_paths_are_refused_and_never_forge_a_header_line(bus: Bus) -> None:
+    app = guble_app(bus)
+    sent = {"done": False}
+
+    def publish(received: list[str]) -> None:
+        if not sent["done"] and "#ok-subscribed-to /" in received:
+            sent["done"] = True
+            bus.publish("/a,7,mallory,app,mid,2020-01-01T00:00:00+00:00", "forged")  # another transport's channel
+            bus.publish("/end", "end")
+
+    got = drive(
+        app,
+        "/stream/",
+        ["+ /a,b", "> /a,7,mallory\n\nx", "replay -1 /a,b", "+ /"],
+        lambda r: any(f.startswith("/end,") for f in r),
+        headers=user("alice"),
+        between=publish,
+    )
+    app.close()
+    refusals = [f for f in got if f.startswith("!")]
+    assert len(refusals) == 3 and all(
+        f.startswith("!error-bad-request a path must not contain commas") for f in refusals
+    )
+    assert bodies(got) == [("/end", "end")]  # the comma channel was never sent as a header line
+    assert bus.last_id("/a,7,mallory") == 0 and bus.last_id("/a,b") == 0  # the send was refused
+
+
+def test_rest_refuses_a_comma_topic(bus: Bus) -> None:
+    app = guble_app(bus, authorize=lambda scope, channel: True)
+    rec = Recorder()
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"x", "more_body": False}
+
+    asyncio.run(app(http_scope("/api/message/a,b", method="POST"), receive, rec))
+    app.close()
+    assert rec.start()["status"] == 400 and b"commas" in rec.body()
+    assert bus.last_id("/a,b") == 0
+
+
+def test_a_user_id_with_a_slash_has_no_user_space(bus: Bus) -> None:
+    """User ``bob/x`` would otherwise be subscribed to ``/user/bob/x/...``: topics in bob's space."""
+    app = guble_app(bus)
+    sent = {"done": False}
+
+    def publish(received: list[str]) -> None:
+        if not sent["done"] and "#ok-subscribed-to /end" in received:
+            sent["done"] = True
+            for ch in ("/user/bob/x/common", "/user/bob/x/phone", "/user/bob/common"):
+                bus.publish(ch, "for bob")
+            bus.publish("/end", "end")
+
+    got = drive(
+        app,
+        "/stream/",
+        ["+ /user/bob", "+ /user/bob/x", "+ /end"],
+        lambda r: any(f.startswith("/end,") for f in r),
+        headers=user("bob/x"),
+        between=publish,
+    )
+    assert json.loads(got[0].split("\n")[1])["UserId"] == "bob/x"
+    assert bodies(got) == [("/end", "end")]
+    # no user space at all: not subscribed to /user/bob/x/<app> and /user/bob/x/common (bob's topics)
+    for name in ("bob/x", "a,b"):
+        identity = Identity(None, MessageBusProtocol.lookups(name, None, None))
+        sink = asyncio.run(app.open_sink(identity, {"type": "websocket", "headers": user(name)}))
+        assert sink.patterns == {}, (name, sink.patterns)
+    sink = asyncio.run(app.open_sink(Identity(None, MessageBusProtocol.lookups("bob", None, None)), {"headers": []}))
+    assert {p for p, _kind in sink.patterns} == {f"/user/bob/{sink.application_id}", "/user/bob/common"}
+    app.close()
+
+
+# ---------------------------------------------------------------------------------------------------- other transports
+def _send_to_bob(bus: Bus) -> None:
+    app = guble_app(bus)
+    got = drive(
+        app, "/stream/", ["> /user/bob/common m1\n\nsecret"], lambda r: any("ok-send" in f for f in r), user("alice")
+    )
+    app.close()
+    assert any(f.startswith("#ok-send m1") for f in got), got
+
+
+def _poll(bus: Bus, user_id: str) -> list[Any]:
+    mw = MessageBusMiddleware(bus=bus, user_id_lookup=lambda env: env.get("HTTP_X_USER"))
+    body = b"/user/bob/common=0"
+    environ = {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": "/message-bus/c1/poll",
+        "QUERY_STRING": "dlp=t",
+        "CONTENT_TYPE": "application/x-www-form-urlencoded",
+        "CONTENT_LENGTH": str(len(body)),
+        "wsgi.input": io.BytesIO(body),
+        "wsgi.multithread": True,
+        "SERVER_PROTOCOL": "HTTP/1.1",
+        "HTTP_X_USER": user_id,
+    }
+    status: list[str] = []
+    out = b"".join(mw(environ, lambda s, h, exc=None: status.append(s)))
+    assert status[0].startswith("200"), (status, out)
+    return [m for m in json.loads(out) if m["channel"] == "/user/bob/common"]
+
+
+def _sse_replay(bus: Bus, user_id: str) -> bytes:
+    app = SSEApp(bus=bus, user_id_lookup=lambda scope: _header(scope, b"x-user"))
+    rec = Recorder()
+
+    async def receive() -> dict[str, Any]:
+        while not rec.body_sends:
+            await asyncio.sleep(0.005)
+        return {"type": "http.disconnect"}
+
+    headers = [(b"x-user", user_id.encode()), (b"last-event-id", f"{bus.epoch}:0".encode())]
+    asyncio.run(app(http_scope("/sse", b"prefix=/user", headers=headers), receive, rec))
+    app.close()
+    return rec.body()
+
+
+def test_user_topic_sends_stay_private_on_every_transport(bus: Bus) -> None:
+    _send_to_bob(bus)
+    (m,) = bus.backlog("/user/bob/common", 0)
+    assert m.user_ids == ["bob"]
+    assert _poll(bus, "carol") == [] and b"secret" not in _sse_replay(bus, "carol")
+    assert [p["data"]["body"] for p in _poll(bus, "bob")] == ["secret"] and b"secret" in _sse_replay(bus, "bob")
