@@ -291,8 +291,12 @@ class Sink:
     def subscription_count(self) -> int:
         return len(self.channels) + len(self.patterns)
 
-    def set_channel(self, channel: str, floor: int) -> None:
-        self.channels[channel] = floor
+    def set_channel(self, channel: str, floor: int, *, replayed: bool = False) -> None:
+        """Subscribe live delivery above ``floor``. Made again, a subscription keeps the smaller floor: a message
+        appended before the new one but not yet dispatched to this loop must not be skipped. ``replayed``: the
+        caller has just sent everything up to ``floor`` itself, so live delivery starts above it."""
+        old = self.channels.get(channel)
+        self.channels[channel] = floor if old is None or replayed else min(old, floor)
         if self.index is not None:
             self.index.add_channel(self, channel)
 
@@ -302,8 +306,11 @@ class Sink:
             self.index.remove_channel(self, channel)
         return found
 
-    def add_pattern(self, pattern: str, kind: str, floor: int) -> None:
-        self.patterns[(pattern, kind)] = (compile_pattern(pattern, kind), floor)
+    def add_pattern(self, pattern: str, kind: str, floor: int, *, replayed: bool = False) -> None:
+        """As :meth:`set_channel`, for a pattern (made again, it keeps the smaller floor unless ``replayed``)."""
+        old = self.patterns.get((pattern, kind))
+        keep = old is not None and not replayed
+        self.patterns[(pattern, kind)] = (compile_pattern(pattern, kind), min(old[1], floor) if keep else floor)
         if self.index is not None:
             self.index.pattern_sinks.add(self)
 

@@ -337,7 +337,7 @@ class WebSocketApp(TransportApp):
                 backlog = bus.backlog(channel, min(after, last), site)
                 gap = backlog.gap
                 sink.push_allowed(m for m in backlog if m.global_id <= upto)
-            sink.set_channel(channel, upto)
+            sink.set_channel(channel, upto, replayed=last_id is not None)  # no replay: in-flight ones stay live
             self._status(sink, "subscribed", ref, channel=channel, last_id=bus.last_id(channel, site), gap=gap)
             return
         assert pat is not None
@@ -347,7 +347,7 @@ class WebSocketApp(TransportApp):
             rp = replay_since(bus, [], [pat], sink.site, after_gid, upto)
             gap = rp.gap
             sink.push_allowed(rp.messages)
-        sink.add_pattern(pat[0], pat[1], upto)
+        sink.add_pattern(pat[0], pat[1], upto, replayed=after_gid is not None)
         self._status(sink, "subscribed", ref, pattern=pat[0], kind=pat[1], global_id=upto, gap=gap)
 
     def _unsubscribe(self, sink: Sink, obj: dict[str, Any], ref: Any) -> None:

@@ -91,7 +91,11 @@ class Subscribing(BusState):
                     self._exact.setdefault(channel, []).append(sub)
                 self._engine_ref(channel or "*", kind is not None or channel is None, +1)
                 if owner is not None:  # after the new one counts: engines see no unsubscribe/subscribe flap
-                    self._drop_owned(sub)
+                    replaced = self._drop_owned(sub)
+                    if replaced and not replay:
+                        # a replacement continues the old subscription: messages appended but not yet
+                        # dispatched (above the old one's floor) still reach the owner
+                        sub.skip_gid = min(sub.skip_gid, *(r.skip_gid for r in replaced))
             for msg in replay:
                 self._call(sub, msg)
         return sub
@@ -148,9 +152,9 @@ class Subscribing(BusState):
                 self._engine_ref(channel or "*", is_pat or channel is None, -1)
         return removed
 
-    def _drop_owned(self, new: Subscription) -> None:
+    def _drop_owned(self, new: Subscription) -> list[Subscription]:
         """Remove the earlier subscriptions of ``new.owner`` to ``new``'s channel or pattern (caller holds
-        ``_lock``): the draft's "a subscription to the same channel replaces the old one"."""
+        ``_lock``): the draft's "a subscription to the same channel replaces the old one". Returns them."""
         channel, kind, owner = new.channel, new.kind, new.owner
         if kind is not None:
             lst = self._patterns
@@ -159,10 +163,11 @@ class Subscribing(BusState):
         else:
             lst = self._exact.get(channel, [])
         keep = [s for s in lst if s is new or not (s.owner is owner and s.channel == channel and s.kind == kind)]
-        removed = len(lst) - len(keep)
+        replaced = [s for s in lst if s not in keep]
         lst[:] = keep
-        for _ in range(removed):
+        for _ in replaced:
             self._engine_ref(channel or "*", kind is not None or channel is None, -1)
+        return replaced
 
     def tap(self, listener: BatchListener) -> None:
         """Call ``listener(messages)`` on the listener thread with every batch of new messages (all channels,

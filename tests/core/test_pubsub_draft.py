@@ -88,6 +88,22 @@ def test_same_owner_same_channel_replaces_without_an_engine_flap(make_bus: Any) 
     bus.detach(engine)
 
 
+def test_a_replacing_subscription_gets_the_messages_in_flight(make_bus: Any) -> None:
+    """A message appended before an owner's re-subscription but not yet dispatched reaches the new callback (the
+    replaced one never gets it). Holding the dispatch lock keeps the listener from dispatching in between."""
+    bus = make_bus()
+    owner = object()
+    first: list[Any] = []
+    second: list[Any] = []
+    bus.subscribe("/f", lambda m: first.append(m.data), owner=owner)
+    with bus._dispatch_lock:
+        bus.publish("/f", "in flight")
+        bus.subscribe("/f", lambda m: second.append(m.data), owner=owner)
+    bus.publish("/f", "after")
+    wait_for(lambda: second == ["in flight", "after"])
+    assert first == []
+
+
 def test_publish_returns_a_truthy_value_when_scheduled(make_bus: Any) -> None:
     bus = make_bus()
     assert bus.publish("/t", "x")

@@ -13,7 +13,7 @@ from transport_util import Recorder, drive, http_scope
 from shmbus import Bus
 from shmbus.adapters.guble import GubleApp
 from shmbus.adapters.http import MessageBusProtocol
-from shmbus.adapters.transports.hub import Identity
+from shmbus.adapters.transports.hub import Identity, Sink
 from shmbus.adapters.transports.sse import SSEApp
 from shmbus.adapters.wsgi import MessageBusMiddleware
 
@@ -173,3 +173,55 @@ def test_user_topic_sends_stay_private_on_every_transport(bus: Bus) -> None:
     assert m.user_ids == ["bob"]
     assert _poll(bus, "carol") == [] and b"secret" not in _sse_replay(bus, "carol")
     assert [p["data"]["body"] for p in _poll(bus, "bob")] == ["secret"] and b"secret" in _sse_replay(bus, "bob")
+
+
+# ---------------------------------------------------------------------------------------------------- re-subscribing
+def _last(bus: Bus, channel: str) -> Any:
+    return bus.backlog(channel, bus.last_id(channel) - 1)[0]
+
+
+def test_resubscribing_never_skips_a_message_in_flight(bus: Bus) -> None:
+    """A message appended after a subscription but not yet dispatched to the connection's loop is delivered
+    after the same subscription is made again (the floor stays the older, smaller one). Deterministic: the sink
+    is not registered in a hub, so the test dispatches (``offer``) by hand, after the re-subscription."""
+    from shmbus.adapters.guble.protocol import Receive
+    from shmbus.adapters.transports.connection import Connection
+    from shmbus.adapters.transports.websocket import WebSocketApp
+
+    identity = Identity(None, MessageBusProtocol.lookups(None, None, None))
+    # guble: "+ /g" twice
+    app = guble_app(bus)
+    sink = asyncio.run(app.open_sink(identity, {"headers": []}))
+    app._receive_cmd(sink, Receive("/g", None, None))  # type: ignore[arg-type]
+    bus.publish("/g", "in flight")
+    app._receive_cmd(sink, Receive("/g", None, None))  # type: ignore[arg-type]
+    sink.take()
+    sink.offer(_last(bus, "/g"))
+    assert bodies(sink.take()) == [("/g", "in flight")]
+    app.close()
+    # the generic WebSocket app: a channel and a pattern made again; one with a replay sends it once, replayed
+    ws = WebSocketApp(bus=bus)
+    wsink = asyncio.run(ws.open_sink(identity, {}))
+    for cmd in ({"channel": "/w"}, {"pattern": "/p", "kind": "prefix"}, {"channel": "/r"}):
+        ws._subscribe(wsink, cmd, None)
+    for ch in ("/w", "/p/x", "/r"):
+        bus.publish(ch, f"in flight {ch}")
+    for cmd in ({"channel": "/w"}, {"pattern": "/p", "kind": "prefix"}, {"channel": "/r", "last_id": 0}):
+        ws._subscribe(wsink, cmd, None)
+    assert [json.loads(f)["data"] for f in wsink.take() if '"op"' not in f] == ["in flight /r"]  # the replay
+    for ch in ("/w", "/p/x", "/r"):
+        wsink.offer(_last(bus, ch))
+    assert [json.loads(f)["data"] for f in wsink.take()] == ["in flight /w", "in flight /p/x"]  # /r: not twice
+    ws.close()
+    # a direct Connection subscription made again
+    csink = Sink(bus, identity, lambda m: str(m.data))
+    conn = Connection(bus, csink, {}, lambda fn: fn(), 10)
+    conn.subscribe("/c")
+    conn.subscribe("/c/*", pattern=True)
+    bus.publish("/c", "in flight /c")
+    bus.publish("/c/1", "in flight /c/1")
+    conn.subscribe("/c")
+    conn.subscribe("/c/*", pattern=True)
+    csink.offer(_last(bus, "/c"))
+    csink.offer(_last(bus, "/c/1"))
+    assert csink.take() == ["in flight /c", "in flight /c/1"]
