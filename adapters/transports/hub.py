@@ -309,8 +309,9 @@ class Sink:
     def add_pattern(self, pattern: str, kind: str, floor: int, *, replayed: bool = False) -> None:
         """As :meth:`set_channel`, for a pattern (made again, it keeps the smaller floor unless ``replayed``)."""
         old = self.patterns.get((pattern, kind))
-        keep = old is not None and not replayed
-        self.patterns[(pattern, kind)] = (compile_pattern(pattern, kind), min(old[1], floor) if keep else floor)
+        if old is not None and not replayed:
+            floor = min(old[1], floor)
+        self.patterns[(pattern, kind)] = (compile_pattern(pattern, kind), floor)
         if self.index is not None:
             self.index.pattern_sinks.add(self)
 
