@@ -203,12 +203,17 @@ class GubleApp(WebSocketApp):
         info = {"ApplicationId": sink.application_id, "UserId": sink.user_id, "Time": iso_time(time.time())}
         return notification("ok-connected", CONNECTED_TEXT, info)
 
+    def refusal(self, reason: str, internal: bool) -> str:
+        """At connect (an invalid ``?client_id=``, a failing ``on_open``): guble's status line and its JSON line."""
+        return notification("error-server-internal" if internal else "error-bad-request", reason, {"reason": reason})
+
     def _error(self, sink: Sink, reason: str, ref: Any = None) -> None:
-        sink.push(notification("error-bad-request", reason, error=True))
+        sink.push(notification("error-bad-request", reason, error=True))  # as guble's README prints it
 
     def _on_reset(self, sink: Sink, old: int, new: int) -> None:
         """guble has no resets: say so, and continue with new messages (sequence ids restart)."""
-        sink.push(notification("error-server-internal", f"the bus was reset (epoch {old} -> {new})", error=True))
+        text = f"the bus was reset (epoch {old} -> {new})"
+        sink.push(notification("error-server-internal", text, {"reason": text, "epoch": new, "previousEpoch": old}))
         sink.refloor(self.bus.segment.global_id())
 
     async def _handle(self, sink: Sink, scope: Scope, text: str) -> None:
@@ -230,7 +235,8 @@ class GubleApp(WebSocketApp):
             self._error(sink, exc.reason)
         except Exception as exc:  # never let one command end the connection
             log.exception("shmbus: guble command failed")
-            sink.push(notification("error-server-internal", type(exc).__name__, error=True))
+            text = f"internal error ({type(exc).__name__}); see the server log"
+            sink.push(notification("error-server-internal", text, {"reason": text}))
 
     # ------------------------------------------------------------------ commands
     def _receive_cmd(self, sink: _GubleSink, cmd: ReceiveCmd) -> None:

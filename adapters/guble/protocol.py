@@ -234,7 +234,10 @@ def format_message(m: GubleMessage) -> str:
     return f"{head}\n{m.headers}\n{m.body}"
 
 
-def notification(name: str, text: str = "", data: Any = None, *, error: bool = False) -> str:
-    """``#name text`` (``!name text`` for errors), plus a JSON line when ``data`` is given."""
+def notification(name: str, text: str = "", data: Any = None, *, error: bool | None = None) -> str:
+    """``#name text`` (``!name text`` for errors: ``error``, by default a name starting with ``error-``), plus a
+    JSON line when ``data`` is given."""
+    if error is None:
+        error = name.startswith("error-")
     line = ("!" if error else "#") + name + (" " + text.replace("\n", " ") if text else "")
     return line if data is None else line + "\n" + json.dumps(data, ensure_ascii=False)

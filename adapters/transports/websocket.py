@@ -138,7 +138,7 @@ class WebSocketApp(TransportApp):
             reason = exc.reason if isinstance(exc, ProtocolError) else "malformed query string"
             # accept, then explain: a refused handshake would only show the browser a bare 403
             await send({"type": "websocket.accept"})
-            await send({"type": "websocket.send", "text": _dumps({"op": "error", "reason": reason})})
+            await send({"type": "websocket.send", "text": self.refusal(reason, internal=False)})
             await send({"type": "websocket.close", "code": CLOSE_POLICY, "reason": reason[:120]})
             return
         await send({"type": "websocket.accept"})
@@ -152,7 +152,7 @@ class WebSocketApp(TransportApp):
                 except Exception:
                     log.exception("shmbus: WebSocket on_open hook %r failed", self.on_open)
                     reason = "the application's on_open hook failed"
-                    await send({"type": "websocket.send", "text": _dumps({"op": "error", "reason": reason})})
+                    await send({"type": "websocket.send", "text": self.refusal(reason, internal=True)})
                     await send({"type": "websocket.close", "code": CLOSE_SERVER_ERROR, "reason": reason})
                     return
             await self._run(sink, scope, receive, send)
@@ -199,6 +199,11 @@ class WebSocketApp(TransportApp):
     async def open_sink(self, identity: Identity, scope: Scope) -> Sink:
         """The new connection's :class:`Sink` (not yet registered)."""
         return Sink(self.bus, identity, self._encode, max_buffer=self.max_buffer, on_reset=self._on_reset)
+
+    def refusal(self, reason: str, internal: bool) -> str:
+        """The frame explaining why the connection is closed at connect (bad input, or a server failure when
+        ``internal``), sent before the close."""
+        return _dumps({"op": "error", "reason": reason})
 
     def hello(self, sink: Sink) -> str:
         """The first frame."""

@@ -8,6 +8,7 @@ import io
 import json
 from typing import Any
 
+from harness.wait import wait_for
 from transport_util import Recorder, drive, http_scope
 
 from shmbus import Bus
@@ -225,3 +226,90 @@ def test_resubscribing_never_skips_a_message_in_flight(bus: Bus) -> None:
     csink.offer(_last(bus, "/c"))
     csink.offer(_last(bus, "/c/1"))
     assert csink.take() == ["in flight /c", "in flight /c/1"]
+
+
+# ---------------------------------------------------------------------------------------------------- at connect
+def _connect_only(app: GubleApp, query: bytes = b"") -> list[dict[str, Any]]:
+    """Connect to ``app`` in-process and return what it sends until it closes the socket by itself."""
+    rec = Recorder()
+    events: list[dict[str, Any]] = [{"type": "websocket.connect"}]
+
+    async def receive() -> dict[str, Any]:
+        if events:
+            return events.pop(0)
+        await asyncio.sleep(30)
+        return {"type": "websocket.disconnect", "code": 1000}
+
+    scope = {"type": "websocket", "path": "/stream/", "root_path": "", "query_string": query, "headers": user("u")}
+    asyncio.run(asyncio.wait_for(app(scope, receive, rec), 20))
+    return rec.messages
+
+
+def test_errors_at_connect_are_guble_status_lines(bus: Bus) -> None:
+    app = guble_app(bus)
+    sent = _connect_only(app, b"client_id=bad%20id")
+    texts = [m["text"] for m in sent if m["type"] == "websocket.send"]
+    line, data = texts[0].split("\n")
+    assert line.startswith("!error-bad-request invalid client id") and json.loads(data)["reason"] in line
+    assert sent[-1]["type"] == "websocket.close" and sent[-1]["code"] == 1008
+    app.close()
+
+    def on_open(conn: Any) -> None:
+        raise RuntimeError("boom")
+
+    app = guble_app(bus, on_open=on_open)
+    sent = _connect_only(app)
+    texts = [m["text"] for m in sent if m["type"] == "websocket.send"]
+    assert texts == [
+        "!error-server-internal the application's on_open hook failed\n"
+        '{"reason": "the application\'s on_open hook failed"}'
+    ]
+    assert sent[-1]["type"] == "websocket.close" and sent[-1]["code"] == 1011
+    app.close()
+
+
+def test_error_server_internal_has_its_json_line(bus: Bus, monkeypatch: Any) -> None:
+    app = guble_app(bus)
+
+    def broken(sink: Any, cmd: Any) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(app, "_replay_cmd", broken)
+    got = drive(app, "/stream/", ["replay -1 /x", "+ /ok"], lambda r: "#ok-subscribed-to /ok" in r, user("u"))
+    app.close()
+    text = "internal error (RuntimeError); see the server log"
+    assert got[1] == f"!error-server-internal {text}\n" + json.dumps({"reason": text})
+    sink = asyncio.run(app.open_sink(Identity(None, MessageBusProtocol.lookups("u", None, None)), {"headers": []}))
+    app._on_reset(sink, 1, 2)
+    assert sink.take() == [
+        "!error-server-internal the bus was reset (epoch 1 -> 2)\n"
+        '{"reason": "the bus was reset (epoch 1 -> 2)", "epoch": 2, "previousEpoch": 1}'
+    ]
+
+
+def test_on_open_subscribes_a_guble_connection(bus: Bus) -> None:
+    """``on_open(connection)`` may subscribe a guble connection server-side; messages arrive as guble frames,
+    callbacks get the channel and data."""
+    heard: list[Any] = []
+
+    def on_open(conn: Any) -> None:
+        assert conn.user_id == "u" and conn.open
+        assert conn.subscribe("/srv/direct") is True
+        assert conn.subscribe("/srv/room", pattern="prefix") is True
+        assert conn.subscribe("/srv/cb", callback=lambda ch, data: heard.append((ch, data))) is True
+
+    app = guble_app(bus, on_open=on_open)
+    sent = {"done": False}
+
+    def publish(received: list[str]) -> None:
+        if not sent["done"] and received:
+            sent["done"] = True
+            for ch in ("/srv/direct", "/srv/room/1", "/srv/cb", "/srv/other"):
+                bus.publish(ch, ch)
+            bus.publish("/srv/direct", "end")
+
+    got = drive(app, "/stream/", [], lambda r: any(f.endswith("\nend") for f in r), user("u"), between=publish)
+    app.close()
+    assert [b for _p, b in bodies(got)] == ["/srv/direct", "/srv/room/1", "end"]
+    assert got[1].startswith("/srv/direct,1,,,,")
+    wait_for(lambda: heard == [("/srv/cb", "/srv/cb")])  # on the bus's listener thread
