@@ -175,6 +175,15 @@ class Bus(Publishing, Reading, Subscribing, Listening):
         for to, is_pat in refs:
             self._safe(engine.subscribe, to, is_pat)
 
+    def engine_hold(self, channel: str | None, kind: str | None, delta: int) -> None:
+        """Count a subscription that reads the bus some other way (the transports' connections read it through
+        :meth:`tap`) as :meth:`subscribe` counts its own: ``delta`` +1 when it starts, -1 when it ends. Engines
+        hear ``subscribe``/``unsubscribe`` once per channel or pattern per process, whoever subscribes.
+        ``kind``: None (a channel), ``"glob"`` or ``"prefix"``."""
+        with self._lock:
+            for to, is_pattern in self._engine_keys(channel, kind):
+                self._engine_ref(to, is_pattern, delta)
+
     def _engine_ref(self, to: str, is_pattern: bool, delta: int) -> None:
         key = (to, is_pattern)
         n = self._engine_refs.get(key, 0) + delta

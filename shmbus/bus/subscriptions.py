@@ -89,7 +89,8 @@ class Subscribing(BusState):
                     self._catch_all.append(sub)
                 else:
                     self._exact.setdefault(channel, []).append(sub)
-                self._engine_ref(channel or "*", kind is not None or channel is None, +1)
+                for to, is_pat in self._engine_keys(channel, kind):
+                    self._engine_ref(to, is_pat, +1)
                 if owner is not None:  # after the new one counts: engines see no unsubscribe/subscribe flap
                     replaced = self._drop_owned(sub)
                     if replaced and not replay:
@@ -135,6 +136,7 @@ class Subscribing(BusState):
             else:
                 lst = self._exact.get(channel, [])
             keep = []
+            gone: list[Subscription] = []
             for sub in lst:
                 hit = (
                     sub.channel == channel
@@ -142,14 +144,16 @@ class Subscribing(BusState):
                     and (owner is None or sub.owner is owner)
                 )
                 if hit:
-                    removed += 1
+                    gone.append(sub)
                 else:
                     keep.append(sub)
             lst[:] = keep
             if channel is not None and not is_pat and not keep:
                 self._exact.pop(channel, None)
-            for _ in range(removed):
-                self._engine_ref(channel or "*", is_pat or channel is None, -1)
+            for sub in gone:
+                for to, is_pattern in self._engine_keys(sub.channel, sub.kind):
+                    self._engine_ref(to, is_pattern, -1)
+            removed = len(gone)
         return removed
 
     def _drop_owned(self, new: Subscription) -> list[Subscription]:
@@ -166,7 +170,8 @@ class Subscribing(BusState):
         replaced = [s for s in lst if s not in keep]
         lst[:] = keep
         for _ in replaced:
-            self._engine_ref(channel or "*", kind is not None or channel is None, -1)
+            for to, is_pattern in self._engine_keys(channel, kind):
+                self._engine_ref(to, is_pattern, -1)
         return replaced
 
     def tap(self, listener: BatchListener) -> None:
