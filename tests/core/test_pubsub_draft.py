@@ -4,6 +4,7 @@ statement of the draft to its test; the client-object ones are in tests/transpor
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -142,6 +143,29 @@ def test_draft_engine_as_default_gets_a_string_after_bookkeeping(make_bus: Any) 
     assert len(engine.published) == 2
     bus.default = None
     assert isinstance(bus.default, shmbus.SharedMemoryEngine)
+
+
+def test_a_changed_encoding_is_valid_and_other_non_strings_raise(make_bus: Any) -> None:
+    """The draft: a non-String message MAY become JSON, otherwise publish MUST raise; a changed encoding MUST be
+    valid. What an engine receives is strict UTF-8-encodable JSON text; data that cannot become valid JSON (a
+    lone surrogate, bytes under the JSON codec, an arbitrary object) raises TypeError and reaches no engine."""
+    bus = make_bus()
+    engine = DraftRecorder(bus)
+    bus.default = engine
+    assert bus.publish("/enc", {"f": float("nan"), "s": "é\u2028"}) is True
+    ((_channel, text),) = engine.published
+    text.encode("utf-8")  # strict: a valid encoding
+    assert json.loads(text) == {"f": None, "s": "é\u2028"}  # a non-finite float became null: still valid JSON
+    bad_values: list[Any] = ["\ud800", {"k": "\udfff"}, b"\xff", object()]
+    for bad in bad_values:
+        with pytest.raises(TypeError):
+            bus.publish("/enc", bad)
+    assert len(engine.published) == 1
+    bus.default = None
+    for bad in bad_values:  # the bus's own engine: the same rules, nothing stored
+        with pytest.raises(TypeError):
+            bus.publish("/enc2", bad)
+    assert bus.last_id("/enc2") == 0
 
 
 def test_draft_engine_refusal_is_a_typed_error(make_bus: Any) -> None:
