@@ -136,3 +136,25 @@ def test_rest_deep_json_is_400(bus: Bus) -> None:
     asyncio.run(asgi(scope, receive, rec))
     assert rec.start()["status"] == 400 and b"nested too deeply" in rec.body()
     assert bus.last_id("/x") == 0
+
+
+def test_message_bus_poll_deep_json_is_400(bus: Bus, monkeypatch: Any) -> None:
+    """The long-poll body parser: without orjson the stdlib parser raises RecursionError on deep nesting."""
+    from shmbus import jsonlib
+    from shmbus.adapters.wsgi import MessageBusMiddleware
+
+    monkeypatch.setattr(jsonlib, "loads", json.loads)  # what an install without orjson uses
+    app = MessageBusMiddleware(bus=bus, max_body_size=1 << 20)
+    environ = {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": "/message-bus/c1/poll",
+        "QUERY_STRING": "dlp=t",
+        "CONTENT_TYPE": "application/json",
+        "CONTENT_LENGTH": str(len(DEEP)),
+        "wsgi.input": io.BytesIO(DEEP.encode()),
+        "wsgi.multithread": True,
+        "SERVER_PROTOCOL": "HTTP/1.1",
+    }
+    got: list[str] = []
+    body = b"".join(app(environ, lambda status, headers, exc=None: got.append(status)))
+    assert got[0].startswith("400") and b"malformed JSON" in body, (got, body[:200])
