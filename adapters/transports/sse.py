@@ -240,21 +240,22 @@ class SSEApp(TransportApp):
         # Register first and hold live delivery while opening (see finish_open: nothing twice, nothing lost).
         sink.holding = True
         self.hub.register(sink)
-        try:
+        conn: Connection | None = None
+        try:  # whatever fails from here on, no sink (and no connection) stays behind
             start = start_open(bus, sink, request)
+            conn = self.connection(sink, scope) if self.on_open or self.on_close else None
+            if conn is not None:
+                try:
+                    await self.opened(conn)
+                except Exception as exc:
+                    log.exception("shmbus: SSE on_open hook %r failed", self.on_open)
+                    raise _HookFailed from exc
+            finish_open(bus, sink, request.resume, start)
         except BaseException:
-            self.hub.unregister(sink)  # never leave a sink behind for a stream that did not open
-            raise
-        conn = self.connection(sink, scope) if self.on_open or self.on_close else None
-        if conn is not None:
-            try:
-                await self.opened(conn)
-            except Exception as exc:
-                log.exception("shmbus: SSE on_open hook %r failed", self.on_open)
-                self.hub.unregister(sink)
+            self.hub.unregister(sink)
+            if conn is not None:
                 await self.closed(conn)
-                raise _HookFailed from exc
-        finish_open(bus, sink, request.resume, start)
+            raise
         return sink, conn
 
     def _on_reset(self, sink: Sink, old: int, new: int) -> None:

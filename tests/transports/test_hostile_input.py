@@ -42,18 +42,28 @@ def test_sse_asgi_bad_glob_is_400_and_registers_nothing(bus: Bus, glob: str) -> 
     app.close()
 
 
-def test_sse_asgi_a_failing_open_unregisters_the_stream(bus: Bus, monkeypatch: Any) -> None:
-    """Whatever goes wrong while a stream opens, its sink does not stay in the hub (no unbounded growth)."""
-    app = SSEApp(bus=bus)
+@pytest.mark.parametrize("where", ["subscribing", "replaying"])
+def test_sse_asgi_a_failing_open_unregisters_the_stream(bus: Bus, monkeypatch: Any, where: str) -> None:
+    """Whatever goes wrong while a stream opens, its sink does not stay in the hub (no unbounded growth) and a
+    connection already handed out is closed (``on_close`` runs)."""
+    import shmbus.adapters.transports.sse as sse_module
 
-    def broken(self: Sink, pattern: str, kind: str, floor: int) -> None:
+    closed: list[Any] = []
+    app = SSEApp(bus=bus, on_close=closed.append)
+
+    def broken(*args: Any) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(Sink, "add_pattern", broken)
+    if where == "subscribing":
+        monkeypatch.setattr(Sink, "add_pattern", broken)
+    else:
+        monkeypatch.setattr(sse_module, "finish_open", broken)
     rec = Recorder()
     asyncio.run(app(http_scope("/sse", b"prefix=/p"), _no_body, rec))
     assert rec.start()["status"] == 500 and b"internal error" in rec.body()
     assert app.hub.connections() == 0
+    # a connection exists once the stream's own subscriptions are in place; from then on on_close runs
+    assert [c.open for c in closed] == ([] if where == "subscribing" else [False])
     app.close()
 
 
