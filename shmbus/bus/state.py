@@ -83,6 +83,8 @@ class BusState:
     _ensure_listener: Callable[[], None]
     _dispatch: Callable[..., None]
     _engine_ref: Callable[[str, bool, int], None]
+    _sweep_owners: Callable[[], None]
+    _owners_gone: bool
     _call: Callable[[Subscription, Message], None]
 
     @staticmethod

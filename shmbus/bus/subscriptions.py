@@ -31,9 +31,10 @@ class Subscribing(BusState):
         in the calling thread before this returns, and live messages follow with no gap and no duplicate.
         ``pattern=True``/``"glob"`` or ``"prefix"`` subscribes to a pattern (see :mod:`shmbus.patterns`).
         ``owner`` (any object, e.g. a connection) gives the iodine draft's rule: a new subscription *replaces*
-        the owner's existing one to the same channel (or pattern of the same kind). Without an owner, several
-        callbacks may share a channel, as in the gem. Returns the :class:`Subscription`, or None when the bus is
-        ``off()``.
+        the owner's existing one to the same channel (or pattern of the same kind), and the owner is held weakly
+        when it allows it (so is a callback that is its bound method): once it is garbage collected its
+        subscriptions close. Without an owner, several callbacks may share a channel, as in the gem. Returns the
+        :class:`Subscription`, or None when the bus is ``off()``.
         """
         return self._subscribe(channel, callback, last_id, pattern, None, site_id, owner)
 
@@ -72,7 +73,7 @@ class Subscribing(BusState):
                 self._channel_key(channel)
         if last_id is not None and (isinstance(last_id, bool) or not isinstance(last_id, int)):
             raise TypeError(f"last_id must be an int or None, got {last_id!r}")
-        sub = Subscription(channel, callback, kind, only_site, owner)
+        sub = Subscription(channel, callback, kind, only_site, owner, self._note_owner_gone)
         seg = self.segment
         self._ensure_listener()
         with self._dispatch_lock:
@@ -173,6 +174,27 @@ class Subscribing(BusState):
             for to, is_pattern in self._engine_keys(channel, kind):
                 self._engine_ref(to, is_pattern, -1)
         return replaced
+
+    def _note_owner_gone(self) -> None:
+        """A subscription's owner was garbage collected (called by the collector, in any thread: only a note;
+        the listener thread removes such subscriptions, see :meth:`_sweep_owners`)."""
+        self._owners_gone = True
+
+    def _sweep_owners(self) -> None:
+        """Remove the subscriptions whose owner was garbage collected (the draft: they close), telling engines."""
+        self._owners_gone = False
+        with self._dispatch_lock, self._lock:
+            gone: list[Subscription] = []
+            for lst in (*self._exact.values(), self._patterns, self._catch_all):
+                dead = [s for s in lst if s.owner_gone]
+                if dead:
+                    lst[:] = [s for s in lst if not s.owner_gone]
+                    gone.extend(dead)
+            for channel in [ch for ch, lst in self._exact.items() if not lst]:
+                del self._exact[channel]
+            for sub in gone:
+                for to, is_pattern in self._engine_keys(sub.channel, sub.kind):
+                    self._engine_ref(to, is_pattern, -1)
 
     def tap(self, listener: BatchListener) -> None:
         """Call ``listener(messages)`` on the listener thread with every batch of new messages (all channels,

@@ -105,6 +105,46 @@ def test_a_replacing_subscription_gets_the_messages_in_flight(make_bus: Any) -> 
     assert first == []
 
 
+def test_subscriptions_close_when_their_owner_is_garbage_collected(make_bus: Any) -> None:
+    """The draft: a subscription not bound to a client closes when its pub/sub object is garbage collected. An
+    owner is held weakly (so is a callback that is its bound method); once collected its subscriptions are never
+    called again and engines hear ``unsubscribe``. An owner without weak references is held as given."""
+    import gc
+
+    bus = make_bus()
+    engine = DraftRecorder()
+    bus.attach(engine)
+
+    class Owner:
+        def __init__(self) -> None:
+            self.got: list[Any] = []
+
+        def on_message(self, m: Message) -> None:
+            self.got.append(m.data)
+
+    owner = Owner()
+    got = owner.got
+    seen: list[Any] = []
+    bus.subscribe("/gc", owner.on_message, owner=owner)
+    bus.subscribe("/gc2/*", lambda m: seen.append(m.data), pattern=True, owner=owner)
+    plain = object()  # no weak references: kept, never closed by the collector
+    kept: list[Any] = []
+    bus.subscribe("/gc", lambda m: kept.append(m.data), owner=plain)
+    bus.publish("/gc", 1)
+    bus.publish("/gc2/x", 2)
+    wait_for(lambda: got == [1] and seen == [2] and kept == [1])
+    del owner
+    gc.collect()
+    wait_for(lambda: ("unsub", "/gc2/*", True) in engine.calls)
+    bus.publish("/gc", 3)
+    bus.publish("/gc2/x", 4)
+    wait_for(lambda: kept == [1, 3])
+    assert got == [1] and seen == [2]
+    assert ("unsub", "/gc", False) not in engine.calls  # the plain owner still subscribes /gc
+    assert len(bus._exact["/gc"]) == 1 and bus._patterns == []
+    bus.detach(engine)
+
+
 def test_publish_returns_a_truthy_value_when_scheduled(make_bus: Any) -> None:
     bus = make_bus()
     assert bus.publish("/t", "x")
