@@ -78,7 +78,7 @@ def test_commas_in_paths_are_refused_and_never_forge_a_header_line(bus: Bus) -> 
     assert bus.last_id("/a,7,mallory") == 0 and bus.last_id("/a,b") == 0  # the send was refused
 
 
-def test_rest_refuses_a_comma_topic(bus: Bus) -> None:
+def test_rest_refuses_a_comma_topic_and_targets_user_topics(bus: Bus) -> None:
     app = guble_app(bus, authorize=lambda scope, channel: True)
     rec = Recorder()
 
@@ -86,9 +86,15 @@ def test_rest_refuses_a_comma_topic(bus: Bus) -> None:
         return {"type": "http.request", "body": b"x", "more_body": False}
 
     asyncio.run(app(http_scope("/api/message/a,b", method="POST"), receive, rec))
-    app.close()
     assert rec.start()["status"] == 400 and b"commas" in rec.body()
     assert bus.last_id("/a,b") == 0
+    # a REST send to a user topic is targeted to its owner too (a digits-only id also as the integer)
+    for topic, ids in (("user/bob/common", ["bob"]), ("user/42/common", ["42", 42])):
+        rec = Recorder()
+        asyncio.run(app(http_scope(f"/api/message/{topic}", method="POST"), receive, rec))
+        assert rec.start()["status"] == 200, rec.body()
+        assert bus.backlog(f"/{topic}", 0)[0].user_ids == ids
+    app.close()
 
 
 def test_a_user_id_with_a_slash_has_no_user_space(bus: Bus) -> None:
