@@ -60,7 +60,7 @@ from .protocol import (
     Send as SendCmd,
 )
 
-__all__ = ["GubleApp", "GubleRestPublish", "user_topic_owner"]
+__all__ = ["GubleApp", "GubleRestPublish", "user_space_ids", "user_topic_owner"]
 
 CONNECTED_TEXT = "You are connected to the server."
 USER_SPACE = "/user/"
@@ -79,6 +79,22 @@ def user_topic_owner(channel: str) -> str | None:
     return channel[len(USER_SPACE) :].split("/", 1)[0]
 
 
+def user_space_ids(owner: str) -> list[Any]:
+    """The ``user_ids`` a send to ``owner``'s user space is published with, so the bus's targeting keeps it
+    private on every transport (message_bus polls, SSE, the generic WebSocket app). Lookups often return integer
+    ids, so a digits-only owner is targeted both as the string and as the integer (as REST publish reads ids)."""
+    ids: list[Any] = [owner]
+    if owner.isdigit() and len(owner) < 19:
+        ids.append(int(owner))
+    return ids
+
+
+def _has_user_space(user_id: str) -> bool:
+    """A user id that names exactly one user space: not empty, no '/' (user ``bob`` would own ``bob/x``'s
+    topics) and no ',' (guble paths have none)."""
+    return bool(user_id) and "/" not in user_id and "," not in user_id
+
+
 def _encode(msg: Message) -> str:
     return format_message(unpack(msg.channel, msg.message_id, msg.data, msg.timestamp))
 
@@ -88,10 +104,13 @@ class _GubleSink(Sink):
 
     user_id = ""
     application_id = ""
+    space = ""  # the user space this connection may read ("" for none: anonymous, or an id with '/' or ',')
 
     def allowed(self, msg: Message) -> bool:
+        if "," in msg.channel:  # published by another transport: no guble header line can carry it
+            return False
         owner = user_topic_owner(msg.channel)
-        if owner is not None and (not self.user_id or owner != self.user_id):
+        if owner is not None and (not self.space or owner != self.space):
             return False
         return super().allowed(msg)
 
@@ -164,13 +183,17 @@ class GubleApp(WebSocketApp):
         sink = _GubleSink(self.bus, identity, _encode, max_buffer=self.max_buffer, on_reset=self._on_reset)
         user = identity.lookups.user_id
         sink.user_id = "" if user is None else str(user)
+        sink.space = sink.user_id if _has_user_space(sink.user_id) else ""
         app_id = await maybe_await(self.application_id_lookup(scope)) if self.application_id_lookup else None
         sink.application_id = str(app_id) if app_id else new_application_id()
-        if sink.user_id:  # guble: every connection hears its application topic and the user's common topic
+        if sink.space:  # guble: every connection hears its application topic and the user's common topic
             floor = self.bus.segment.global_id()
             for topic in (sink.application_id, "common"):
                 try:
-                    sink.add_pattern(check_channel(f"{USER_SPACE}{sink.user_id}/{topic}"), "prefix", floor)
+                    channel = check_channel(f"{USER_SPACE}{sink.space}/{topic}")
+                    if "," in channel:
+                        continue  # an application id with a comma makes no guble path
+                    sink.add_pattern(channel, "prefix", floor)
                 except ProtocolError:
                     pass  # an id that makes no valid channel gets no user topic
         return sink
@@ -180,12 +203,17 @@ class GubleApp(WebSocketApp):
         info = {"ApplicationId": sink.application_id, "UserId": sink.user_id, "Time": iso_time(time.time())}
         return notification("ok-connected", CONNECTED_TEXT, info)
 
+    def refusal(self, reason: str, internal: bool) -> str:
+        """At connect (an invalid ``?client_id=``, a failing ``on_open``): guble's status line and its JSON line."""
+        return notification("error-server-internal" if internal else "error-bad-request", reason, {"reason": reason})
+
     def _error(self, sink: Sink, reason: str, ref: Any = None) -> None:
-        sink.push(notification("error-bad-request", reason, error=True))
+        sink.push(notification("error-bad-request", reason, error=True))  # as guble's README prints it
 
     def _on_reset(self, sink: Sink, old: int, new: int) -> None:
         """guble has no resets: say so, and continue with new messages (sequence ids restart)."""
-        sink.push(notification("error-server-internal", f"the bus was reset (epoch {old} -> {new})", error=True))
+        text = f"the bus was reset (epoch {old} -> {new})"
+        sink.push(notification("error-server-internal", text, {"reason": text, "epoch": new, "previousEpoch": old}))
         sink.refloor(self.bus.segment.global_id())
 
     async def _handle(self, sink: Sink, scope: Scope, text: str) -> None:
@@ -207,7 +235,8 @@ class GubleApp(WebSocketApp):
             self._error(sink, exc.reason)
         except Exception as exc:  # never let one command end the connection
             log.exception("shmbus: guble command failed")
-            sink.push(notification("error-server-internal", type(exc).__name__, error=True))
+            text = f"internal error ({type(exc).__name__}); see the server log"
+            sink.push(notification("error-server-internal", text, {"reason": text}))
 
     # ------------------------------------------------------------------ commands
     def _receive_cmd(self, sink: _GubleSink, cmd: ReceiveCmd) -> None:
@@ -269,8 +298,14 @@ class GubleApp(WebSocketApp):
             refuse(f"not allowed to send to {cmd.path[:80]}")
             return
         data = message_data(sink.user_id, sink.application_id, cmd.message_id, now, cmd.headers, cmd.body)
+        owner = user_topic_owner(cmd.path)
         try:
-            mid = self.bus.publish(cmd.path, data, site_id=sink.site or "")
+            mid = self.bus.publish(
+                cmd.path,
+                data,
+                site_id=sink.site or "",
+                user_ids=None if owner is None else user_space_ids(owner),
+            )
         except (ShmbusError, TypeError, ValueError) as exc:
             refuse(str(exc)[:200])
             return
@@ -290,6 +325,8 @@ class GubleRestPublish(AsgiRestPublish):
             params = parse_qs(query, keep_blank_values=True, errors="strict", max_num_fields=100)
         except (UnicodeDecodeError, ValueError):
             raise ProtocolError(400, "malformed query string")
+        if "," in channel:
+            raise ProtocolError(400, "a topic must not contain commas (a message's header line is comma separated)")
         unknown = sorted(set(params) - {"userId", "messageId"})
         if unknown:
             raise ProtocolError(400, f"unknown query parameter(s) {unknown}; known: userId, messageId")
@@ -310,8 +347,9 @@ class GubleRestPublish(AsgiRestPublish):
         header_json = json.dumps(guble_headers, separators=(",", ":"), ensure_ascii=False) if guble_headers else ""
         now = iso_time(time.time())
         data = message_data(user, new_application_id(), mid, now, header_json, text)
+        owner = user_topic_owner(channel)
         try:
-            seq = self.bus.publish(channel, data)
+            seq = self.bus.publish(channel, data, user_ids=None if owner is None else user_space_ids(owner))
         except PayloadTooLarge as exc:
             raise ProtocolError(413, str(exc))
         except (InvalidMessage, InvalidChannel, TypeError, ValueError) as exc:

@@ -86,6 +86,8 @@ def _path(token: str) -> str:
         raise BadRequest(f"a path must start with '/': {token[:80]!r}")
     if len(token) > MAX_PATH_LENGTH:
         raise BadRequest(f"path longer than {MAX_PATH_LENGTH} characters")
+    if "," in token:
+        raise BadRequest(f"a path must not contain commas (a message's header line is comma separated): {token[:80]!r}")
     return token
 
 
@@ -158,8 +160,8 @@ def _split_send(rest: str) -> tuple[str, str]:
     if headers:
         try:
             parsed = json.loads(headers)
-        except ValueError:
-            raise BadRequest("the header must be a JSON object") from None
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser's limit
+            raise BadRequest("the header must be a JSON object (not nested too deeply)") from None
         if not isinstance(parsed, dict):
             raise BadRequest("the header must be a JSON object")
         if "\n" in headers:
@@ -232,7 +234,10 @@ def format_message(m: GubleMessage) -> str:
     return f"{head}\n{m.headers}\n{m.body}"
 
 
-def notification(name: str, text: str = "", data: Any = None, *, error: bool = False) -> str:
-    """``#name text`` (``!name text`` for errors), plus a JSON line when ``data`` is given."""
+def notification(name: str, text: str = "", data: Any = None, *, error: bool | None = None) -> str:
+    """``#name text`` (``!name text`` for errors: ``error``, by default a name starting with ``error-``), plus a
+    JSON line when ``data`` is given."""
+    if error is None:
+        error = name.startswith("error-")
     line = ("!" if error else "#") + name + (" " + text.replace("\n", " ") if text else "")
     return line if data is None else line + "\n" + json.dumps(data, ensure_ascii=False)

@@ -94,7 +94,7 @@ def parse_body(content_type: str | None, body: bytes, options: Options) -> tuple
                 raise ProtocolError(400, "request body is not valid UTF-8")
             try:
                 obj = jsonlib.loads(body)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: the stdlib parser on deep nesting
                 raise ProtocolError(400, "malformed JSON body")
             if obj is None:
                 obj = {}

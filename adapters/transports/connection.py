@@ -26,7 +26,7 @@ from shmbus.errors import InvalidArgument, InvalidChannel
 from shmbus.message import Message
 
 from ..http import ProtocolError
-from .hub import PATTERN_KINDS, Sink, check_channel
+from .hub import PATTERN_KINDS, Sink, check_channel, check_pattern
 
 __all__ = ["Connection", "DataCallback"]
 
@@ -105,7 +105,10 @@ class Connection:
         the connection's subscription limit."""
         kind = pattern_kind(pattern)
         try:
-            check_channel(channel, "pattern" if kind else "channel")
+            if kind is None:
+                check_channel(channel)
+            else:
+                check_pattern(channel, kind)  # a malformed glob ([], [z-a]) is refused here, before anything changes
         except ProtocolError as exc:
             raise InvalidChannel(exc.reason) from None
         if callback is not None and not callable(callback):

@@ -66,6 +66,19 @@ def check_channel(ch: Any, what: str = "channel") -> str:
     return ch  # type: ignore[no-any-return]
 
 
+def check_pattern(pattern: Any, kind: str) -> str:
+    """Validate a pattern from a client (:func:`check_channel`'s rules, then :func:`shmbus.patterns.compile_pattern`
+    must accept it: no empty set ``[]``, no reversed range ``[z-a]``): a ProtocolError(400), never a crash."""
+    check_channel(pattern, "pattern")
+    if kind not in PATTERN_KINDS:
+        raise ProtocolError(400, f"pattern kind must be one of {list(PATTERN_KINDS)}, got {str(kind)[:20]!r}")
+    try:
+        compile_pattern(pattern, kind)
+    except ValueError as exc:
+        raise ProtocolError(400, str(exc)) from None
+    return pattern  # type: ignore[no-any-return]
+
+
 def check_client_id(value: Any) -> str | None:
     if value is None or value == "":
         return None
@@ -273,32 +286,65 @@ class Sink:
         self.holding = False  # while opening: live messages are left to the opening replay
         self.wake: Callable[[], None] = _noop
         self.index: SinkIndex | None = None  # set by Hub.register: keeps the per-channel index in step
+        self.released = False  # release_engines ran: the connection's subscriptions no longer count
 
     # -- subscriptions (always through these methods, so the hub's index follows)
     def subscription_count(self) -> int:
         return len(self.channels) + len(self.patterns)
 
-    def set_channel(self, channel: str, floor: int) -> None:
-        self.channels[channel] = floor
+    def set_channel(self, channel: str, floor: int, *, replayed: bool = False) -> None:
+        """Subscribe live delivery above ``floor``. Made again, a subscription keeps the smaller floor: a message
+        appended before the new one but not yet dispatched to this loop must not be skipped. ``replayed``: the
+        caller has just sent everything up to ``floor`` itself, so live delivery starts above it."""
+        old = self.channels.get(channel)
+        self.channels[channel] = floor if old is None or replayed else min(old, floor)
+        if old is None:
+            self._hold(channel, None, +1)
         if self.index is not None:
             self.index.add_channel(self, channel)
 
     def drop_channel(self, channel: str) -> bool:
         found = self.channels.pop(channel, None) is not None
-        if found and self.index is not None:
-            self.index.remove_channel(self, channel)
+        if found:
+            self._hold(channel, None, -1)
+            if self.index is not None:
+                self.index.remove_channel(self, channel)
         return found
 
-    def add_pattern(self, pattern: str, kind: str, floor: int) -> None:
+    def add_pattern(self, pattern: str, kind: str, floor: int, *, replayed: bool = False) -> None:
+        """As :meth:`set_channel`, for a pattern (made again, it keeps the smaller floor unless ``replayed``)."""
+        old = self.patterns.get((pattern, kind))
+        if old is not None and not replayed:
+            floor = min(old[1], floor)
         self.patterns[(pattern, kind)] = (compile_pattern(pattern, kind), floor)
+        if old is None:
+            self._hold(pattern, kind, +1)
         if self.index is not None:
             self.index.pattern_sinks.add(self)
 
     def drop_pattern(self, pattern: str, kind: str) -> bool:
         found = self.patterns.pop((pattern, kind), None) is not None
+        if found:
+            self._hold(pattern, kind, -1)
         if not self.patterns and self.index is not None:
             self.index.pattern_sinks.discard(self)
         return found
+
+    def _hold(self, to: str, kind: str | None, delta: int) -> None:
+        """Engines hear of a connection's subscriptions as of the bus's own (:meth:`Bus.engine_hold`)."""
+        if not self.released:
+            self.bus.engine_hold(to, kind, delta)
+
+    def release_engines(self) -> None:
+        """The connection ended: its subscriptions stop counting for the engines (idempotent; the transports
+        call it when they unregister the sink)."""
+        if self.released:
+            return
+        self.released = True
+        for channel in self.channels:
+            self.bus.engine_hold(channel, None, -1)
+        for pattern, kind in self.patterns:
+            self.bus.engine_hold(pattern, kind, -1)
 
     def refloor(self, floor: int) -> None:
         """After a replay up to global id ``floor``: live delivery of every subscription starts above it."""
@@ -479,6 +525,7 @@ class Hub:
         sink.closed = True
         if sink.index is not None:
             sink.index.remove(sink)
+        sink.release_engines()
 
     def connections(self) -> int:
         """Live connections in this process (all loops)."""

@@ -107,6 +107,8 @@ def parse_publish(channel: str, query: str, content_type: str | None, body: byte
             req.data = json.loads(body)
         except ValueError as exc:
             raise ProtocolError(400, f"invalid JSON body: {exc}"[:200])
+        except RecursionError:
+            raise ProtocolError(400, "invalid JSON body: nested too deeply")
     elif not ctype or ctype.startswith("text/"):
         try:
             req.data = body.decode("utf-8")

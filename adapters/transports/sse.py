@@ -41,6 +41,7 @@ from .hub import (
     Sink,
     TransportApp,
     check_channel,
+    check_pattern,
     fallback,
     header,
     log,
@@ -100,7 +101,7 @@ def parse_request(
     except (UnicodeDecodeError, ValueError):
         raise ProtocolError(400, f"malformed query string (or more than {max_subscriptions + 10} parameters)")
     channels = [check_channel(c) for c in query.get("channel", [])]
-    patterns = [(check_channel(p, "pattern"), kind) for kind in ("prefix", "glob") for p in query.get(kind, [])]
+    patterns = [(check_pattern(p, kind), kind) for kind in ("prefix", "glob") for p in query.get(kind, [])]
     if not channels and not patterns and need_channels:
         raise ProtocolError(400, "name at least one channel (?channel=/a), prefix (?prefix=/a) or glob (?glob=/a/*)")
     if len(channels) + len(patterns) > max_subscriptions:
@@ -213,6 +214,10 @@ class SSEApp(TransportApp):
         except _HookFailed:
             await send_simple(send, 500, b"the application's on_open hook failed (see the server log)")
             return
+        except Exception:  # a bug, not bad input (that is a ProtocolError): _open left nothing registered
+            log.exception("shmbus: opening an SSE stream failed")
+            await send_simple(send, 500, b"internal error while opening the stream (see the server log)")
+            return
         try:
             await self._stream(sink, scope, receive, send)
         finally:
@@ -235,17 +240,22 @@ class SSEApp(TransportApp):
         # Register first and hold live delivery while opening (see finish_open: nothing twice, nothing lost).
         sink.holding = True
         self.hub.register(sink)
-        start = start_open(bus, sink, request)
-        conn = self.connection(sink, scope) if self.on_open or self.on_close else None
-        if conn is not None:
-            try:
-                await self.opened(conn)
-            except Exception as exc:
-                log.exception("shmbus: SSE on_open hook %r failed", self.on_open)
-                self.hub.unregister(sink)
+        conn: Connection | None = None
+        try:  # whatever fails from here on, no sink (and no connection) stays behind
+            start = start_open(bus, sink, request)
+            conn = self.connection(sink, scope) if self.on_open or self.on_close else None
+            if conn is not None:
+                try:
+                    await self.opened(conn)
+                except Exception as exc:
+                    log.exception("shmbus: SSE on_open hook %r failed", self.on_open)
+                    raise _HookFailed from exc
+            finish_open(bus, sink, request.resume, start)
+        except BaseException:
+            self.hub.unregister(sink)
+            if conn is not None:
                 await self.closed(conn)
-                raise _HookFailed from exc
-        finish_open(bus, sink, request.resume, start)
+            raise
         return sink, conn
 
     def _on_reset(self, sink: Sink, old: int, new: int) -> None:

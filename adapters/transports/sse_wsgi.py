@@ -110,6 +110,7 @@ class _ProcessHub:
             sink.closed = True
             if sink.index is not None:
                 sink.index.remove(sink)
+            sink.release_engines()
 
     def run(self, fn: Callable[[], None]) -> None:
         with self.lock:

@@ -45,6 +45,7 @@ from .hub import (
     Sink,
     TransportApp,
     check_channel,
+    check_pattern,
     fallback,
     log,
     relative_path,
@@ -137,7 +138,7 @@ class WebSocketApp(TransportApp):
             reason = exc.reason if isinstance(exc, ProtocolError) else "malformed query string"
             # accept, then explain: a refused handshake would only show the browser a bare 403
             await send({"type": "websocket.accept"})
-            await send({"type": "websocket.send", "text": _dumps({"op": "error", "reason": reason})})
+            await send({"type": "websocket.send", "text": self.refusal(reason, internal=False)})
             await send({"type": "websocket.close", "code": CLOSE_POLICY, "reason": reason[:120]})
             return
         await send({"type": "websocket.accept"})
@@ -151,7 +152,7 @@ class WebSocketApp(TransportApp):
                 except Exception:
                     log.exception("shmbus: WebSocket on_open hook %r failed", self.on_open)
                     reason = "the application's on_open hook failed"
-                    await send({"type": "websocket.send", "text": _dumps({"op": "error", "reason": reason})})
+                    await send({"type": "websocket.send", "text": self.refusal(reason, internal=True)})
                     await send({"type": "websocket.close", "code": CLOSE_SERVER_ERROR, "reason": reason})
                     return
             await self._run(sink, scope, receive, send)
@@ -198,6 +199,11 @@ class WebSocketApp(TransportApp):
     async def open_sink(self, identity: Identity, scope: Scope) -> Sink:
         """The new connection's :class:`Sink` (not yet registered)."""
         return Sink(self.bus, identity, self._encode, max_buffer=self.max_buffer, on_reset=self._on_reset)
+
+    def refusal(self, reason: str, internal: bool) -> str:
+        """The frame explaining why the connection is closed at connect (bad input, or a server failure when
+        ``internal``), sent before the close."""
+        return _dumps({"op": "error", "reason": reason})
 
     def hello(self, sink: Sink) -> str:
         """The first frame."""
@@ -272,8 +278,8 @@ class WebSocketApp(TransportApp):
         try:
             try:
                 obj = json.loads(text)
-            except ValueError:
-                raise _BadInput("invalid JSON")
+            except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser's limit
+                raise _BadInput("invalid JSON (or nested too deeply)")
             if not isinstance(obj, dict):
                 raise _BadInput("a command must be a JSON object with an 'op'")
             ref = obj.get("ref")
@@ -304,6 +310,9 @@ class WebSocketApp(TransportApp):
             self._error(sink, str(exc), ref)
         except ProtocolError as exc:
             self._error(sink, exc.reason, ref)
+        except Exception as exc:  # a bug, not bad input: say so and keep the connection (never die silently)
+            log.exception("shmbus: WebSocket command failed")
+            self._error(sink, f"internal error ({type(exc).__name__}); see the server log", ref)
 
     def _target(self, obj: dict[str, Any]) -> tuple[str | None, tuple[str, str] | None]:
         channel, pattern = obj.get("channel"), obj.get("pattern")
@@ -314,7 +323,7 @@ class WebSocketApp(TransportApp):
         kind = obj.get("kind", "prefix")
         if kind not in PATTERN_KINDS:
             raise _BadInput(f"kind must be one of {list(PATTERN_KINDS)}")
-        return None, (check_channel(pattern, "pattern"), kind)
+        return None, (check_pattern(pattern, kind), kind)
 
     def _subscribe(self, sink: Sink, obj: dict[str, Any], ref: Any) -> None:
         channel, pat = self._target(obj)
@@ -333,7 +342,7 @@ class WebSocketApp(TransportApp):
                 backlog = bus.backlog(channel, min(after, last), site)
                 gap = backlog.gap
                 sink.push_allowed(m for m in backlog if m.global_id <= upto)
-            sink.set_channel(channel, upto)
+            sink.set_channel(channel, upto, replayed=last_id is not None)  # no replay: in-flight ones stay live
             self._status(sink, "subscribed", ref, channel=channel, last_id=bus.last_id(channel, site), gap=gap)
             return
         assert pat is not None
@@ -343,7 +352,7 @@ class WebSocketApp(TransportApp):
             rp = replay_since(bus, [], [pat], sink.site, after_gid, upto)
             gap = rp.gap
             sink.push_allowed(rp.messages)
-        sink.add_pattern(pat[0], pat[1], upto)
+        sink.add_pattern(pat[0], pat[1], upto, replayed=after_gid is not None)
         self._status(sink, "subscribed", ref, pattern=pat[0], kind=pat[1], global_id=upto, gap=gap)
 
     def _unsubscribe(self, sink: Sink, obj: dict[str, Any], ref: Any) -> None:

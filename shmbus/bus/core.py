@@ -114,6 +114,7 @@ class Bus(Publishing, Reading, Subscribing, Listening):
         self._catch_all: list[Subscription] = []
         self._batch_listeners: list[BatchListener] = []
         self._engine_refs: dict[tuple[str, bool], int] = {}
+        self._owners_gone = False  # set when a subscription's owner is garbage collected (see _sweep_owners)
         self._listener: threading.Thread | None = None
         self._watchdog: threading.Thread | None = None
         self._stop = threading.Event()
@@ -174,6 +175,15 @@ class Bus(Publishing, Reading, Subscribing, Listening):
             refs = list(self._engine_refs)
         for to, is_pat in refs:
             self._safe(engine.subscribe, to, is_pat)
+
+    def engine_hold(self, channel: str | None, kind: str | None, delta: int) -> None:
+        """Count a subscription that reads the bus some other way (the transports' connections read it through
+        :meth:`tap`) as :meth:`subscribe` counts its own: ``delta`` +1 when it starts, -1 when it ends. Engines
+        hear ``subscribe``/``unsubscribe`` once per channel or pattern per process, whoever subscribes.
+        ``kind``: None (a channel), ``"glob"`` or ``"prefix"``."""
+        with self._lock:
+            for to, is_pattern in self._engine_keys(channel, kind):
+                self._engine_ref(to, is_pattern, delta)
 
     def _engine_ref(self, to: str, is_pattern: bool, delta: int) -> None:
         key = (to, is_pattern)

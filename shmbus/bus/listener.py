@@ -57,6 +57,8 @@ class Listening(BusState):
         metrics = self.metrics
         while not stop.is_set():
             try:
+                if self._owners_gone:  # owners of subscriptions were garbage collected: close theirs
+                    self._sweep_owners()
                 word = seg.futex_word()
                 epoch = seg.read_epoch()
                 if epoch != self._epoch:
@@ -148,6 +150,8 @@ class Listening(BusState):
 
     def _deliver(self, sub: Subscription, msg: Message, local: bool) -> None:
         if not local and msg.global_id <= sub.skip_gid:
+            return
+        if sub.owner_gone:  # closed by the garbage collector; the listener removes it shortly
             return
         if sub.site_id is not None and msg.site_id != sub.site_id and not msg.channel.startswith(GLOBAL_PREFIX):
             return

@@ -83,7 +83,23 @@ class BusState:
     _ensure_listener: Callable[[], None]
     _dispatch: Callable[..., None]
     _engine_ref: Callable[[str, bool, int], None]
+    _sweep_owners: Callable[[], None]
+    _owners_gone: bool
     _call: Callable[[Subscription, Message], None]
+
+    @staticmethod
+    def _engine_keys(channel: str | None, kind: str | None) -> list[tuple[str, bool]]:
+        """What engines are told of a subscription (they know channels and globs only): a channel as itself; a
+        glob as a pattern; a prefix ``/foo`` as the channel ``/foo`` and the pattern ``/foo/**``; every channel
+        (``None``) as the pattern ``*``."""
+        if channel is None:
+            return [("*", True)]
+        if kind is None:
+            return [(channel, False)]
+        if kind == "prefix":
+            base = channel.rstrip("/")
+            return [(base, False), (base + "/**", True)] if base else [("/**", True)]
+        return [(channel, True)]
 
     # ------------------------------------------------------------------ attach
     @property

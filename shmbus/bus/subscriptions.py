@@ -31,9 +31,10 @@ class Subscribing(BusState):
         in the calling thread before this returns, and live messages follow with no gap and no duplicate.
         ``pattern=True``/``"glob"`` or ``"prefix"`` subscribes to a pattern (see :mod:`shmbus.patterns`).
         ``owner`` (any object, e.g. a connection) gives the iodine draft's rule: a new subscription *replaces*
-        the owner's existing one to the same channel (or pattern of the same kind). Without an owner, several
-        callbacks may share a channel, as in the gem. Returns the :class:`Subscription`, or None when the bus is
-        ``off()``.
+        the owner's existing one to the same channel (or pattern of the same kind), and the owner is held weakly
+        when it allows it (so is a callback that is its bound method): once it is garbage collected its
+        subscriptions close. Without an owner, several callbacks may share a channel, as in the gem. Returns the
+        :class:`Subscription`, or None when the bus is ``off()``.
         """
         return self._subscribe(channel, callback, last_id, pattern, None, site_id, owner)
 
@@ -72,7 +73,7 @@ class Subscribing(BusState):
                 self._channel_key(channel)
         if last_id is not None and (isinstance(last_id, bool) or not isinstance(last_id, int)):
             raise TypeError(f"last_id must be an int or None, got {last_id!r}")
-        sub = Subscription(channel, callback, kind, only_site, owner)
+        sub = Subscription(channel, callback, kind, only_site, owner, self._note_owner_gone)
         seg = self.segment
         self._ensure_listener()
         with self._dispatch_lock:
@@ -89,9 +90,14 @@ class Subscribing(BusState):
                     self._catch_all.append(sub)
                 else:
                     self._exact.setdefault(channel, []).append(sub)
-                self._engine_ref(channel or "*", kind is not None or channel is None, +1)
+                for to, is_pat in self._engine_keys(channel, kind):
+                    self._engine_ref(to, is_pat, +1)
                 if owner is not None:  # after the new one counts: engines see no unsubscribe/subscribe flap
-                    self._drop_owned(sub)
+                    replaced = self._drop_owned(sub)
+                    if replaced and not replay:
+                        # a replacement continues the old subscription: messages appended but not yet
+                        # dispatched (above the old one's floor) still reach the owner
+                        sub.skip_gid = min(sub.skip_gid, *(r.skip_gid for r in replaced))
             for msg in replay:
                 self._call(sub, msg)
         return sub
@@ -131,6 +137,7 @@ class Subscribing(BusState):
             else:
                 lst = self._exact.get(channel, [])
             keep = []
+            gone: list[Subscription] = []
             for sub in lst:
                 hit = (
                     sub.channel == channel
@@ -138,19 +145,21 @@ class Subscribing(BusState):
                     and (owner is None or sub.owner is owner)
                 )
                 if hit:
-                    removed += 1
+                    gone.append(sub)
                 else:
                     keep.append(sub)
             lst[:] = keep
             if channel is not None and not is_pat and not keep:
                 self._exact.pop(channel, None)
-            for _ in range(removed):
-                self._engine_ref(channel or "*", is_pat or channel is None, -1)
+            for sub in gone:
+                for to, is_pattern in self._engine_keys(sub.channel, sub.kind):
+                    self._engine_ref(to, is_pattern, -1)
+            removed = len(gone)
         return removed
 
-    def _drop_owned(self, new: Subscription) -> None:
+    def _drop_owned(self, new: Subscription) -> list[Subscription]:
         """Remove the earlier subscriptions of ``new.owner`` to ``new``'s channel or pattern (caller holds
-        ``_lock``): the draft's "a subscription to the same channel replaces the old one"."""
+        ``_lock``): the draft's "a subscription to the same channel replaces the old one". Returns them."""
         channel, kind, owner = new.channel, new.kind, new.owner
         if kind is not None:
             lst = self._patterns
@@ -159,10 +168,33 @@ class Subscribing(BusState):
         else:
             lst = self._exact.get(channel, [])
         keep = [s for s in lst if s is new or not (s.owner is owner and s.channel == channel and s.kind == kind)]
-        removed = len(lst) - len(keep)
+        replaced = [s for s in lst if s not in keep]
         lst[:] = keep
-        for _ in range(removed):
-            self._engine_ref(channel or "*", kind is not None or channel is None, -1)
+        for _ in replaced:
+            for to, is_pattern in self._engine_keys(channel, kind):
+                self._engine_ref(to, is_pattern, -1)
+        return replaced
+
+    def _note_owner_gone(self) -> None:
+        """A subscription's owner was garbage collected (called by the collector, in any thread: only a note;
+        the listener thread removes such subscriptions, see :meth:`_sweep_owners`)."""
+        self._owners_gone = True
+
+    def _sweep_owners(self) -> None:
+        """Remove the subscriptions whose owner was garbage collected (the draft: they close), telling engines."""
+        self._owners_gone = False
+        with self._dispatch_lock, self._lock:
+            gone: list[Subscription] = []
+            for lst in (*self._exact.values(), self._patterns, self._catch_all):
+                dead = [s for s in lst if s.owner_gone]
+                if dead:
+                    lst[:] = [s for s in lst if not s.owner_gone]
+                    gone.extend(dead)
+            for channel in [ch for ch, lst in self._exact.items() if not lst]:
+                del self._exact[channel]
+            for sub in gone:
+                for to, is_pattern in self._engine_keys(sub.channel, sub.kind):
+                    self._engine_ref(to, is_pattern, -1)
 
     def tap(self, listener: BatchListener) -> None:
         """Call ``listener(messages)`` on the listener thread with every batch of new messages (all channels,

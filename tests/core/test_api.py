@@ -137,6 +137,23 @@ def test_patterns_glob_and_prefix(bus: Bus) -> None:
     assert [m.channel for m in replayed] == ["/chat/1"]
 
 
+@pytest.mark.parametrize("bad", ["/a[]", "/a[!]", "/a[^]", "/a[z-a]", "/a/[b-a]/*"])
+def test_a_malformed_glob_is_a_typed_error_and_registers_nothing(bus: Bus, bad: str) -> None:
+    """An empty set or a reversed range raises InvalidChannel (a ValueError), never ``re.error``."""
+    from shmbus.patterns import compile_pattern
+
+    with pytest.raises(shmbus.InvalidChannel, match="invalid glob"):
+        compile_pattern(bad, "glob")
+    with pytest.raises(shmbus.InvalidChannel, match="invalid glob"):
+        bus.subscribe(bad, lambda m: None, pattern=True)
+    assert bus._patterns == [] and bus._engine_refs == {}
+    with pytest.raises(shmbus.InvalidArgument, match="unknown pattern kind"):
+        compile_pattern("/a", "regex")
+    # sets that are well formed keep working, their characters literal (no regex syntax leaks through)
+    assert compile_pattern("/a[!b]", "glob")("/ac") and not compile_pattern("/a[!b]", "glob")("/ab")
+    assert compile_pattern("/a[&&|]", "glob")("/a|") and compile_pattern("/x[a-c-]", "glob")("/x-")
+
+
 def test_sites_and_global_channels(make_bus: Any) -> None:
     site = {"v": "a"}
     bus = make_bus(site_id_lookup=lambda: site["v"])

@@ -4,6 +4,7 @@ statement of the draft to its test; the client-object ones are in tests/transpor
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -88,6 +89,62 @@ def test_same_owner_same_channel_replaces_without_an_engine_flap(make_bus: Any) 
     bus.detach(engine)
 
 
+def test_a_replacing_subscription_gets_the_messages_in_flight(make_bus: Any) -> None:
+    """A message appended before an owner's re-subscription but not yet dispatched reaches the new callback (the
+    replaced one never gets it). Holding the dispatch lock keeps the listener from dispatching in between."""
+    bus = make_bus()
+    owner = object()
+    first: list[Any] = []
+    second: list[Any] = []
+    bus.subscribe("/f", lambda m: first.append(m.data), owner=owner)
+    with bus._dispatch_lock:
+        bus.publish("/f", "in flight")
+        bus.subscribe("/f", lambda m: second.append(m.data), owner=owner)
+    bus.publish("/f", "after")
+    wait_for(lambda: second == ["in flight", "after"])
+    assert first == []
+
+
+def test_subscriptions_close_when_their_owner_is_garbage_collected(make_bus: Any) -> None:
+    """The draft: a subscription not bound to a client closes when its pub/sub object is garbage collected. An
+    owner is held weakly (so is a callback that is its bound method); once collected its subscriptions are never
+    called again and engines hear ``unsubscribe``. An owner without weak references is held as given."""
+    import gc
+
+    bus = make_bus()
+    engine = DraftRecorder()
+    bus.attach(engine)
+
+    class Owner:
+        def __init__(self) -> None:
+            self.got: list[Any] = []
+
+        def on_message(self, m: Message) -> None:
+            self.got.append(m.data)
+
+    owner = Owner()
+    got = owner.got
+    seen: list[Any] = []
+    bus.subscribe("/gc", owner.on_message, owner=owner)
+    bus.subscribe("/gc2/*", lambda m: seen.append(m.data), pattern=True, owner=owner)
+    plain = object()  # no weak references: kept, never closed by the collector
+    kept: list[Any] = []
+    bus.subscribe("/gc", lambda m: kept.append(m.data), owner=plain)
+    bus.publish("/gc", 1)
+    bus.publish("/gc2/x", 2)
+    wait_for(lambda: got == [1] and seen == [2] and kept == [1])
+    del owner
+    gc.collect()
+    wait_for(lambda: ("unsub", "/gc2/*", True) in engine.calls)
+    bus.publish("/gc", 3)
+    bus.publish("/gc2/x", 4)
+    wait_for(lambda: kept == [1, 3])
+    assert got == [1] and seen == [2]
+    assert ("unsub", "/gc", False) not in engine.calls  # the plain owner still subscribes /gc
+    assert len(bus._exact["/gc"]) == 1 and bus._patterns == []
+    bus.detach(engine)
+
+
 def test_publish_returns_a_truthy_value_when_scheduled(make_bus: Any) -> None:
     bus = make_bus()
     assert bus.publish("/t", "x")
@@ -126,6 +183,29 @@ def test_draft_engine_as_default_gets_a_string_after_bookkeeping(make_bus: Any) 
     assert len(engine.published) == 2
     bus.default = None
     assert isinstance(bus.default, shmbus.SharedMemoryEngine)
+
+
+def test_a_changed_encoding_is_valid_and_other_non_strings_raise(make_bus: Any) -> None:
+    """The draft: a non-String message MAY become JSON, otherwise publish MUST raise; a changed encoding MUST be
+    valid. What an engine receives is strict UTF-8-encodable JSON text; data that cannot become valid JSON (a
+    lone surrogate, bytes under the JSON codec, an arbitrary object) raises TypeError and reaches no engine."""
+    bus = make_bus()
+    engine = DraftRecorder(bus)
+    bus.default = engine
+    assert bus.publish("/enc", {"f": float("nan"), "s": "é\u2028"}) is True
+    ((_channel, text),) = engine.published
+    text.encode("utf-8")  # strict: a valid encoding
+    assert json.loads(text) == {"f": None, "s": "é\u2028"}  # a non-finite float became null: still valid JSON
+    bad_values: list[Any] = ["\ud800", {"k": "\udfff"}, b"\xff", object()]
+    for bad in bad_values:
+        with pytest.raises(TypeError):
+            bus.publish("/enc", bad)
+    assert len(engine.published) == 1
+    bus.default = None
+    for bad in bad_values:  # the bus's own engine: the same rules, nothing stored
+        with pytest.raises(TypeError):
+            bus.publish("/enc2", bad)
+    assert bus.last_id("/enc2") == 0
 
 
 def test_draft_engine_refusal_is_a_typed_error(make_bus: Any) -> None:

@@ -45,7 +45,8 @@ class Guble:
 
     def recv(self, timeout: float = 20.0) -> str:
         frame = self.conn.recv(timeout=timeout)
-        return frame if isinstance(frame, str) else frame.decode()
+        assert isinstance(frame, str), f"guble frames are text frames, got {type(frame).__name__}"
+        return frame
 
     def until(self, prefix: str) -> list[str]:
         """Frames up to and including the first one starting with ``prefix``."""
@@ -145,8 +146,10 @@ def test_send_refused_and_bad_requests(guble: Any) -> None:
     g = guble()
     g.send("> /private/x id7\n\nno")
     refused = g.recv()
-    assert refused.startswith("!error-send id7 not allowed to send to /private/x\n{")
-    assert json.loads(refused.split("\n", 1)[1])["publisherMessageId"] == "id7"
+    assert mask(refused) == (  # the README's form: the status line, then the same JSON as #ok-send
+        "!error-send id7 not allowed to send to /private/x\n"
+        '{"sequenceId": "", "path": "/private/x", "publisherMessageId": "id7", "messagePublishingTime": "<T>"}'
+    )
     g.send("sdcsd")
     assert g.recv() == "!error-bad-request unknown command 'sdcsd'"  # the README's example, byte for byte
     for bad, reason in [
@@ -210,6 +213,19 @@ def test_receive_examples(
     assert frames[-1] == ("#ok-subscribed-to /foo" if then_live else "#fetch-done /foo")
     live = _sentinel(g, publisher, bus_name, [("/foo", "new"), ("/foo/bar/baz", "deep"), ("/foobar", "not a subtopic")])
     assert live == (["new", "deep"] if then_live else [])
+
+
+def test_receive_from_42_as_the_readme_writes_it(guble: Any, publisher: Any, bus_name: str, bus: Bus) -> None:
+    """README: ``+ /foo 42`` receives "all message with message ids >= 42 from the topic and subscribe[s] for
+    further incoming messages" (the literal transcript, on a topic holding 50 messages)."""
+    publisher(bus_name, [("/foo", f"m{i}") for i in range(1, 51)])
+    g = guble()
+    g.send("+ /foo 42")
+    frames = g.until("#")
+    assert g.bodies(frames) == [f"m{i}" for i in range(42, 51)]
+    assert [mask(f).split("\n")[0] for f in frames[:-1]] == [f"/foo,{i},,,,<T>" for i in range(42, 51)]
+    assert frames[-1] == "#ok-subscribed-to /foo"
+    assert _sentinel(g, publisher, bus_name, [("/foo", "live")]) == ["live"]
 
 
 def test_receive_a_subtopic_only(guble: Any, foo30: None, publisher: Any, bus_name: str) -> None:

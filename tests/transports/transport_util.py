@@ -8,6 +8,7 @@ import queue
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,3 +153,43 @@ def http_scope(
         "http_version": "1.1",
         "asgi": {"version": "3.0"},
     }
+
+
+def drive(
+    app: Any,
+    path: str,
+    frames: list[str],
+    until: Callable[[list[str]], bool],
+    headers: list[tuple[bytes, bytes]] | None = None,
+    between: Callable[[list[str]], None] | None = None,
+) -> list[str]:
+    """Connect a WebSocket to ``app`` in-process, send ``frames`` (text), wait until ``until(received)``;
+    ``between(received)`` runs while waiting (e.g. to publish once a subscription is confirmed)."""
+    rec = Recorder()
+
+    def received() -> list[str]:
+        return [m["text"] for m in rec.messages if m["type"] == "websocket.send"]
+
+    async def main() -> None:
+        inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        await inbox.put({"type": "websocket.connect"})
+        for f in frames:
+            await inbox.put({"type": "websocket.receive", "text": f})
+
+        async def receive() -> dict[str, Any]:
+            return await inbox.get()
+
+        scope = {"type": "websocket", "path": path, "root_path": "", "query_string": b"", "headers": headers or []}
+        task = asyncio.ensure_future(app(scope, receive, rec))
+        deadline = time.monotonic() + 20
+        while not until(received()):
+            if between is not None:
+                between(received())
+            assert not task.done(), ("the connection ended", received())
+            assert time.monotonic() < deadline, ("timed out", received())
+            await asyncio.sleep(0.005)
+        await inbox.put({"type": "websocket.disconnect", "code": 1000})
+        await asyncio.wait_for(task, 20)
+
+    asyncio.run(main())
+    return received()
