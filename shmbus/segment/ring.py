@@ -168,10 +168,8 @@ class Ring(SegmentState):
             u64[_Q_GID] = new_gid
             # this process's metrics slot (shmbus.metrics), exact as it is counted under the lock: a publish, or a
             # relay's store (a bridge's publisher storing its own message, expect_global_id, is counted by the bus)
-            if global_id is None:  # the common case first: fewest bytecodes on the publish path
-                counter = self._pub_word
-            else:
-                counter = self._relay_word if expect_global_id is None else 0
+            # the common case (a publish) first: fewest bytecodes on the publish path
+            counter = self._pub_word if global_id is None else self._relay_word if expect_global_id is None else 0
             if counter:
                 u64[counter] += 1
             word, sleepers = _WAKE.unpack_from(mm, _OFF_FUTEX)
