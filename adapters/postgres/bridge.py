@@ -88,8 +88,9 @@ class PostgresBridge(Engine):
     ``db`` option, naming the notify channel ``_message_bus_<db>``; ``notify_channel`` overrides it (apps sharing
     a database with separate tables need separate channels, as with the gem). ``relay=False``: this process never
     relays (a script). ``election_interval``, ``reconnect_max``: as the Redis bridge. ``local_wait``: how long a
-    publish waits for the relay to store it locally when it cannot itself. ``settle``: how long the relay waits
-    for a missing id (a row not yet committed by a publisher outside shmbus) before moving past it.
+    publish waits for the relay to store it locally when it cannot itself. ``hole_timeout``: how long the relay
+    waits for the transactions that may hold a missing id (a row drawn before a committed one but not committed
+    yet) before counting the id as lost and moving past it; holes whose writers have ended are skipped at once.
     ``trim_interval``: how often the relay runs the gem's trims with the bus's ``max_global_backlog_size``,
     ``max_backlog_size`` (per channel it saw messages on) and ``max_backlog_age`` (0: never; per-publish limits
     apply to the segment only). ``connect_timeout``: seconds.
@@ -110,7 +111,7 @@ class PostgresBridge(Engine):
         election_interval: float = 0.25,
         reconnect_max: float = 1.0,
         local_wait: float = 1.0,
-        settle: float = 0.1,
+        hole_timeout: float = 5.0,
         trim_interval: float = 1.0,
         connect_timeout: float = 3.0,
         synchronous_commit: bool = True,
@@ -122,7 +123,7 @@ class PostgresBridge(Engine):
         self.election_interval = election_interval
         self.reconnect_max = reconnect_max
         self.local_wait = local_wait
-        self.settle = settle
+        self.hole_timeout = hole_timeout
         self.trim_interval = trim_interval
         self.connect_timeout = connect_timeout
         self.synchronous_commit = synchronous_commit
@@ -159,6 +160,7 @@ class PostgresBridge(Engine):
         self._active: dict[str, int] = {}  # channel -> newest id relayed since the last trim pass
         self._trimmed_below = 0  # the global trim's previous bound (rows at or below it are gone)
         self._next_trim = 0.0
+        self._stale: set[str] = set()  # writers that outlived hole_timeout once (never waited for again)
 
     # ------------------------------------------------------------------ engine hooks
     def attached(self, bus: Bus) -> None:
@@ -580,8 +582,9 @@ class PostgresBridge(Engine):
             return True
 
     def _store(self, gid: int, chan: str, value: bytes) -> None:
+        """Store one message; ``_highest`` advances once it is stored, or skipped as unstorable (an error from
+        the segment propagates with ``_highest`` unchanged: the next catch-up tries it again)."""
         bus = self._bus_of(None)
-        self._highest = gid
         try:
             channel, site = split_backend_name(chan)
             payload, meta = decode_envelope(bus.codec, value)
@@ -590,7 +593,9 @@ class PostgresBridge(Engine):
         except (ValueError, UnicodeDecodeError, TypeError) as exc:
             self.unrelayable += 1
             log.warning("shmbus postgres bridge: cannot store message %d locally (%s); skipped", gid, exc)
+            self._highest = gid
             return
+        self._highest = gid
         if stored:
             self.relayed += 1
         self._active[chan] = gid
@@ -613,35 +618,90 @@ class PostgresBridge(Engine):
             conn.execute(sql.TRIM_CHANNEL, (chan, chan, newest, bus.max_backlog_size), prepare=True)
 
     def _catch_up(self, conn: psycopg.Connection[Any]) -> None:
-        """Store every row after the segment's last id, in id order. A missing id right after the last stored
-        one may be a row not yet committed by a publisher outside shmbus: wait up to ``settle`` for it, then move
-        past it (rolled back, or trimmed before this relay saw it)."""
+        """Store every row after the segment's last id, in id order, waiting out holes (see :meth:`_settle`).
+
+        A missing id below a committed one (a hole) is either a row not yet committed (ids are drawn at INSERT,
+        rows appear at COMMIT, and the gem's INSERTs or a slow commit may finish out of id order), or final
+        (rolled back, or trimmed before this relay read it). Rows after a hole wait behind it: the segment holds
+        ascending ids. Every hole of a page is settled with one wait, so final holes cost no wait each."""
         bus = self._bus_of(None)
         highest = max(self._highest, bus.segment.global_id())
-        waiting_since: float | None = None
+        settled = highest  # missing ids at or below this one were checked: final (or lost, below ``lost_upto``)
+        lost_upto = 0
         while not self._stop.is_set():
             rows = conn.execute(sql.SELECT_AFTER, (highest, _PAGE), prepare=True).fetchall()
-            stalled = False
+            hole = False
             for gid, chan, value in rows:
                 gid = int(gid)
                 if highest and gid != highest + 1:
-                    now = time.monotonic()
-                    if waiting_since is None:
-                        waiting_since = now
-                    if now - waiting_since < self.settle:
-                        stalled = True
+                    if gid - 1 > settled:
+                        hole = True
                         break
-                    self.relay_lost += gid - highest - 1
-                    log.info("shmbus postgres bridge: ids %d..%d never appeared; moving on", highest + 1, gid - 1)
-                waiting_since = None
+                    self._skip_hole(highest + 1, gid - 1, lost_upto)
                 self._store(gid, chan, value.encode())
                 highest = gid
-            if stalled:
-                self._stop.wait(0.01)
-                continue
+            if hole:
+                top = int(rows[-1][0])  # every id missing below it was drawn before it was
+                if not self._settle(conn):
+                    lost_upto = top
+                settled = top
+                continue  # read again: rows committed meanwhile fill their holes, the rest are final
             if len(rows) < _PAGE:
                 break
         self._highest = max(self._highest, highest)
+
+    def _settle(self, conn: psycopg.Connection[Any]) -> bool:
+        """Wait until every transaction that may hold a missing id has ended; False after ``hole_timeout``.
+
+        Called right after a read showed a hole. A transaction that drew a missing id took RowExclusiveLock on
+        the table before drawing it (so before the later, committed id was drawn) and holds it until it ends: if
+        it had not ended when the read's snapshot was taken, it is among the holders listed now (or it ended in
+        between, and the next read sees its row if it committed). No holder: the holes are final at once."""
+        current = self._lock_holders(conn)
+        self._stale &= current  # forget those that ended
+        holders = current - self._stale
+        if not holders:
+            return not self._stale  # a writer still open past hole_timeout may hold a hole: no wait, but lost
+        deadline = time.monotonic() + self.hole_timeout
+        pause = 0.001
+        while not self._stop.is_set():
+            holders &= self._lock_holders(conn)
+            if not holders:
+                return True
+            if time.monotonic() >= deadline:
+                break
+            self._stop.wait(pause)
+            pause = min(pause * 2, 0.02)
+        self._stale |= holders  # never waited for again: a long transaction costs one timeout, not one per hole
+        log.warning(
+            "shmbus postgres bridge: %d transaction(s) writing to message_bus still open after hole_timeout "
+            "(%.1f s); the ids missing below the newest read count as lost",
+            len(holders),
+            self.hole_timeout,
+        )
+        return False
+
+    def _lock_holders(self, conn: psycopg.Connection[Any]) -> set[str]:
+        """The open transactions (virtual transaction ids, never reused while the server runs) of other
+        backends holding RowExclusiveLock on the table: every INSERT (and DELETE) in progress."""
+        rows = conn.execute(sql.SELECT_WRITERS, prepare=True).fetchall()
+        return {str(r[0]) for r in rows}
+
+    def _skip_hole(self, first: int, last: int, lost_upto: int) -> None:
+        """Move past ids ``first``..``last``, which a settled read still misses: final holes (rolled back,
+        trimmed) are no loss; those whose transaction outlived ``hole_timeout`` are counted as lost."""
+        lost = max(0, min(last, lost_upto) - first + 1)
+        if lost:
+            self.relay_lost += lost
+            log.warning(
+                "shmbus postgres bridge: ids %d..%d were still uncommitted after hole_timeout; moving on (%d lost "
+                "if they commit later)",
+                first,
+                min(last, lost_upto),
+                lost,
+            )
+        else:
+            log.debug("shmbus postgres bridge: ids %d..%d never committed (rolled back or trimmed)", first, last)
 
     def _check_history(self, conn: psycopg.Connection[Any]) -> None:
         """Reset the bus when the table is no longer the history the segment holds: its ids went back (the
