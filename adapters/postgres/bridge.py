@@ -53,6 +53,7 @@ __all__ = ["PostgresBridge", "PostgresBridgeError", "PostgresReadOnly", "Postgre
 log = logging.getLogger("shmbus.postgres")
 
 _PAGE = 1000  # catch-up page (rows per query)
+_MISSING = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction)  # our objects were dropped
 _GROUP = 1000  # messages per batched statement
 
 PublishState = Literal["unknown", "ok", "unreachable", "readonly", "error"]
@@ -161,6 +162,10 @@ class PostgresBridge(Engine):
         self._trimmed_below = 0  # the global trim's previous bound (rows at or below it are gone)
         self._next_trim = 0.0
         self._stale: set[str] = set()  # writers that outlived hole_timeout once (never waited for again)
+        self._read_only = False  # the server refuses writes (a standby, or default_transaction_read_only)
+        self._filenode: int | None = None  # the table's storage file: TRUNCATE gives it a new one
+        self._mark = 0  # the relay's newest id at the previous rewrite check
+        self._next_rewrite_check = 0.0
 
     # ------------------------------------------------------------------ engine hooks
     def attached(self, bus: Bus) -> None:
@@ -235,14 +240,31 @@ class PostgresBridge(Engine):
         if not self.synchronous_commit:
             conn.execute("SET synchronous_commit = off")
         if not self._ready:
+            try:
+                self._create_objects(conn)
+            except BaseException:
+                conn.close()
+                raise
+        return conn
+
+    def _create_objects(self, conn: psycopg.Connection[Any]) -> None:
+        """Create the table, its indexes and the publish functions where missing (once per process, and again
+        after a statement found one gone: ``_ready`` is cleared on UndefinedTable/UndefinedFunction). On a
+        read-only server whose table exists this only notes the state: a relay can still read."""
+        try:
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(hashtext('shmbus.setup.' || current_schema()))")
                 for stmt in sql.CREATE_TABLE:
                     conn.execute(stmt)
                 conn.execute(sql.CREATE_FUNCTION)
                 conn.execute(sql.CREATE_MANY_FUNCTION)
-            self._ready = True
-        return conn
+        except psycopg.errors.ReadOnlySqlTransaction as exc:
+            self._set_state("readonly", exc)
+            row = conn.execute("SELECT to_regclass('message_bus') IS NOT NULL").fetchone()
+            if not (row and row[0]):
+                raise
+            return  # _ready stays False: a writable server gets the objects on the next connection
+        self._ready = True
 
     def _conn(self) -> psycopg.Connection[Any]:
         """This thread's command connection (publish, catch-up, gap reads), made on first use."""
@@ -286,7 +308,7 @@ class PostgresBridge(Engine):
         chan, value, line_chan = self._row(bus, envelope)
         params = (chan, value, self.notify_channel, line_chan)
         try:
-            row = self._conn().execute(sql.PUBLISH, params, prepare=True).fetchone()
+            row = self._execute(sql.PUBLISH, params).fetchone()
         except Exception as exc:
             raise self._publish_error(exc) from exc
         assert row is not None
@@ -331,7 +353,7 @@ class PostgresBridge(Engine):
             rows = [self._row(bus, e) for e in chunk]
             params = ([r[0] for r in rows], [r[1] for r in rows], self.notify_channel, [r[2] for r in rows])
             try:
-                ids = [int(r[0]) for r in self._conn().execute(sql.PUBLISH_MANY, params, prepare=True).fetchall()]
+                ids = [int(r[0]) for r in self._execute(sql.PUBLISH_MANY, params).fetchall()]
             except Exception as exc:
                 raise self._publish_error(exc) from exc
             self.published += len(ids)
@@ -339,6 +361,17 @@ class PostgresBridge(Engine):
             self._land(bus, list(zip(chunk, ids, strict=True)))
             out.extend(ids)
         return out
+
+    def _execute(self, query: str, params: tuple[Any, ...]) -> psycopg.Cursor[Any]:
+        """Run a publish statement; when the table or a function is gone (a plain ``DROP TABLE message_bus``, a
+        dropped function) recreate them and run it once more (the failed statement changed nothing)."""
+        conn = self._conn()
+        try:
+            return conn.execute(query, params, prepare=True)
+        except _MISSING:
+            self._ready = False
+            self._create_objects(conn)
+            return conn.execute(query, params, prepare=True)
 
     def _publish_error(self, exc: BaseException) -> PostgresBridgeError:
         if isinstance(exc, PostgresBridgeError):
@@ -502,6 +535,7 @@ class PostgresBridge(Engine):
             try:
                 conn = self._connect()
                 self._listen_conn = conn
+                self._check_server(conn)  # a standby refuses LISTEN: say read-only rather than only "reconnecting"
                 conn.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(self.notify_channel)))
                 self._check_history(self._conn())
                 self._catch_up(self._conn())
@@ -511,8 +545,13 @@ class PostgresBridge(Engine):
             except Exception as exc:
                 if stop.is_set():
                     return
-                if not isinstance(exc, (psycopg.Error, OSError, ValueError)):
+                if not isinstance(exc, (psycopg.Error, OSError, ValueError, PostgresBridgeError)):
                     log.exception("shmbus postgres bridge: relay error")
+                if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):  # SQLSTATE 25006
+                    self._set_state("readonly", exc)
+                if isinstance(exc, _MISSING):  # the table or a function was dropped: recreate on reconnect
+                    self._ready = False
+                    self._drop_conn()
                 self._set_relay_state("reconnecting", exc)
                 stop.wait(backoff)
                 backoff = min(backoff * 2, self.reconnect_max)
@@ -533,6 +572,9 @@ class PostgresBridge(Engine):
             for line in lines:
                 self._on_line(line)
             now = time.monotonic()
+            if now >= self._next_rewrite_check:
+                self._next_rewrite_check = now + 1.0
+                self._check_rewrite(self._conn())
             if self.trim_interval > 0 and now >= self._next_trim:
                 self._next_trim = now + self.trim_interval
                 self._trim(self._conn())
@@ -604,6 +646,8 @@ class PostgresBridge(Engine):
         """The gem's trims, once per ``trim_interval`` (see the module doc): the global backlog (above the previous
         pass's bound), rows older than ``max_backlog_age`` (through the added_at index), and each channel seen
         since the last pass down to its newest ``max_backlog_size`` rows."""
+        if self._read_only:
+            return  # a read-only server refuses DELETE; its primary's relays trim
         bus = self._bus_of(None)
         top = self._highest
         keep = bus.max_global_backlog_size
@@ -703,45 +747,81 @@ class PostgresBridge(Engine):
         else:
             log.debug("shmbus postgres bridge: ids %d..%d never committed (rolled back or trimmed)", first, last)
 
+    def _check_server(self, conn: psycopg.Connection[Any]) -> None:
+        """Note whether the server is a standby (in recovery) or read-only; raise :class:`PostgresReadOnly` for a
+        standby, where LISTEN is refused (the relay retries with backoff; ``health()`` says ``readonly``)."""
+        row = conn.execute("SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'").fetchone()
+        assert row is not None
+        self._note_server(bool(row[0]), bool(row[1]))
+        if self.in_recovery:
+            raise PostgresReadOnly(
+                f"PostgreSQL at {redact_dsn(self.dsn)} is in recovery (a standby): it refuses LISTEN and writes"
+            )
+
+    def _note_server(self, in_recovery: bool, read_only: bool) -> None:
+        was = self._read_only
+        self.in_recovery = in_recovery
+        self._read_only = in_recovery or read_only
+        if self._read_only and self.state != "readonly":
+            what = "in recovery (a standby)" if in_recovery else "read-only (transaction_read_only is on)"
+            self._set_state("readonly", PostgresReadOnly(f"the server is {what}"))
+        elif was and not self._read_only and self.state == "readonly":
+            self._set_state("unknown")  # writable again (e.g. failed back): the next publish tells
+
     def _check_history(self, conn: psycopg.Connection[Any]) -> None:
         """Reset the bus when the table is no longer the history the segment holds: its ids went back (the
         gem's reset!, ``TRUNCATE ... RESTART IDENTITY``, a recreated table) or the segment's newest message is
         gone while nothing newer exists (``TRUNCATE``)."""
         bus = self._bus_of(None)
         seg = bus.segment
-        row = conn.execute("SELECT max(id), pg_is_in_recovery() FROM message_bus").fetchone()
+        row = conn.execute(
+            "SELECT max(id), pg_is_in_recovery(), current_setting('transaction_read_only') = 'on' FROM message_bus"
+        ).fetchone()
         assert row is not None
         table_max = int(row[0] or 0)
-        self.in_recovery = bool(row[1])
-        if self.in_recovery and self.state != "readonly":
-            self._set_state("readonly", PostgresReadOnly("the server is in recovery (a standby)"))
+        self._note_server(bool(row[1]), bool(row[2]))
         seg_max = seg.global_id()
         if not seg_max or table_max > seg_max:
             return
         same = table_max == seg_max and self._same_row(conn, seg, seg_max)
         if not same:
-            self.resets += 1
-            log.warning(
-                "shmbus postgres bridge: the table's history is not the bus's (table max id %d, bus %d): "
-                "resetting bus %r so clients resynchronise",
-                table_max,
-                seg_max,
-                bus.name,
-            )
-            bus.reset()
-            self._highest = 0
-            self._trimmed_below = 0
-            self._active.clear()
+            self._reset_bus(f"the table's history is not the bus's (table max id {table_max}, bus {seg_max})")
+
+    def _check_rewrite(self, conn: psycopg.Connection[Any]) -> None:
+        """Notice a plain ``TRUNCATE`` under load (ids go on, so neither the ids nor a quiet moment tell): once a
+        second, when the table's storage file changed (TRUNCATE; also VACUUM FULL and CLUSTER, which keep the rows)
+        and no row remains at or below the id the relay had reached at the previous check, the history the
+        segment holds is gone: reset the bus, as for a table emptied while quiet. Two index probes."""
+        row = conn.execute(sql.SELECT_REWRITE, (self._mark,), prepare=True).fetchone()
+        assert row is not None
+        filenode, kept = row[0], row[1]
+        changed = self._filenode is not None and filenode != self._filenode
+        self._filenode = filenode
+        if changed and self._mark and kept is None and self._bus_of(None).segment.global_id():
+            self._reset_bus(f"the table was truncated (nothing left at or below id {self._mark})")
+        self._mark = self._highest
+
+    def _reset_bus(self, why: str) -> None:
+        bus = self._bus_of(None)
+        self.resets += 1
+        log.warning("shmbus postgres bridge: %s: resetting bus %r so clients resynchronise", why, bus.name)
+        bus.reset()
+        self._highest = 0
+        self._trimmed_below = 0
+        self._active.clear()
 
     def _same_row(self, conn: psycopg.Connection[Any], seg: Segment, gid: int) -> bool:
         recs = seg.global_backlog(gid - 1)
         if not recs or recs[0].global_id != gid:
             return True  # nothing to compare with: trust the ids
         rec = recs[0]
-        row = conn.execute("SELECT channel FROM message_bus WHERE id = %s", (gid,)).fetchone()
-        if row is None:
+        row = conn.execute("SELECT channel, value FROM message_bus WHERE id = %s", (gid,)).fetchone()
+        if row is None or row[0] != backend_name(rec.channel.decode(), rec.site.decode() or None):
             return False
-        return bool(row[0] == backend_name(rec.channel.decode(), rec.site.decode() or None))
+        try:  # a recreated table's row may have the same id and channel: compare the data too
+            return bool(decode_envelope(self._bus_of(None).codec, row[1].encode())[0] == rec.payload)
+        except (ValueError, TypeError):
+            return True
 
     # ------------------------------------------------------------------ reads older than the segment
     def backlog(self, bus: Bus, gap: BacklogGap) -> Backlog | None:

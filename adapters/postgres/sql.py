@@ -20,6 +20,7 @@ __all__ = [
     "SELECT_AFTER",
     "SELECT_CHANNEL_NEWEST",
     "SELECT_HELD",
+    "SELECT_REWRITE",
     "SELECT_WRITERS",
     "TRIM_CHANNEL",
     "TRIM_EXPIRE",
@@ -111,4 +112,9 @@ SELECT_HELD = "SELECT 1 FROM message_bus WHERE ((channel = %s) AND (id <= %s)) L
 SELECT_WRITERS = (
     "SELECT virtualtransaction FROM pg_locks WHERE locktype = 'relation' AND relation = 'message_bus'::regclass "
     "AND mode = 'RowExclusiveLock' AND pid IS DISTINCT FROM pg_backend_pid()"
+)
+# The table's storage file (TRUNCATE gives it a new one) and the newest row at or below an id (a backward probe
+# of the primary key from that id: it never walks the dead entries that trims leave at the index's low end).
+SELECT_REWRITE = (
+    "SELECT pg_relation_filenode('message_bus'::regclass), (SELECT max(id) FROM message_bus WHERE id <= %s)"
 )

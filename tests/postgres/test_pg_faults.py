@@ -194,3 +194,85 @@ def test_a_table_reset_gives_the_bus_a_new_epoch(make_host: Callable[..., Bus], 
     wait_for(lambda: b.epoch != epoch, what="a new epoch on host b")
     wait_for(lambda: [m.data for m in b.backlog("/e")] == ["after the reset"], what="the new history on host b")
     assert b.default.health()["resets"] >= 1
+
+
+def test_a_read_only_server_is_in_health_before_any_publish_and_still_relayed(
+    make_host: Callable[..., Bus], pg: Any
+) -> None:
+    """A relay on a read-only server (here a primary with default_transaction_read_only: a real standby also
+    refuses LISTEN, which a primary cannot show) reports ``readonly`` at once, skips the trims the server would
+    refuse, and relays what writable hosts publish."""
+    a = make_host("a")
+    wait_relaying(a)
+    ro_dsn = psycopg.conninfo.make_conninfo(
+        pg["dsn"], options=f"-c search_path={pg['schema']} -c default_transaction_read_only=on"
+    )
+    ro = make_host("ro", dsn=ro_dsn)
+    wait_relaying(ro)
+    engine = ro.default.health()
+    assert engine["state"] == "readonly" and "read-only" in engine["error"] and engine["in_recovery"] is False
+    mid = a.publish("/ro", "from the primary")
+    wait_for(lambda: ro.last_id("/ro") == mid, what="the message relayed on the read-only host")
+    time.sleep(1.2)  # a trim pass (trim_interval 1 s) must not knock the relay over
+    assert ro.default.health()["relay_state"] == "relaying"
+
+
+@pytest.mark.parametrize("drop", ["DROP TABLE message_bus", "DROP FUNCTION shmbus_publish"])
+def test_publishes_and_relays_recover_from_dropped_objects(make_host: Callable[..., Bus], sql: Any, drop: str) -> None:
+    a, b = make_host("a"), make_host("b")
+    wait_relaying(a, b)
+    before = a.publish("/d", "before")
+    wait_for(lambda: b.last_id("/d") == before, what="b has the first message")
+    sql.execute(drop)
+    mid = a.publish("/d", "after")  # the objects are recreated and the publish runs again
+    if drop.startswith("DROP TABLE"):
+        assert mid == 1  # a new table: ids restart, every host resets
+    wait_for(lambda: [m.data for m in b.backlog("/d")][-1:] == ["after"], what="the new message on host b")
+    again = a.publish("/d", "again")
+    wait_for(lambda: b.last_id("/d") == again, what="host b keeps relaying")
+    assert a.default.health()["state"] == "ok"
+
+
+def test_a_message_the_segment_refused_once_is_stored_on_the_next_catch_up(make_host: Callable[..., Bus]) -> None:
+    a, b = make_host("a"), make_host("b")
+    wait_relaying(a, b)
+    real = b.store
+    failed: list[int] = []
+
+    def flaky(envelope: Any, **kw: Any) -> int:
+        if not failed:
+            failed.append(kw["global_id"])
+            raise RuntimeError("segment trouble")
+        return real(envelope, **kw)
+
+    b.store = flaky  # type: ignore[method-assign]
+    mid = a.publish("/s", "kept")
+    wait_for(lambda: b.segment.global_id() == mid, what="the message in host b's segment after the relay restarted")
+    assert failed == [mid] and [r.global_id for r in b.segment.global_backlog(0)] == [mid]
+
+
+@pytest.mark.slow
+def test_a_plain_truncate_under_load_resets_the_bus(make_host: Callable[..., Bus], sql: Any) -> None:
+    """TRUNCATE without RESTART IDENTITY: ids go on, and under load the relay is never quiet; it still notices."""
+    a, b = make_host("a"), make_host("b")
+    wait_relaying(a, b)
+    stop = threading.Event()
+    sent: list[int] = []
+
+    def publish() -> None:
+        while not stop.is_set():
+            sent.append(a.publish("/load", len(sent)))  # type: ignore[arg-type]
+            time.sleep(0.005)
+
+    t = threading.Thread(target=publish)
+    t.start()
+    try:
+        wait_for(lambda: len(sent) > 50 and b.segment.global_id() >= sent[50], what="load relayed")
+        epoch = b.epoch
+        sql.execute("TRUNCATE message_bus")
+        wait_for(lambda: b.epoch != epoch, what="a new epoch on host b while publishing goes on")
+        assert t.is_alive() and b.default.health()["resets"] >= 1
+    finally:
+        stop.set()
+        t.join(30)
+    wait_for(lambda: b.segment.global_id() == sent[-1], what="host b caught up after the reset")
