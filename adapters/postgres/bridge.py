@@ -2,8 +2,11 @@
 
 ``bus = Bus("app", engine=PostgresBridge("postgresql://app@db/app"))``
 
-* **Publish** calls one server-side function (``shmbus_publish``, created next to the table) that runs the gem's
-  publish statements in one round trip: INSERT ... RETURNING id and ``pg_notify`` of the gem's line. The gem's
+* **Publish** calls one server-side procedure (``shmbus_send``, created next to the table) that runs the gem's
+  publish statements in one round trip and in the gem's order: INSERT ... RETURNING id, COMMIT, then ``pg_notify``
+  of the gem's line in a transaction of its own (a notifying transaction holds PostgreSQL's cluster-wide notify
+  lock through its commit's WAL flush; apart, inserts commit in groups). Rows may therefore commit out of id
+  order, which the relay waits out (below). The gem's
   trims (global backlog, channel backlogs, expiry) run in each host's relay every ``trim_interval`` seconds
   rather than inside every publish (the gem's per-publish trims make every insert walk the dead rows of earlier
   trims). The table, indexes, value format and notify channel are the gem's, so a Ruby app on the gem's postgres
@@ -11,7 +14,8 @@
   id *is* its global id (a channel's ids have gaps), so the bridge marks the segment as holding sparse ids.
 * **One relay per host** (the Redis bridge's election: an OFD lock on the segment file that the kernel releases
   when the holder dies) LISTENs on a dedicated connection and copies every message into the segment with the
-  table's ids; on takeover or reconnect it catches up from the table after the segment's last id.
+  table's ids; on takeover or reconnect it catches up from the table after the segment's last id. A missing id
+  below a committed one (a hole) is waited for until the transactions then writing to the table have ended.
 * **Reads** come from the segment; only a gap (older than the segment holds) is filled from the table.
 * **Faults**: an unreachable server makes ``publish`` raise :class:`PostgresUnavailable`; a read-only server (a
   standby after failover) :class:`PostgresReadOnly`, and ``health()`` says so; a table whose ids went back (reset,
@@ -256,8 +260,8 @@ class PostgresBridge(Engine):
                 conn.execute("SELECT pg_advisory_xact_lock(hashtext('shmbus.setup.' || current_schema()))")
                 for stmt in sql.CREATE_TABLE:
                     conn.execute(stmt)
-                conn.execute(sql.CREATE_FUNCTION)
-                conn.execute(sql.CREATE_MANY_FUNCTION)
+                conn.execute(sql.CREATE_PROCEDURE)
+                conn.execute(sql.CREATE_MANY_PROCEDURE)
         except psycopg.errors.ReadOnlySqlTransaction as exc:
             self._set_state("readonly", exc)
             row = conn.execute("SELECT to_regclass('message_bus') IS NOT NULL").fetchone()
@@ -353,7 +357,8 @@ class PostgresBridge(Engine):
             rows = [self._row(bus, e) for e in chunk]
             params = ([r[0] for r in rows], [r[1] for r in rows], self.notify_channel, [r[2] for r in rows])
             try:
-                ids = [int(r[0]) for r in self._execute(sql.PUBLISH_MANY, params).fetchall()]
+                row = self._execute(sql.PUBLISH_MANY, params).fetchone()
+                ids = [int(i) for i in (row[0] if row is not None else None) or ()]
             except Exception as exc:
                 raise self._publish_error(exc) from exc
             self.published += len(ids)
@@ -597,6 +602,14 @@ class PostgresBridge(Engine):
                 self._check_history(self._conn())
                 self._catch_up(self._conn())
             return  # else stored already (by the catch-up, or by its publisher)
+        if gid <= self._bus_of(None).segment.global_id():
+            # its publisher, on this host, stored it (publishers store only right after the segment's last id,
+            # the relay only settled ids, so every id up to the segment's last is settled): no decode, no store
+            self._highest = gid
+            chan = _line_channel(line)
+            if chan is not None:
+                self._active[chan] = gid
+            return
         d = None
         if gid == self._highest + 1:
             try:
@@ -861,6 +874,17 @@ class PostgresBridge(Engine):
         if limit is not None:
             del merged[limit:]
         return Backlog(merged, after_id=after_id, last_id=partial.last_id, first_available=first)
+
+
+def _line_channel(line: bytes) -> str | None:
+    """The backend channel name of a notice line (``gid|cid|chan|...``), unescaped; None if malformed."""
+    parts = line.split(b"|", 3)
+    if len(parts) < 4:
+        return None
+    try:
+        return parts[2].decode().replace(PIPE_ESCAPE, "|")
+    except UnicodeDecodeError:
+        return None
 
 
 def _age(seconds: float) -> int:

@@ -217,7 +217,7 @@ def test_a_read_only_server_is_in_health_before_any_publish_and_still_relayed(
     assert ro.default.health()["relay_state"] == "relaying"
 
 
-@pytest.mark.parametrize("drop", ["DROP TABLE message_bus", "DROP FUNCTION shmbus_publish"])
+@pytest.mark.parametrize("drop", ["DROP TABLE message_bus", "DROP PROCEDURE shmbus_send"])
 def test_publishes_and_relays_recover_from_dropped_objects(make_host: Callable[..., Bus], sql: Any, drop: str) -> None:
     a, b = make_host("a"), make_host("b")
     wait_relaying(a, b)
