@@ -361,3 +361,39 @@ def test_a_hole_held_past_hole_timeout_counts_as_lost_and_later_ids_move_on(
     finally:
         stuck.rollback()
         stuck.close()
+
+
+def test_the_spark_source_offsets_wait_for_rows_still_in_flight(
+    make_host: Callable[..., Bus], sql: Any, pg: Any
+) -> None:
+    """The Spark source's newest offset (``last_ids``) must not pass a row that commits after a higher id: a batch
+    read up to it would miss the row, and the next batch starts after it."""
+    import threading
+
+    from shmbus.adapters.spark.readers import Location, PostgresReader
+
+    a = make_host("a")
+    wait_relaying(a)
+    first = a.publish("/sp", "first")
+    reader = PostgresReader(Location(postgres_dsn=pg["dsn"], postgres_channel=pg["channel"]))
+    slow = psycopg.connect(pg["dsn"])
+    got: list[Any] = []
+    try:
+        early = slow.execute(
+            "INSERT INTO message_bus (channel, value) VALUES ('/sp', %s) RETURNING id", (GEM_VALUE % "early",)
+        ).fetchone()[0]
+        late = a.publish("/sp", "late")
+
+        def batch() -> None:  # what a micro-batch does: the newest offset, then the rows up to it
+            upto = reader.last_ids(["/sp"])["/sp"]
+            got.append(reader.read("/sp", first, upto).message_ids)
+
+        t = threading.Thread(target=batch)
+        t.start()
+        time.sleep(0.3)
+        slow.commit()
+        t.join(10)
+    finally:
+        slow.close()
+        reader.close()
+    assert got == [[early, late]]
