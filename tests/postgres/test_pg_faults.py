@@ -276,3 +276,24 @@ def test_a_plain_truncate_under_load_resets_the_bus(make_host: Callable[..., Bus
         stop.set()
         t.join(30)
     wait_for(lambda: b.segment.global_id() == sent[-1], what="host b caught up after the reset")
+
+
+def test_a_standby_is_reported_read_only_by_the_relay_without_a_publish(
+    make_host: Callable[..., Bus], pg: Any, sql: Any
+) -> None:
+    """A standby, as far as a primary can play one: transactions read-only, and ``pg_is_in_recovery()`` true (a
+    function of the test's schema, searched before pg_catalog). A real standby also refuses LISTEN, which a primary
+    cannot show; the relay checks recovery before LISTEN, so it never gets that far."""
+    a = make_host("a")
+    wait_relaying(a)  # the table exists
+    sql.execute("CREATE FUNCTION pg_is_in_recovery() RETURNS boolean LANGUAGE sql AS 'SELECT true'")
+    standby_dsn = psycopg.conninfo.make_conninfo(
+        pg["dsn"], options=f"-c search_path={pg['schema']},pg_catalog -c default_transaction_read_only=on"
+    )
+    sb = make_host("sb", dsn=standby_dsn)
+    wait_for(lambda: sb.default.health()["in_recovery"] is True, what="the relay's recovery check")
+    engine = sb.default.health()
+    assert engine["state"] == "readonly" and "recovery" in engine["error"]
+    assert engine["relay_state"] != "relaying"
+    with pytest.raises(PostgresReadOnly):
+        sb.publish("/sb", "refused")
