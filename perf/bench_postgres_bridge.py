@@ -79,7 +79,7 @@ a.close(); b.close()
 """
 
 
-# One of several publishing processes: ``mode`` (bridge | fair | bare), then READY; on "go" it publishes ``n``
+# One of several publishing processes: ``mode`` (bridge | fair | bare | proc), then READY; on "go" it publishes ``n``
 # messages and prints its start and end (CLOCK_MONOTONIC, one clock for every process).
 WORKER = r"""
 import json, sys, time
@@ -95,10 +95,11 @@ if mode == "bridge":
         bus.publish("/bench/pg/rate", {"t": time.perf_counter_ns(), "i": i, "pad": pad})
 else:
     conn = psycopg.connect(dsn, autocommit=True)
-    query = FAIR if mode == "fair" else BARE
+    query = {"fair": FAIR, "bare": BARE, "proc": PROC}[mode]
     def one(i):
         value = json.dumps({"data": {"t": time.perf_counter_ns(), "i": i, "pad": pad}})
-        conn.execute(query, ("/rate", value) if mode == "bare" else ("/rate", value, value), prepare=True).fetchone()
+        args = {"bare": ("/rate", value), "fair": ("/rate", value, value), "proc": ("/rate", value)}[mode]
+        conn.execute(query, args, prepare=True).fetchone()
     one(0)
 print("READY", flush=True)
 sys.stdin.readline()
@@ -115,6 +116,9 @@ FAIR = (
     "WITH r AS (INSERT INTO baseline_gem (channel, value) VALUES (%s, %s) RETURNING id) "
     "SELECT id, pg_notify('bench_fair', id || '|' || id || '|/rate|' || %s) FROM r"
 )
+# The bridge's publish procedure called straight from psycopg, its notices on the fair baseline's channel (one
+# listener, no relay): what the server does for a bridge publish, without the bridge's Python or the relays.
+PROC = "CALL shmbus_send(%s, %s, 'bench_fair', '/rate')"
 WORKERS = 4
 
 
@@ -125,7 +129,7 @@ def concurrent(mode: str, dsn: str, notify: str, name: str, per_worker: int) -> 
             [
                 sys.executable,
                 "-c",
-                f"BARE = {BARE!r}\nFAIR = {FAIR!r}\n" + WORKER,
+                f"BARE = {BARE!r}\nFAIR = {FAIR!r}\nPROC = {PROC!r}\n" + WORKER,
                 mode,
                 dsn,
                 notify,
@@ -187,6 +191,11 @@ def pg_fair(conn: Any, n: int) -> None:
     for i in range(n):
         value = json.dumps({"data": _payload(i)})
         conn.execute(FAIR, ("/rate", value, value), prepare=True).fetchone()
+
+
+def pg_proc(conn: Any, n: int) -> None:
+    for i in range(n):
+        conn.execute(PROC, ("/rate", json.dumps({"data": _payload(i)})), prepare=True).fetchone()
 
 
 def pg_batch(conn: Any, n: int) -> None:
@@ -265,15 +274,19 @@ def main() -> None:
         )
         conn.execute("CREATE INDEX baseline_gem_channel_id ON baseline_gem (channel, id)")
         conn.execute("CREATE INDEX baseline_gem_added_at ON baseline_gem (added_at)")
-        rows: dict[str, list[float]] = {k: [] for k in ("bs", "bb", "ps", "pb", "fs", "pf", "cb", "cf", "cp")}
+        rows: dict[str, list[float]] = {
+            k: [] for k in ("bs", "bb", "ps", "pb", "fs", "pf", "cb", "cf", "cp", "pp", "cpp")
+        }
         lat: dict[str, list[float]] = {"p50": [], "p99": [], "np50": [], "np99": []}
         for rep_i in range(repeats):
             rep.log(f"repeat {rep_i + 1}/{repeats}")
             rows["ps"].append(c.rate(lambda n: pg_sync(conn, n), n_sync))
             rows["pf"].append(c.rate(lambda n: pg_fair(conn, n), n_sync))
+            rows["pp"].append(c.rate(lambda n: pg_proc(conn, n), n_sync))
             rows["bs"].append(c.rate(lambda n: bridge_sync(a, n), n_sync))
             rows["cp"].append(concurrent("bare", dsn, notify, name_a, n_worker))
             rows["cf"].append(concurrent("fair", dsn, notify, name_a, n_worker))
+            rows["cpp"].append(concurrent("proc", dsn, notify, name_a, n_worker))
             rows["cb"].append(concurrent("bridge", dsn, notify, name_a, n_worker))
             rows["fs"].append(c.rate(lambda n: bridge_sync(fast, n), n_sync))
             rows["pb"].append(c.rate(lambda n: pg_batch(conn, n), n_batch))
@@ -297,6 +310,20 @@ def main() -> None:
         )
         rep.add(f"psycopg INSERT RETURNING, {WORKERS} processes", rows["cp"], "msgs/s", note="bare table, aggregate")
         rep.add(f"psycopg INSERT+NOTIFY, gem table, {WORKERS} processes", rows["cf"], "msgs/s", note="aggregate")
+        rep.add(
+            "psycopg CALL shmbus_send loop",
+            rows["pp"],
+            "msgs/s",
+            baselines=["psycopg INSERT+NOTIFY loop, gem table"],
+            note="the bridge's procedure without the bridge: its notices wake one listener, no relay",
+        )
+        rep.add(
+            f"psycopg CALL shmbus_send, {WORKERS} processes",
+            rows["cpp"],
+            "msgs/s",
+            baselines=[f"psycopg INSERT+NOTIFY, gem table, {WORKERS} processes"],
+            note="aggregate",
+        )
         rep.add("psycopg INSERT RETURNING x100 (unnest)", rows["pb"], "msgs/s")
         rep.add(
             "bridge publish",
