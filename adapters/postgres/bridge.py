@@ -18,8 +18,10 @@
   below a committed one (a hole) is waited for until the transactions then writing to the table have ended.
 * **Reads** come from the segment; only a gap (older than the segment holds) is filled from the table.
 * **Faults**: an unreachable server makes ``publish`` raise :class:`PostgresUnavailable`; a read-only server (a
-  standby after failover) :class:`PostgresReadOnly`, and ``health()`` says so; a table whose ids went back (reset,
-  ``TRUNCATE ... RESTART IDENTITY``, dropped) or that lost the segment's newest message resets the bus's epoch.
+  standby after failover) :class:`PostgresReadOnly`, and ``health()`` says so (the relay checks for recovery
+  before LISTEN); a table whose ids went back (reset, ``TRUNCATE ... RESTART IDENTITY``, dropped) or that lost the
+  segment's newest message, or was truncated under load (its storage file changed and nothing is left at or below
+  the relay's id of a second before), resets the bus's epoch; a dropped table or procedure is recreated.
 """
 
 from __future__ import annotations
