@@ -2,8 +2,11 @@
 
 ``bus = Bus("app", engine=PostgresBridge("postgresql://app@db/app"))``
 
-* **Publish** calls one server-side function (``shmbus_publish``, created next to the table) that runs the gem's
-  publish statements in one round trip: INSERT ... RETURNING id and ``pg_notify`` of the gem's line. The gem's
+* **Publish** calls one server-side procedure (``shmbus_send``, created next to the table) that runs the gem's
+  publish statements in one round trip and in the gem's order: INSERT ... RETURNING id, COMMIT, then ``pg_notify``
+  of the gem's line in a transaction of its own (a notifying transaction holds PostgreSQL's cluster-wide notify
+  lock through its commit's WAL flush; apart, inserts commit in groups). Rows may therefore commit out of id
+  order, which the relay waits out (below). The gem's
   trims (global backlog, channel backlogs, expiry) run in each host's relay every ``trim_interval`` seconds
   rather than inside every publish (the gem's per-publish trims make every insert walk the dead rows of earlier
   trims). The table, indexes, value format and notify channel are the gem's, so a Ruby app on the gem's postgres
@@ -11,11 +14,14 @@
   id *is* its global id (a channel's ids have gaps), so the bridge marks the segment as holding sparse ids.
 * **One relay per host** (the Redis bridge's election: an OFD lock on the segment file that the kernel releases
   when the holder dies) LISTENs on a dedicated connection and copies every message into the segment with the
-  table's ids; on takeover or reconnect it catches up from the table after the segment's last id.
+  table's ids; on takeover or reconnect it catches up from the table after the segment's last id. A missing id
+  below a committed one (a hole) is waited for until the transactions then writing to the table have ended.
 * **Reads** come from the segment; only a gap (older than the segment holds) is filled from the table.
 * **Faults**: an unreachable server makes ``publish`` raise :class:`PostgresUnavailable`; a read-only server (a
-  standby after failover) :class:`PostgresReadOnly`, and ``health()`` says so; a table whose ids went back (reset,
-  ``TRUNCATE ... RESTART IDENTITY``, dropped) or that lost the segment's newest message resets the bus's epoch.
+  standby after failover) :class:`PostgresReadOnly`, and ``health()`` says so (the relay checks for recovery
+  before LISTEN); a table whose ids went back (reset, ``TRUNCATE ... RESTART IDENTITY``, dropped) or that lost the
+  segment's newest message, or was truncated under load (its storage file changed and nothing is left at or below
+  the relay's id of a second before), resets the bus's epoch; a dropped table or procedure is recreated.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ __all__ = ["PostgresBridge", "PostgresBridgeError", "PostgresReadOnly", "Postgre
 log = logging.getLogger("shmbus.postgres")
 
 _PAGE = 1000  # catch-up page (rows per query)
+_MISSING = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction)  # our objects were dropped
 _GROUP = 1000  # messages per batched statement
 
 PublishState = Literal["unknown", "ok", "unreachable", "readonly", "error"]
@@ -88,8 +95,9 @@ class PostgresBridge(Engine):
     ``db`` option, naming the notify channel ``_message_bus_<db>``; ``notify_channel`` overrides it (apps sharing
     a database with separate tables need separate channels, as with the gem). ``relay=False``: this process never
     relays (a script). ``election_interval``, ``reconnect_max``: as the Redis bridge. ``local_wait``: how long a
-    publish waits for the relay to store it locally when it cannot itself. ``settle``: how long the relay waits
-    for a missing id (a row not yet committed by a publisher outside shmbus) before moving past it.
+    publish waits for the relay to store it locally when it cannot itself. ``hole_timeout``: how long the relay
+    waits for the transactions that may hold a missing id (a row drawn before a committed one but not committed
+    yet) before counting the id as lost and moving past it; holes whose writers have ended are skipped at once.
     ``trim_interval``: how often the relay runs the gem's trims with the bus's ``max_global_backlog_size``,
     ``max_backlog_size`` (per channel it saw messages on) and ``max_backlog_age`` (0: never; per-publish limits
     apply to the segment only). ``connect_timeout``: seconds.
@@ -110,7 +118,7 @@ class PostgresBridge(Engine):
         election_interval: float = 0.25,
         reconnect_max: float = 1.0,
         local_wait: float = 1.0,
-        settle: float = 0.1,
+        hole_timeout: float = 5.0,
         trim_interval: float = 1.0,
         connect_timeout: float = 3.0,
         synchronous_commit: bool = True,
@@ -122,7 +130,7 @@ class PostgresBridge(Engine):
         self.election_interval = election_interval
         self.reconnect_max = reconnect_max
         self.local_wait = local_wait
-        self.settle = settle
+        self.hole_timeout = hole_timeout
         self.trim_interval = trim_interval
         self.connect_timeout = connect_timeout
         self.synchronous_commit = synchronous_commit
@@ -160,6 +168,11 @@ class PostgresBridge(Engine):
         self._active: dict[str, int] = {}  # channel -> newest id relayed since the last trim pass
         self._trimmed_below = 0  # the global trim's previous bound (rows at or below it are gone)
         self._next_trim = 0.0
+        self._stale: set[str] = set()  # writers that outlived hole_timeout once (never waited for again)
+        self._read_only = False  # the server refuses writes (a standby, or default_transaction_read_only)
+        self._filenode: int | None = None  # the table's storage file: TRUNCATE gives it a new one
+        self._mark = 0  # the relay's newest id at the previous rewrite check
+        self._next_rewrite_check = 0.0
 
     # ------------------------------------------------------------------ engine hooks
     def attached(self, bus: Bus) -> None:
@@ -234,14 +247,31 @@ class PostgresBridge(Engine):
         if not self.synchronous_commit:
             conn.execute("SET synchronous_commit = off")
         if not self._ready:
+            try:
+                self._create_objects(conn)
+            except BaseException:
+                conn.close()
+                raise
+        return conn
+
+    def _create_objects(self, conn: psycopg.Connection[Any]) -> None:
+        """Create the table, its indexes and the publish functions where missing (once per process, and again
+        after a statement found one gone: ``_ready`` is cleared on UndefinedTable/UndefinedFunction). On a
+        read-only server whose table exists this only notes the state: a relay can still read."""
+        try:
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(hashtext('shmbus.setup.' || current_schema()))")
                 for stmt in sql.CREATE_TABLE:
                     conn.execute(stmt)
-                conn.execute(sql.CREATE_FUNCTION)
-                conn.execute(sql.CREATE_MANY_FUNCTION)
-            self._ready = True
-        return conn
+                conn.execute(sql.CREATE_PROCEDURE)
+                conn.execute(sql.CREATE_MANY_PROCEDURE)
+        except psycopg.errors.ReadOnlySqlTransaction as exc:
+            self._set_state("readonly", exc)
+            row = conn.execute("SELECT to_regclass('message_bus') IS NOT NULL").fetchone()
+            if not (row and row[0]):
+                raise
+            return  # _ready stays False: a writable server gets the objects on the next connection
+        self._ready = True
 
     def _conn(self) -> psycopg.Connection[Any]:
         """This thread's command connection (publish, catch-up, gap reads), made on first use."""
@@ -285,7 +315,7 @@ class PostgresBridge(Engine):
         chan, value, line_chan = self._row(bus, envelope)
         params = (chan, value, self.notify_channel, line_chan)
         try:
-            row = self._conn().execute(sql.PUBLISH, params, prepare=True).fetchone()
+            row = self._execute(sql.PUBLISH, params).fetchone()
         except Exception as exc:
             raise self._publish_error(exc) from exc
         assert row is not None
@@ -330,7 +360,8 @@ class PostgresBridge(Engine):
             rows = [self._row(bus, e) for e in chunk]
             params = ([r[0] for r in rows], [r[1] for r in rows], self.notify_channel, [r[2] for r in rows])
             try:
-                ids = [int(r[0]) for r in self._conn().execute(sql.PUBLISH_MANY, params, prepare=True).fetchall()]
+                row = self._execute(sql.PUBLISH_MANY, params).fetchone()
+                ids = [int(i) for i in (row[0] if row is not None else None) or ()]
             except Exception as exc:
                 raise self._publish_error(exc) from exc
             self.published += len(ids)
@@ -338,6 +369,17 @@ class PostgresBridge(Engine):
             self._land(bus, list(zip(chunk, ids, strict=True)))
             out.extend(ids)
         return out
+
+    def _execute(self, query: str, params: tuple[Any, ...]) -> psycopg.Cursor[Any]:
+        """Run a publish statement; when the table or a function is gone (a plain ``DROP TABLE message_bus``, a
+        dropped function) recreate them and run it once more (the failed statement changed nothing)."""
+        conn = self._conn()
+        try:
+            return conn.execute(query, params, prepare=True)
+        except _MISSING:
+            self._ready = False
+            self._create_objects(conn)
+            return conn.execute(query, params, prepare=True)
 
     def _publish_error(self, exc: BaseException) -> PostgresBridgeError:
         if isinstance(exc, PostgresBridgeError):
@@ -502,6 +544,7 @@ class PostgresBridge(Engine):
             try:
                 conn = self._connect()
                 self._listen_conn = conn
+                self._check_server(conn)  # a standby refuses LISTEN: say read-only rather than only "reconnecting"
                 conn.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(self.notify_channel)))
                 self._check_history(self._conn())
                 self._catch_up(self._conn())
@@ -511,8 +554,13 @@ class PostgresBridge(Engine):
             except Exception as exc:
                 if stop.is_set():
                     return
-                if not isinstance(exc, (psycopg.Error, OSError, ValueError)):
+                if not isinstance(exc, (psycopg.Error, OSError, ValueError, PostgresBridgeError)):
                     log.exception("shmbus postgres bridge: relay error")
+                if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):  # SQLSTATE 25006
+                    self._set_state("readonly", exc)
+                if isinstance(exc, _MISSING):  # the table or a function was dropped: recreate on reconnect
+                    self._ready = False
+                    self._drop_conn()
                 self._set_relay_state("reconnecting", exc)
                 stop.wait(backoff)
                 backoff = min(backoff * 2, self.reconnect_max)
@@ -533,6 +581,9 @@ class PostgresBridge(Engine):
             for line in lines:
                 self._on_line(line)
             now = time.monotonic()
+            if now >= self._next_rewrite_check:
+                self._next_rewrite_check = now + 1.0
+                self._check_rewrite(self._conn())
             if self.trim_interval > 0 and now >= self._next_trim:
                 self._next_trim = now + self.trim_interval
                 self._trim(self._conn())
@@ -556,6 +607,14 @@ class PostgresBridge(Engine):
                 self._check_history(self._conn())
                 self._catch_up(self._conn())
             return  # else stored already (by the catch-up, or by its publisher)
+        if gid <= self._bus_of(None).segment.global_id():
+            # its publisher, on this host, stored it (publishers store only right after the segment's last id,
+            # the relay only settled ids, so every id up to the segment's last is settled): no decode, no store
+            self._highest = gid
+            chan = _line_channel(line)
+            if chan is not None:
+                self._active[chan] = gid
+            return
         d = None
         if gid == self._highest + 1:
             try:
@@ -583,8 +642,9 @@ class PostgresBridge(Engine):
             return True
 
     def _store(self, gid: int, chan: str, value: bytes) -> None:
+        """Store one message; ``_highest`` advances once it is stored, or skipped as unstorable (an error from
+        the segment propagates with ``_highest`` unchanged: the next catch-up tries it again)."""
         bus = self._bus_of(None)
-        self._highest = gid
         try:
             channel, site = split_backend_name(chan)
             payload, meta = decode_envelope(bus.codec, value)
@@ -593,7 +653,9 @@ class PostgresBridge(Engine):
         except (ValueError, UnicodeDecodeError, TypeError) as exc:
             self.unrelayable += 1
             log.warning("shmbus postgres bridge: cannot store message %d locally (%s); skipped", gid, exc)
+            self._highest = gid
             return
+        self._highest = gid
         if stored:
             self.relayed += 1
         self._active[chan] = gid
@@ -602,6 +664,8 @@ class PostgresBridge(Engine):
         """The gem's trims, once per ``trim_interval`` (see the module doc): the global backlog (above the previous
         pass's bound), rows older than ``max_backlog_age`` (through the added_at index), and each channel seen
         since the last pass down to its newest ``max_backlog_size`` rows."""
+        if self._read_only:
+            return  # a read-only server refuses DELETE; its primary's relays trim
         bus = self._bus_of(None)
         top = self._highest
         keep = bus.max_global_backlog_size
@@ -616,36 +680,112 @@ class PostgresBridge(Engine):
             conn.execute(sql.TRIM_CHANNEL, (chan, chan, newest, bus.max_backlog_size), prepare=True)
 
     def _catch_up(self, conn: psycopg.Connection[Any]) -> None:
-        """Store every row after the segment's last id, in id order. A missing id right after the last stored
-        one may be a row not yet committed by a publisher outside shmbus: wait up to ``settle`` for it, then move
-        past it (rolled back, or trimmed before this relay saw it)."""
+        """Store every row after the segment's last id, in id order, waiting out holes (see :meth:`_settle`).
+
+        A missing id below a committed one (a hole) is either a row not yet committed (ids are drawn at INSERT,
+        rows appear at COMMIT, and the gem's INSERTs or a slow commit may finish out of id order), or final
+        (rolled back, or trimmed before this relay read it). Rows after a hole wait behind it: the segment holds
+        ascending ids. Every hole of a page is settled with one wait, so final holes cost no wait each."""
         bus = self._bus_of(None)
         highest = max(self._highest, bus.segment.global_id())
-        waiting_since: float | None = None
+        settled = highest  # missing ids at or below this one were checked: final (or lost, below ``lost_upto``)
+        lost_upto = 0
         while not self._stop.is_set():
             rows = conn.execute(sql.SELECT_AFTER, (highest, _PAGE), prepare=True).fetchall()
-            stalled = False
+            hole = False
             for gid, chan, value in rows:
                 gid = int(gid)
                 if highest and gid != highest + 1:
-                    now = time.monotonic()
-                    if waiting_since is None:
-                        waiting_since = now
-                    if now - waiting_since < self.settle:
-                        stalled = True
+                    if gid - 1 > settled:
+                        hole = True
                         break
-                    self.relay_lost += gid - highest - 1
-                    log.info("shmbus postgres bridge: ids %d..%d never appeared; moving on", highest + 1, gid - 1)
-                waiting_since = None
+                    self._skip_hole(highest + 1, gid - 1, lost_upto)
                 self._store(gid, chan, value.encode())
                 highest = gid
-            if stalled:
-                self._stop.wait(0.01)
-                continue
+            if hole:
+                top = int(rows[-1][0])  # every id missing below it was drawn before it was
+                if not self._settle(conn):
+                    lost_upto = top
+                settled = top
+                continue  # read again: rows committed meanwhile fill their holes, the rest are final
             if len(rows) < _PAGE:
                 break
         self._highest = max(self._highest, highest)
         self.backend_newest = max(self.backend_newest, self._highest)
+
+    def _settle(self, conn: psycopg.Connection[Any]) -> bool:
+        """Wait until every transaction that may hold a missing id has ended; False after ``hole_timeout``.
+
+        Called right after a read showed a hole. A transaction that drew a missing id took RowExclusiveLock on
+        the table before drawing it (so before the later, committed id was drawn) and holds it until it ends: if
+        it had not ended when the read's snapshot was taken, it is among the holders listed now (or it ended in
+        between, and the next read sees its row if it committed). No holder: the holes are final at once."""
+        current = self._lock_holders(conn)
+        self._stale &= current  # forget those that ended
+        holders = current - self._stale
+        if not holders:
+            return not self._stale  # a writer still open past hole_timeout may hold a hole: no wait, but lost
+        deadline = time.monotonic() + self.hole_timeout
+        pause = 0.001
+        while not self._stop.is_set():
+            holders &= self._lock_holders(conn)
+            if not holders:
+                return True
+            if time.monotonic() >= deadline:
+                break
+            self._stop.wait(pause)
+            pause = min(pause * 2, 0.02)
+        self._stale |= holders  # never waited for again: a long transaction costs one timeout, not one per hole
+        log.warning(
+            "shmbus postgres bridge: %d transaction(s) writing to message_bus still open after hole_timeout "
+            "(%.1f s); the ids missing below the newest read count as lost",
+            len(holders),
+            self.hole_timeout,
+        )
+        return False
+
+    def _lock_holders(self, conn: psycopg.Connection[Any]) -> set[str]:
+        """The open transactions (virtual transaction ids, never reused while the server runs) of other
+        backends holding RowExclusiveLock on the table: every INSERT (and DELETE) in progress."""
+        rows = conn.execute(sql.SELECT_WRITERS, prepare=True).fetchall()
+        return {str(r[0]) for r in rows}
+
+    def _skip_hole(self, first: int, last: int, lost_upto: int) -> None:
+        """Move past ids ``first``..``last``, which a settled read still misses: final holes (rolled back,
+        trimmed) are no loss; those whose transaction outlived ``hole_timeout`` are counted as lost."""
+        lost = max(0, min(last, lost_upto) - first + 1)
+        if lost:
+            self.relay_lost += lost
+            log.warning(
+                "shmbus postgres bridge: ids %d..%d were still uncommitted after hole_timeout; moving on (%d lost "
+                "if they commit later)",
+                first,
+                min(last, lost_upto),
+                lost,
+            )
+        else:
+            log.debug("shmbus postgres bridge: ids %d..%d never committed (rolled back or trimmed)", first, last)
+
+    def _check_server(self, conn: psycopg.Connection[Any]) -> None:
+        """Note whether the server is a standby (in recovery) or read-only; raise :class:`PostgresReadOnly` for a
+        standby, where LISTEN is refused (the relay retries with backoff; ``health()`` says ``readonly``)."""
+        row = conn.execute("SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'").fetchone()
+        assert row is not None
+        self._note_server(bool(row[0]), bool(row[1]))
+        if self.in_recovery:
+            raise PostgresReadOnly(
+                f"PostgreSQL at {redact_dsn(self.dsn)} is in recovery (a standby): it refuses LISTEN and writes"
+            )
+
+    def _note_server(self, in_recovery: bool, read_only: bool) -> None:
+        was = self._read_only
+        self.in_recovery = in_recovery
+        self._read_only = in_recovery or read_only
+        if self._read_only and self.state != "readonly":
+            what = "in recovery (a standby)" if in_recovery else "read-only (transaction_read_only is on)"
+            self._set_state("readonly", PostgresReadOnly(f"the server is {what}"))
+        elif was and not self._read_only and self.state == "readonly":
+            self._set_state("unknown")  # writable again (e.g. failed back): the next publish tells
 
     def _check_history(self, conn: psycopg.Connection[Any]) -> None:
         """Reset the bus when the table is no longer the history the segment holds: its ids went back (the
@@ -653,40 +793,55 @@ class PostgresBridge(Engine):
         gone while nothing newer exists (``TRUNCATE``)."""
         bus = self._bus_of(None)
         seg = bus.segment
-        row = conn.execute("SELECT max(id), pg_is_in_recovery() FROM message_bus").fetchone()
+        row = conn.execute(
+            "SELECT max(id), pg_is_in_recovery(), current_setting('transaction_read_only') = 'on' FROM message_bus"
+        ).fetchone()
         assert row is not None
         table_max = int(row[0] or 0)
         self.backend_newest = table_max
-        self.in_recovery = bool(row[1])
-        if self.in_recovery and self.state != "readonly":
-            self._set_state("readonly", PostgresReadOnly("the server is in recovery (a standby)"))
+        self._note_server(bool(row[1]), bool(row[2]))
         seg_max = seg.global_id()
         if not seg_max or table_max > seg_max:
             return
         same = table_max == seg_max and self._same_row(conn, seg, seg_max)
         if not same:
-            self.resets += 1
-            log.warning(
-                "shmbus postgres bridge: the table's history is not the bus's (table max id %d, bus %d): "
-                "resetting bus %r so clients resynchronise",
-                table_max,
-                seg_max,
-                bus.name,
-            )
-            bus.reset()
-            self._highest = 0
-            self._trimmed_below = 0
-            self._active.clear()
+            self._reset_bus(f"the table's history is not the bus's (table max id {table_max}, bus {seg_max})")
+
+    def _check_rewrite(self, conn: psycopg.Connection[Any]) -> None:
+        """Notice a plain ``TRUNCATE`` under load (ids go on, so neither the ids nor a quiet moment tell): once a
+        second, when the table's storage file changed (TRUNCATE; also VACUUM FULL and CLUSTER, which keep the rows)
+        and no row remains at or below the id the relay had reached at the previous check, the history the
+        segment holds is gone: reset the bus, as for a table emptied while quiet. Two index probes."""
+        row = conn.execute(sql.SELECT_REWRITE, (self._mark,), prepare=True).fetchone()
+        assert row is not None
+        filenode, kept = row[0], row[1]
+        changed = self._filenode is not None and filenode != self._filenode
+        self._filenode = filenode
+        if changed and self._mark and kept is None and self._bus_of(None).segment.global_id():
+            self._reset_bus(f"the table was truncated (nothing left at or below id {self._mark})")
+        self._mark = self._highest
+
+    def _reset_bus(self, why: str) -> None:
+        bus = self._bus_of(None)
+        self.resets += 1
+        log.warning("shmbus postgres bridge: %s: resetting bus %r so clients resynchronise", why, bus.name)
+        bus.reset()
+        self._highest = 0
+        self._trimmed_below = 0
+        self._active.clear()
 
     def _same_row(self, conn: psycopg.Connection[Any], seg: Segment, gid: int) -> bool:
         recs = seg.global_backlog(gid - 1)
         if not recs or recs[0].global_id != gid:
             return True  # nothing to compare with: trust the ids
         rec = recs[0]
-        row = conn.execute("SELECT channel FROM message_bus WHERE id = %s", (gid,)).fetchone()
-        if row is None:
+        row = conn.execute("SELECT channel, value FROM message_bus WHERE id = %s", (gid,)).fetchone()
+        if row is None or row[0] != backend_name(rec.channel.decode(), rec.site.decode() or None):
             return False
-        return bool(row[0] == backend_name(rec.channel.decode(), rec.site.decode() or None))
+        try:  # a recreated table's row may have the same id and channel: compare the data too
+            return bool(decode_envelope(self._bus_of(None).codec, row[1].encode())[0] == rec.payload)
+        except (ValueError, TypeError):
+            return True
 
     # ------------------------------------------------------------------ reads older than the segment
     def backlog(self, bus: Bus, gap: BacklogGap) -> Backlog | None:
@@ -726,6 +881,17 @@ class PostgresBridge(Engine):
         if limit is not None:
             del merged[limit:]
         return Backlog(merged, after_id=after_id, last_id=partial.last_id, first_available=first)
+
+
+def _line_channel(line: bytes) -> str | None:
+    """The backend channel name of a notice line (``gid|cid|chan|...``), unescaped; None if malformed."""
+    parts = line.split(b"|", 3)
+    if len(parts) < 4:
+        return None
+    try:
+        return parts[2].decode().replace(PIPE_ESCAPE, "|")
+    except UnicodeDecodeError:
+        return None
 
 
 def _age(seconds: float) -> int:

@@ -1,5 +1,5 @@
-"""The gem's PostgreSQL storage, as SQL text: its table, its indexes, its statements, and the one server-side
-function shmbus publishes through (it performs the gem's publish statements in one round trip).
+"""The gem's PostgreSQL storage, as SQL text: its table, its indexes, its statements, and the two server-side
+procedures shmbus publishes through (they perform the gem's publish statements in one round trip).
 
 No psycopg here, so the format can be read (and tested) alone. The value column holds the gem's envelope
 (``{"data":..,"user_ids":..,"group_ids":..,"client_ids":..}``, the Redis layout's :func:`encode_envelope`), the
@@ -10,8 +10,8 @@ channel column the site-suffixed backend name, and ``pg_notify`` carries the gem
 from __future__ import annotations
 
 __all__ = [
-    "CREATE_FUNCTION",
-    "CREATE_MANY_FUNCTION",
+    "CREATE_MANY_PROCEDURE",
+    "CREATE_PROCEDURE",
     "CREATE_TABLE",
     "DEFAULT_NOTIFY_CHANNEL",
     "NOTIFY_LIMIT",
@@ -20,6 +20,8 @@ __all__ = [
     "SELECT_AFTER",
     "SELECT_CHANNEL_NEWEST",
     "SELECT_HELD",
+    "SELECT_REWRITE",
+    "SELECT_WRITERS",
     "TRIM_CHANNEL",
     "TRIM_EXPIRE",
     "TRIM_GLOBAL",
@@ -39,47 +41,55 @@ CREATE_TABLE = (
     "CREATE INDEX IF NOT EXISTS table_added_at_index ON message_bus (added_at)",
 )
 
-# One call = the gem's publish: INSERT ... RETURNING id and pg_notify of its line, in one transaction. The
-# transaction-scoped advisory lock makes ids follow commit order among shmbus publishers, so a relay reading "ids
-# after n" never passes a row still in flight. The gem's trims run apart (TRIM_* below, by the relays).
-CREATE_FUNCTION = """
-CREATE OR REPLACE FUNCTION shmbus_publish(p_channel text, p_value text, p_notify text, p_line_channel text)
-RETURNS bigint LANGUAGE plpgsql AS $fn$
+# One call = the gem's publish, in its order: INSERT ... RETURNING id, COMMIT, then pg_notify of its line in a
+# transaction of its own (a procedure, so both take one round trip; PostgreSQL 11 or later). The split matters for
+# throughput: a transaction that notifies holds PostgreSQL's cluster-wide notify lock from its pre-commit to its
+# end, so an insert and its notice in one transaction serialise every publisher through the WAL flush (no group
+# commit); the notice's own transaction writes no WAL and commits without waiting for a flush. Ids may commit out
+# of id order (they always could with the gem's writers): the relays wait for a missing id's writers (pg_locks).
+# As with the gem, a connection lost between the two leaves a row without a notice: relays read it from the table
+# on the next notice (or within seconds when idle).
+CREATE_PROCEDURE = """
+CREATE OR REPLACE PROCEDURE shmbus_send(p_channel text, p_value text, p_notify text, p_line_channel text,
+    INOUT new_id bigint DEFAULT NULL)
+LANGUAGE plpgsql AS $fn$
 DECLARE
-  new_id bigint;
   line text;
 BEGIN
-  PERFORM pg_advisory_xact_lock(hashtext('shmbus.message_bus.' || current_schema()));
   INSERT INTO message_bus (channel, value) VALUES (p_channel, p_value) RETURNING id INTO new_id;
+  COMMIT;
   line := new_id || '|' || new_id || '|' || p_line_channel || '|' || p_value;
   IF octet_length(line) >= 8000 THEN
     line := new_id || '|' || new_id || '|' || p_line_channel || '|';
   END IF;
   PERFORM pg_notify(p_notify, line);
-  RETURN new_id;
 END
 $fn$
 """
 
-# Many messages in one call (one transaction, one round trip), each as shmbus_publish, ids in array order.
-CREATE_MANY_FUNCTION = """
-CREATE OR REPLACE FUNCTION shmbus_publish_many(p_channels text[], p_values text[], p_notify text,
-    p_line_channels text[])
-RETURNS SETOF bigint LANGUAGE plpgsql AS $fn$
+# Many messages in one call (one round trip): every row in one transaction, ids in array order, then every notice.
+CREATE_MANY_PROCEDURE = """
+CREATE OR REPLACE PROCEDURE shmbus_send_many(p_channels text[], p_values text[], p_notify text,
+    p_line_channels text[], INOUT new_ids bigint[] DEFAULT NULL)
+LANGUAGE plpgsql AS $fn$
 DECLARE
   i int;
+  n int := coalesce(array_length(p_channels, 1), 0);
   new_id bigint;
   line text;
 BEGIN
-  PERFORM pg_advisory_xact_lock(hashtext('shmbus.message_bus.' || current_schema()));
-  FOR i IN 1 .. coalesce(array_length(p_channels, 1), 0) LOOP
+  new_ids := '{}';
+  FOR i IN 1 .. n LOOP
     INSERT INTO message_bus (channel, value) VALUES (p_channels[i], p_values[i]) RETURNING id INTO new_id;
-    line := new_id || '|' || new_id || '|' || p_line_channels[i] || '|' || p_values[i];
+    new_ids := new_ids || new_id;
+  END LOOP;
+  COMMIT;
+  FOR i IN 1 .. n LOOP
+    line := new_ids[i] || '|' || new_ids[i] || '|' || p_line_channels[i] || '|' || p_values[i];
     IF octet_length(line) >= 8000 THEN
-      line := new_id || '|' || new_id || '|' || p_line_channels[i] || '|';
+      line := new_ids[i] || '|' || new_ids[i] || '|' || p_line_channels[i] || '|';
     END IF;
     PERFORM pg_notify(p_notify, line);
-    RETURN NEXT new_id;
   END LOOP;
 END
 $fn$
@@ -96,8 +106,8 @@ TRIM_CHANNEL = (
     "WHERE ((channel = %s) AND (id <= %s)) ORDER BY id DESC LIMIT 1 OFFSET %s)))"
 )
 
-PUBLISH = "SELECT shmbus_publish(%s, %s, %s, %s)"
-PUBLISH_MANY = "SELECT shmbus_publish_many(%s, %s, %s, %s)"
+PUBLISH = "CALL shmbus_send(%s, %s, %s, %s)"
+PUBLISH_MANY = "CALL shmbus_send_many(%s, %s, %s, %s)"
 # The gem's global_backlog / channel_backlog statements, bounded (a relay reads in pages).
 SELECT_AFTER = "SELECT id, channel, value FROM message_bus WHERE (id > %s) ORDER BY id LIMIT %s"
 # A channel's newest rows in a range (gap fills), and whether a row at or before a client's position remains.
@@ -105,3 +115,14 @@ SELECT_CHANNEL_NEWEST = (
     "SELECT id, value FROM message_bus WHERE ((channel = %s) AND (id > %s) AND (id <= %s)) ORDER BY id DESC LIMIT %s"
 )
 SELECT_HELD = "SELECT 1 FROM message_bus WHERE ((channel = %s) AND (id <= %s)) LIMIT 1"
+# The open transactions of other backends holding RowExclusiveLock on the table (every INSERT or DELETE in
+# progress), as virtual transaction ids: a relay that sees a hole waits for these to end (see the bridge's _settle).
+SELECT_WRITERS = (
+    "SELECT virtualtransaction FROM pg_locks WHERE locktype = 'relation' AND relation = 'message_bus'::regclass "
+    "AND mode = 'RowExclusiveLock' AND pid IS DISTINCT FROM pg_backend_pid()"
+)
+# The table's storage file (TRUNCATE gives it a new one) and the newest row at or below an id (a backward probe
+# of the primary key from that id: it never walks the dead entries that trims leave at the index's low end).
+SELECT_REWRITE = (
+    "SELECT pg_relation_filenode('message_bus'::regclass), (SELECT max(id) FROM message_bus WHERE id <= %s)"
+)

@@ -7,6 +7,7 @@ import io
 import json
 import os
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -394,3 +395,115 @@ def test_relay_lag_shows_the_backlog_while_the_relay_is_behind(
     wait_for(lambda: b.segment.global_id() == top, what="host b caught up")
     snap = read_snapshot(b)
     assert snap.relay is not None and snap.relay.relay_highest == top and snap.relay_lag == 0
+
+
+GEM_VALUE = '{"data":"%s","user_ids":null,"group_ids":null,"client_ids":null}'
+
+
+def test_a_row_committed_out_of_id_order_is_relayed_in_id_order(
+    make_host: Callable[..., Bus], sql: Any, pg: Any
+) -> None:
+    """Ids are drawn at INSERT and rows appear at COMMIT: a gem publisher whose commit is slow (its own
+    connection, a transaction still open) holds an id below one that shmbus commits after it. Every host must
+    wait for it, not skip it: both rows, in id order, nothing counted lost."""
+    a, b = make_host("a"), make_host("b")
+    wait_relaying(a, b)
+    first = a.publish("/o", "first")  # the relays' position is a real id, so a missing id after it is a hole
+    wait_for(lambda: b.segment.global_id() == first, what="b has the first message")
+    slow = psycopg.connect(pg["dsn"])  # a transaction of its own, as the gem's connection under a slow fsync
+    try:
+        early = slow.execute(
+            "INSERT INTO message_bus (channel, value) VALUES ('/o', %s) RETURNING id", (GEM_VALUE % "early",)
+        ).fetchone()[0]
+        late = a.publish("/o", "late")
+        assert late > early
+        time.sleep(0.5)  # far longer than the old 0.1 s settle: the relays see the hole meanwhile
+        slow.commit()
+        sql.execute("SELECT pg_notify(%s, %s)", (pg["channel"], f"{early}|{early}|/o|{GEM_VALUE % 'early'}"))
+    finally:
+        slow.close()
+    for host in (a, b):
+        wait_for(lambda h=host: ids(h, "/o") == [first, early, late], what=f"all three on {host.name}")
+        assert [m.data for m in host.backlog("/o")] == ["first", "early", "late"]
+        assert host.default.health()["relay_lost"] == 0
+
+
+def test_many_final_holes_cost_no_wait_each(make_host: Callable[..., Bus], sql: Any) -> None:
+    """200 rolled-back inserts, each below a committed row: a catch-up across them finishes within a second and
+    counts nothing lost (a rolled-back id is no message)."""
+    a = make_host("a")
+    wait_relaying(a)
+    first = a.publish("/f", "first")
+    wait_for(lambda: a.default.health()["relay_highest_global_id"] == first, what="the relay at the first id")
+    kept = []
+    for i in range(200):
+        with pytest.raises(RuntimeError), sql.transaction():
+            sql.execute("INSERT INTO message_bus (channel, value) VALUES ('/f', %s)", (GEM_VALUE % "gone",))
+            raise RuntimeError("roll back")
+        row = sql.execute(  # committed without a notice: only a catch-up finds it
+            "INSERT INTO message_bus (channel, value) VALUES ('/f', %s) RETURNING id", (GEM_VALUE % i,)
+        ).fetchone()
+        kept.append(row[0])
+    began = time.monotonic()
+    last = a.publish("/f", "last")  # its notice starts the catch-up across the 200 holes
+    wait_for(lambda: a.segment.global_id() == last, what="the catch-up")
+    took = time.monotonic() - began
+    assert took < 1.0, f"catch-up across 200 final holes took {took:.2f} s"
+    assert ids(a, "/f")[-201:] == [*kept, last]
+    assert a.default.health()["relay_lost"] == 0
+
+
+def test_a_hole_held_past_hole_timeout_counts_as_lost_and_later_ids_move_on(
+    make_host: Callable[..., Bus], sql: Any, pg: Any
+) -> None:
+    a = make_host("a", hole_timeout=0.3)
+    wait_relaying(a)
+    first = a.publish("/t", "first")
+    wait_for(lambda: a.default.health()["relay_highest_global_id"] == first, what="the relay at the first id")
+    stuck = psycopg.connect(pg["dsn"])
+    try:
+        stuck.execute("INSERT INTO message_bus (channel, value) VALUES ('/t', %s)", (GEM_VALUE % "stuck",))
+        late = a.publish("/t", "late")
+        wait_for(lambda: ids(a, "/t") == [first, late], what="the later id past the timed-out hole")
+        assert a.default.health()["relay_lost"] == 1
+        after = a.publish("/t", "after")
+        wait_for(lambda: ids(a, "/t") == [first, late, after], what="the next message")
+    finally:
+        stuck.rollback()
+        stuck.close()
+
+
+def test_the_spark_source_offsets_wait_for_rows_still_in_flight(
+    make_host: Callable[..., Bus], sql: Any, pg: Any
+) -> None:
+    """The Spark source's newest offset (``last_ids``) must not pass a row that commits after a higher id: a batch
+    read up to it would miss the row, and the next batch starts after it."""
+    import threading
+
+    from shmbus.adapters.spark.readers import Location, PostgresReader
+
+    a = make_host("a")
+    wait_relaying(a)
+    first = a.publish("/sp", "first")
+    reader = PostgresReader(Location(postgres_dsn=pg["dsn"], postgres_channel=pg["channel"]))
+    slow = psycopg.connect(pg["dsn"])
+    got: list[Any] = []
+    try:
+        early = slow.execute(
+            "INSERT INTO message_bus (channel, value) VALUES ('/sp', %s) RETURNING id", (GEM_VALUE % "early",)
+        ).fetchone()[0]
+        late = a.publish("/sp", "late")
+
+        def batch() -> None:  # what a micro-batch does: the newest offset, then the rows up to it
+            upto = reader.last_ids(["/sp"])["/sp"]
+            got.append(reader.read("/sp", first, upto).message_ids)
+
+        t = threading.Thread(target=batch)
+        t.start()
+        time.sleep(0.3)
+        slow.commit()
+        t.join(10)
+    finally:
+        slow.close()
+        reader.close()
+    assert got == [[early, late]]
