@@ -112,6 +112,9 @@ KIND_PAD = 2
 _PAD = struct.Struct("<II")
 _U32 = struct.Struct("<I")
 _STATE = struct.Struct("<QQQQ")  # head, global_id, tail, table_gen: read in bulk only under the lock
+# The same four and the flags word (_OFF_FLAGS), in one unpack: the append needs the flags too, and a separate
+# typed-view load of them costs more than the whole unpack.
+_APPEND_STATE = struct.Struct(f"<QQQQ{_OFF_FLAGS - _OFF_HEAD - 32}xQ")
 _WAKE = struct.Struct("<II")  # futex word, sleeper count: likewise
 _ZEROS = [bytes(n) for n in range(ALIGN)]
 
