@@ -4,8 +4,9 @@
 The counter is one aligned load and store in the append, under the lock the append already holds. "Off" is the
 same bus with this process's counter word unset (what a segment without a metrics area does), measured
 round-robin with "on" so both see the same machine; it skips the store but not the branch that picks the word, so
-it understates the cost (``perf/ab_publish.py`` against a tree without the counting lines measures all of it). Also: the cost of reading a snapshot (``shmbus top``, ``/metrics``, the admin
-page read one per refresh) on a bus with 1,000 channels, and of rendering the Prometheus text.
+it understates the cost (``perf/ab_publish.py`` against a tree without the counting lines measures all of it).
+Also: the cost of reading a snapshot (``shmbus top``, ``/metrics``, the admin page read one per refresh) on a bus
+with 1,000 channels, and of rendering the Prometheus text.
 """
 
 from __future__ import annotations
