@@ -6,15 +6,13 @@ Run in-process over both shells, and through real servers (gunicorn gthread, uvi
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 import rawhttp
+from web_servers import start
 
 from shmbus import Bus
-
-WEB_DIR = Path(__file__).resolve().parent  # not "from conftest import": tests/server has a conftest too
 
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
 JSONH = {"Content-Type": "application/json"}
@@ -116,18 +114,7 @@ def shared_bus(bus_name: str) -> Any:
 @pytest.mark.slow
 @pytest.mark.parametrize("server_kind", ["gunicorn", "uvicorn"])
 def test_bad_input_real_server_keeps_serving(procs: Any, bus_name: str, shared_bus: Bus, server_kind: str) -> None:
-    env = {"SHMBUS_TEST_BUS": bus_name, "SHMBUS_TEST_OPTS": json.dumps({"long_polling_interval": 5})}
-    if server_kind == "uvicorn":
-        server = procs.uvicorn_server("webapps:asgi_app", env=env, app_dir=WEB_DIR)
-    else:
-        server = procs.gunicorn_server(
-            "webapps:wsgi_app",
-            workers=1,
-            worker_class="gthread",
-            config="python:shmbus.adapters.integrations.gunicorn",
-            env=env,
-            app_dir=WEB_DIR,
-        )
+    server = start(server_kind, procs, bus_name, workers=1, long_polling_interval=5)
     for method, path, body, headers, status, reason in CASES:
         r = rawhttp.send(server.port, method, path, body, headers).read_head()
         got = r.read_all()

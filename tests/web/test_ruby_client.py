@@ -14,15 +14,13 @@ import os
 import secrets
 import subprocess
 import time
-from pathlib import Path
 from typing import Any
 
 import harness
 import pytest
+from web_servers import WEB_DIR, start
 
 from shmbus import Bus
-
-WEB_DIR = Path(__file__).resolve().parent  # not "from conftest import": tests/server has a conftest too
 
 pytestmark = pytest.mark.slow
 SEP = b"\r\n|\r\n"
@@ -108,18 +106,7 @@ PUBLISH = (
 @pytest.mark.parametrize("server_kind", ["gunicorn", "uvicorn"])
 @pytest.mark.parametrize("mode", ["streaming", "no-chunk", "no-long-poll", "user-dont-chunk"])
 def test_ruby_http_client_pattern(procs: Any, bus_name: str, shared_bus: Bus, server_kind: str, mode: str) -> None:
-    env = {"SHMBUS_TEST_BUS": bus_name, "SHMBUS_TEST_OPTS": json.dumps({"long_polling_interval": 1.0})}
-    if server_kind == "uvicorn":
-        server = procs.uvicorn_server("webapps:asgi_app", env=env, app_dir=WEB_DIR)
-    else:
-        server = procs.gunicorn_server(
-            "webapps:wsgi_app",
-            workers=2,
-            worker_class="gthread",
-            config="python:shmbus.adapters.integrations.gunicorn",
-            env=env,
-            app_dir=WEB_DIR,
-        )
+    server = start(server_kind, procs, bus_name, long_polling_interval=1.0)
     client = RubyLikeClient(
         server.port,
         enable_chunked_encoding=mode != "no-chunk",
@@ -151,18 +138,7 @@ def test_the_gems_http_client(procs: Any, bus_name: str, shared_bus: Bus, server
     """The gem's own ``MessageBus::HTTPClient`` (Ruby) against our servers: a backlog from id 0, live messages,
     a channel joined at -1 (the ``/__status`` reply), a targeted message it must not get; nothing twice."""
     gem_dir = harness.message_bus_gem("test_ruby_http_client_pattern (the client's requests, reproduced)")
-    env = {"SHMBUS_TEST_BUS": bus_name, "SHMBUS_TEST_OPTS": json.dumps({"long_polling_interval": 1.0})}
-    if server_kind == "uvicorn":
-        server = procs.uvicorn_server("webapps:asgi_app", env=env, app_dir=WEB_DIR)
-    else:
-        server = procs.gunicorn_server(
-            "webapps:wsgi_app",
-            workers=2,
-            worker_class="gthread",
-            config="python:shmbus.adapters.integrations.gunicorn",
-            env=env,
-            app_dir=WEB_DIR,
-        )
+    server = start(server_kind, procs, bus_name, long_polling_interval=1.0)
     backlog = [shared_bus.publish("/ruby", {"n": i}) for i in range(3)]
     ruby = subprocess.Popen(
         [

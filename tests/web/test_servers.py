@@ -9,20 +9,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
-import harness
 import pytest
 import rawhttp
+from web_servers import start
 
 from shmbus import Bus
 
-WEB_DIR = Path(__file__).resolve().parent  # not "from conftest import": tests/server has a conftest too
-
 pytestmark = pytest.mark.slow
 
-GUNICORN_CONFIG = "python:shmbus.adapters.integrations.gunicorn"
 PUBLISH = (
     "import sys; from shmbus import Bus; b = Bus(sys.argv[1], keepalive_interval=0); "
     "print(b.publish(sys.argv[2], sys.argv[3]))"
@@ -39,36 +35,6 @@ def publish_elsewhere(procs: Any, bus_name: str, channel: str, data: str) -> int
 def wire_chunk(payload: bytes) -> bytes:
     """The HTTP chunk carrying one streamed piece (the size counts the 5 separator bytes)."""
     return b"%x\r\n%s\r\n|\r\n\r\n" % (len(payload) + 5, payload)
-
-
-def env_for(bus_name: str, **opts: Any) -> dict[str, str]:
-    return {"SHMBUS_TEST_BUS": bus_name, "SHMBUS_TEST_OPTS": json.dumps(opts)}
-
-
-def start(
-    kind: str,
-    procs: Any,
-    bus_name: str,
-    worker_class: str = "gthread",
-    workers: int = 2,
-    extra_args: tuple[str, ...] = (),
-    **opts: Any,
-) -> Any:
-    env = env_for(bus_name, **opts)
-    if kind == "uvicorn":
-        return procs.uvicorn_server("webapps:asgi_app", workers=1, env=env, app_dir=WEB_DIR)
-    spec = "webapps:asgi_app" if worker_class.startswith("uvicorn") else "webapps:wsgi_app"
-    if worker_class == "gevent":
-        harness.require_module("gevent")
-    return procs.gunicorn_server(
-        spec,
-        workers=workers,
-        worker_class=worker_class,
-        config=GUNICORN_CONFIG,
-        env=env,
-        app_dir=WEB_DIR,
-        extra_args=extra_args,
-    )
 
 
 def server_log(server: Any) -> str:
