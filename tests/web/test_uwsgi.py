@@ -17,7 +17,8 @@ import pytest
 import rawhttp
 from harness import skip_or_fail
 from harness.procs import free_port, wait_http
-from test_servers import env_for, publish_elsewhere
+from test_servers import publish_elsewhere
+from web_servers import env_for
 
 from shmbus import Bus
 
