@@ -100,6 +100,13 @@ class _Admin:
         """``user_id_lookup`` of the admin event stream (it is only reached after the admin check)."""
         return self.viewer
 
+    def check_view(self, query: dict[str, list[str]]) -> None:
+        """Refuse a bad event-stream request up front (ValueError with the reason; InvalidArgument is one): the view
+        id, and a tail the bus cannot read (e.g. a channel and site too long together). Reads no sample."""
+        _, (channel, after, site) = parse_view(query)
+        if channel:
+            read_tail(self.bus, channel, after, site)
+
     def body(self, tail: Tail) -> tuple[dict[str, Any], int | None]:
         """One feed message (the sample, plus the tail when one is asked for) and the tail's new position."""
         channel, after, site = tail
@@ -219,10 +226,9 @@ class AdminApp(_Admin):
         if reply is not None:
             await _send(send, reply)
             return
-        try:  # refuse a bad view or tail up front, with its reason
-            _, tail = parse_view(query)
-            await asyncio.to_thread(self.body, tail)
-        except ValueError as exc:  # InvalidArgument is one
+        try:
+            await asyncio.to_thread(self.check_view, query)
+        except ValueError as exc:
             await _send(send, _text(400, str(exc)))
             return
         await self.events(scope, receive, send)
@@ -247,9 +253,7 @@ class AdminApp(_Admin):
                 tail = (tail[0], after, tail[2])
                 self.publish_view(channel, body)
                 await asyncio.sleep(self.interval)
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # the bus closed under it, or a bug: the page shows it stopped updating
+        except Exception:  # the bus closed under it, or a bug (a cancel when the page goes is no Exception)
             log.exception("shmbus: the admin feed of %s stopped", channel)
 
 
@@ -353,10 +357,9 @@ class AdminWSGIApp(_Admin):
             return _wsgi(start_response, _text(400, "malformed query string"))
         reply = self.reply(path, query)
         if reply is None:
-            try:  # refuse a bad view or tail up front, with its reason
-                _, tail = parse_view(query)
-                self.body(tail)
-            except ValueError as exc:  # InvalidArgument is one
+            try:
+                self.check_view(query)
+            except ValueError as exc:
                 return _wsgi(start_response, _text(400, str(exc)))
             events: Iterable[bytes] = self.events(environ, start_response)
             return events
