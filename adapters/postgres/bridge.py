@@ -49,6 +49,7 @@ from shmbus.message import Message
 from ..redis.election import relay_held_by_other, relay_lock_op
 from ..redis.layout import PIPE_ESCAPE, decode_envelope, encode_envelope, parse_line
 from . import sql
+from .writers import WriterWait
 
 if TYPE_CHECKING:
     from shmbus.bus import Bus
@@ -168,7 +169,7 @@ class PostgresBridge(Engine):
         self._active: dict[str, int] = {}  # channel -> newest id relayed since the last trim pass
         self._trimmed_below = 0  # the global trim's previous bound (rows at or below it are gone)
         self._next_trim = 0.0
-        self._stale: set[str] = set()  # writers that outlived hole_timeout once (never waited for again)
+        self._writers = WriterWait(self.hole_timeout)  # a hole's writers, waited for (never twice past the timeout)
         self._read_only = False  # the server refuses writes (a standby, or default_transaction_read_only)
         self._filenode: int | None = None  # the table's storage file: TRUNCATE gives it a new one
         self._mark = 0  # the relay's newest id at the previous rewrite check
@@ -720,35 +721,16 @@ class PostgresBridge(Engine):
         the table before drawing it (so before the later, committed id was drawn) and holds it until it ends: if
         it had not ended when the read's snapshot was taken, it is among the holders listed now (or it ended in
         between, and the next read sees its row if it committed). No holder: the holes are final at once."""
-        current = self._lock_holders(conn)
-        self._stale &= current  # forget those that ended
-        holders = current - self._stale
-        if not holders:
-            return not self._stale  # a writer still open past hole_timeout may hold a hole: no wait, but lost
-        deadline = time.monotonic() + self.hole_timeout
-        pause = 0.001
-        while not self._stop.is_set():
-            holders &= self._lock_holders(conn)
-            if not holders:
-                return True
-            if time.monotonic() >= deadline:
-                break
-            self._stop.wait(pause)
-            pause = min(pause * 2, 0.02)
-        self._stale |= holders  # never waited for again: a long transaction costs one timeout, not one per hole
-        log.warning(
-            "shmbus postgres bridge: %d transaction(s) writing to message_bus still open after hole_timeout "
-            "(%.1f s); the ids missing below the newest read count as lost",
-            len(holders),
-            self.hole_timeout,
-        )
+        if self._writers.settle(conn, pause=self._stop.wait, stopped=self._stop.is_set):
+            return True
+        if self._writers.outlived:
+            log.warning(
+                "shmbus postgres bridge: %d transaction(s) writing to message_bus still open after hole_timeout "
+                "(%.1f s); the ids missing below the newest read count as lost",
+                len(self._writers.outlived),
+                self.hole_timeout,
+            )
         return False
-
-    def _lock_holders(self, conn: psycopg.Connection[Any]) -> set[str]:
-        """The open transactions (virtual transaction ids, never reused while the server runs) of other
-        backends holding RowExclusiveLock on the table: every INSERT (and DELETE) in progress."""
-        rows = conn.execute(sql.SELECT_WRITERS, prepare=True).fetchall()
-        return {str(r[0]) for r in rows}
 
     def _skip_hole(self, first: int, last: int, lost_upto: int) -> None:
         """Move past ids ``first``..``last``, which a settled read still misses: final holes (rolled back,

@@ -15,7 +15,6 @@ Two backends read the same logical thing, "messages of channel C with ``after < 
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -264,7 +263,9 @@ class PostgresReader:
         self.location = location
         self.conn = psycopg.connect(location.postgres_dsn, autocommit=True)
         self.is_json = True
-        self._stale: set[str] = set()  # writers that outlived SETTLE_TIMEOUT once: not waited for again
+        from ..postgres.writers import WriterWait
+
+        self._writers = WriterWait(self.SETTLE_TIMEOUT)
 
     def _chan(self, channel: str) -> str:
         return backend_name(channel, self.location.site_id)
@@ -287,27 +288,9 @@ class PostgresReader:
 
     def _settle(self) -> None:
         """Wait until the transactions writing to the table when the newest ids were read have ended, so every
-        row below those ids that will ever commit has (ids are drawn at INSERT, rows appear at COMMIT: a row may
-        commit after a higher id; its transaction holds RowExclusiveLock on the table from before it drew its id
-        until it ends). A batch read up to these ids then misses nothing still in flight. Bounded by
-        SETTLE_TIMEOUT; a writer that outlives it once is not waited for again."""
-        from ..postgres import sql as pg_sql
-
-        def holders() -> set[str]:
-            return {str(r[0]) for r in self.conn.execute(pg_sql.SELECT_WRITERS).fetchall()}
-
-        current = holders()
-        self._stale &= current
-        waiting = current - self._stale
-        deadline = time.monotonic() + self.SETTLE_TIMEOUT
-        pause = 0.001
-        while waiting:
-            if time.monotonic() >= deadline:
-                self._stale |= waiting
-                return
-            time.sleep(pause)
-            pause = min(pause * 2, 0.02)
-            waiting &= holders()
+        row below those ids that will ever commit has (:class:`~shmbus.adapters.postgres.writers.WriterWait`). A
+        batch read up to these ids then misses nothing still in flight. Bounded by SETTLE_TIMEOUT."""
+        self._writers.settle(self.conn)
 
     def first_available(self, channel: str) -> int:
         row = self.conn.execute("SELECT min(id) FROM message_bus WHERE channel = %s", (self._chan(channel),)).fetchone()
