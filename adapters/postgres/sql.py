@@ -116,7 +116,7 @@ SELECT_CHANNEL_NEWEST = (
 )
 SELECT_HELD = "SELECT 1 FROM message_bus WHERE ((channel = %s) AND (id <= %s)) LIMIT 1"
 # The open transactions of other backends holding RowExclusiveLock on the table (every INSERT or DELETE in
-# progress), as virtual transaction ids: a relay that sees a hole waits for these to end (see the bridge's _settle).
+# progress), as virtual transaction ids: a relay that sees a hole waits for these to end (see writers.WriterWait).
 SELECT_WRITERS = (
     "SELECT virtualtransaction FROM pg_locks WHERE locktype = 'relation' AND relation = 'message_bus'::regclass "
     "AND mode = 'RowExclusiveLock' AND pid IS DISTINCT FROM pg_backend_pid()"
