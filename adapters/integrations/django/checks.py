@@ -1,0 +1,162 @@
+"""System checks for ``settings.SHMBUS``: ``manage.py check`` reports them, and so does every server start
+(:func:`startup_checks`, called by the WSGI and ASGI entry points, since gunicorn and uvicorn run no checks).
+
+IDs: ``shmbus.E001`` malformed setting, ``E002`` bad bus name, ``E003`` bad engine URL, ``E004`` a lookup that
+does not import, ``E005`` ``allow_broadcast`` (a CSRF-free publish route), ``E006`` bad ``BUS_OPTIONS``,
+``E007`` bad ``MIDDLEWARE`` options, ``E008`` the engine's client library is not installed; ``W001`` a gunicorn
+sync worker without long polling, ``W002`` a gthread worker whose thread count the middleware does not know,
+``W003`` ``$SHMBUS_REDIS_URL`` names a bridge but ``ENGINE`` is empty. The bridged-bus check compares the
+setting with the environment only: the segment does not record whether a bridge feeds it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import sys
+from typing import Any
+
+from .conf import ENGINE_SCHEMES, LOOKUP_KEYS, BusSettings, SettingError, read_settings
+
+__all__ = ["TAG", "check_settings", "gunicorn_worker", "startup_checks"]
+
+TAG = "shmbus"
+log = logging.getLogger("shmbus.django")
+
+
+def _error(msg: str, check_id: str, hint: str | None = None) -> Any:
+    from django.core import checks
+
+    return checks.Error(msg, hint=hint, id=check_id)
+
+
+def _warning(msg: str, check_id: str, hint: str | None = None) -> Any:
+    from django.core import checks
+
+    return checks.Warning(msg, hint=hint, id=check_id)
+
+
+def gunicorn_worker() -> tuple[str | None, int | None]:
+    """``(worker class name, threads)`` of the gunicorn worker loading this app, ``(None, None)`` elsewhere.
+
+    gunicorn loads the app from its worker's ``load_wsgi`` (or, with ``preload_app``, from the arbiter), so
+    the caller's frames hold that object and its ``cfg``: the effective worker class (``sync`` with
+    ``--threads 2`` is gthread) without parsing gunicorn's command line or config file.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        cfg = getattr(owner, "cfg", None)
+        if cfg is not None and type(owner).__module__.startswith(("gunicorn.", "uvicorn.", "shmbus.adapters.server")):
+            try:
+                return cfg.worker_class.__name__, int(cfg.threads)
+            except Exception:  # not gunicorn's Config after all
+                return None, None
+        frame = frame.f_back  # type: ignore[assignment]
+    return None, None
+
+
+def _settings_messages(conf: BusSettings) -> list[Any]:
+    from shmbus import Bus
+    from shmbus.adapters.http import Options
+
+    out: list[Any] = []
+    try:
+        Bus(conf.bus, create=False)  # validates without attaching: nothing is created
+    except (TypeError, ValueError) as exc:
+        out.append(_error(f"SHMBUS['BUS']: {exc}", "shmbus.E002"))
+        return out
+    try:
+        Bus(conf.bus, create=False, **conf.bus_options)
+    except (TypeError, ValueError) as exc:
+        out.append(_error(f"SHMBUS['BUS_OPTIONS']: {exc}", "shmbus.E006"))
+    try:
+        Options.from_kwargs(conf.middleware)
+    except (TypeError, ValueError) as exc:
+        out.append(_error(f"SHMBUS['MIDDLEWARE']: {exc}", "shmbus.E007"))
+    for key in LOOKUP_KEYS:
+        try:
+            conf.lookup(key)
+        except ImportError as exc:
+            out.append(_error(f"SHMBUS[{key!r}] = {conf.lookups[key]!r} does not import: {exc}", "shmbus.E004"))
+    if conf.engine_scheme:
+        _, extra, module = ENGINE_SCHEMES[conf.engine_scheme]
+        if importlib.util.find_spec(module) is None:
+            out.append(
+                _error(
+                    f"SHMBUS['ENGINE'] is a {conf.engine_scheme}:// bridge but {module!r} is not installed",
+                    "shmbus.E008",
+                    hint=f"pip install 'shmbus[{extra},django]'",
+                )
+            )
+    elif os.environ.get("SHMBUS_REDIS_URL"):
+        out.append(
+            _warning(
+                "$SHMBUS_REDIS_URL is set (a Redis-bridged bus) but SHMBUS['ENGINE'] is None: this app's "
+                "publishes would reach this host only",
+                "shmbus.W003",
+                hint="set SHMBUS['ENGINE'] to the bridge's URL, or unset SHMBUS_REDIS_URL",
+            )
+        )
+    return out
+
+
+def _server_messages(conf: BusSettings, worker: str | None, threads: int | None) -> list[Any]:
+    from shmbus.adapters.wsgi import server_threads
+
+    opts = conf.middleware
+    if (
+        worker == "SyncWorker"
+        and opts.get("long_polling_enabled", True)
+        and not opts.get("long_polling_on_sync_workers")
+    ):
+        return [
+            _warning(
+                "gunicorn's sync worker serves one request at a time, so polls are answered at once and the "
+                "browser hears of a message on its next poll (up to about 15 s later)",
+                "shmbus.W001",
+                hint="run gunicorn with -c python:shmbus.adapters.integrations.gunicorn (gthread), -k gevent, or "
+                "the uvicorn worker on the ASGI entry point (docs/django.md)",
+            )
+        ]
+    if worker == "ThreadWorker" and server_threads() is None:
+        return [
+            _warning(
+                f"gunicorn gthread worker ({threads} threads) without shmbus's config module: the middleware does "
+                "not know the thread count, so parked long polls may take every thread",
+                "shmbus.W002",
+                hint="add -c python:shmbus.adapters.integrations.gunicorn (or set SHMBUS_WSGI_THREADS)",
+            )
+        ]
+    return []
+
+
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """The registered check: the setting, and the gunicorn worker when one is loading the app."""
+    try:
+        conf = read_settings(_raw_setting())
+    except SettingError as exc:
+        return [_error(str(exc), exc.check_id, exc.hint)]
+    worker, threads = kwargs.get("worker") or gunicorn_worker()
+    return _settings_messages(conf) + _server_messages(conf, worker, threads)
+
+
+def _raw_setting() -> Any:
+    from django.conf import settings
+
+    return getattr(settings, "SHMBUS", None)
+
+
+def startup_checks(worker: tuple[str | None, int | None]) -> None:
+    """Run :func:`check_settings` at a server start: raise ``ImproperlyConfigured`` on errors, log warnings
+    (both minus ``SILENCED_SYSTEM_CHECKS``)."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    messages = [m for m in check_settings(worker=worker) if not m.is_silenced()]
+    errors = [m for m in messages if m.is_serious()]
+    for m in messages:
+        if m not in errors:
+            log.warning("%s", m)
+    if errors:
+        raise ImproperlyConfigured("settings.SHMBUS: " + "; ".join(str(m) for m in errors))

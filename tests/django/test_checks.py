@@ -1,0 +1,96 @@
+"""System checks catch a missing or wrong ``SHMBUS`` setting, at ``manage.py check`` and at server start."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from dj_util import run_django
+
+from shmbus.adapters.integrations.django.checks import check_settings, startup_checks
+
+GOOD = {"BUS": "djchecks"}
+
+
+def ids(setting: Any, worker: tuple[str | None, int | None] = (None, None)) -> list[str]:
+    from django.test import override_settings
+
+    with override_settings(SHMBUS=setting):
+        return [m.id for m in check_settings(worker=worker)]
+
+
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [
+        (GOOD, []),
+        (None, ["shmbus.E001"]),
+        ("djchecks", ["shmbus.E001"]),
+        ({"BUS": "x", "ENGNE": "redis://h"}, ["shmbus.E001"]),  # a typo in a key is not ignored
+        ({"BUS": ""}, ["shmbus.E002"]),
+        ({"BUS": "a/b"}, ["shmbus.E002"]),
+        ({"BUS": "x", "ENGINE": "amqp://h"}, ["shmbus.E003"]),
+        ({"BUS": "x", "ENGINE": 5}, ["shmbus.E003"]),
+        ({"BUS": "x", "USER_ID_LOOKUP": "no.such.module.fn"}, ["shmbus.E004"]),
+        ({"BUS": "x", "GROUP_IDS_LOOKUP": 3}, ["shmbus.E004"]),
+        ({"BUS": "x", "MIDDLEWARE": {"allow_broadcast": True}}, ["shmbus.E005"]),
+        ({"BUS": "x", "BUS_OPTIONS": {"ring_size": 5}}, ["shmbus.E006"]),
+        ({"BUS": "x", "BUS_OPTIONS": {"name": "y"}}, ["shmbus.E001"]),
+        ({"BUS": "x", "MIDDLEWARE": {"long_polling_interval": 0}}, ["shmbus.E007"]),
+        ({"BUS": "x", "MIDDLEWARE": {"no_such_option": 1}}, ["shmbus.E007"]),
+        ({"BUS": "x", "MIDDLEWARE": {"user_id_lookup": "a.b"}}, ["shmbus.E001"]),
+    ],
+)
+def test_setting_errors(djsettings: Any, setting: Any, expected: list[str]) -> None:
+    assert ids(setting) == expected
+
+
+def test_lookups_that_import_pass_and_none_turns_one_off(djsettings: Any) -> None:
+    setting = {"BUS": "x", "USER_ID_LOOKUP": "djtest.urls.whoami", "GROUP_IDS_LOOKUP": None}
+    assert ids(setting) == []
+
+
+def test_missing_engine_library_is_an_error(djsettings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "redis" else real(name, *a))
+    assert ids({"BUS": "x", "ENGINE": "redis://127.0.0.1:6379/0"}) == ["shmbus.E008"]
+    assert ids({"BUS": "x", "ENGINE": "postgresql://u@h/db"}) == []  # psycopg is installed
+
+
+def test_bridged_environment_without_engine_warns(djsettings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHMBUS_REDIS_URL", "redis://127.0.0.1:6379/0")
+    assert ids(GOOD) == ["shmbus.W003"]
+    assert ids({**GOOD, "ENGINE": "redis://127.0.0.1:6379/0"}) == []
+
+
+def test_sync_worker_without_long_polling_warns(djsettings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert ids(GOOD, ("SyncWorker", 1)) == ["shmbus.W001"]
+    assert ids({**GOOD, "MIDDLEWARE": {"long_polling_on_sync_workers": True}}, ("SyncWorker", 1)) == []
+    assert ids({**GOOD, "MIDDLEWARE": {"long_polling_enabled": False}}, ("SyncWorker", 1)) == []
+    assert ids(GOOD, ("GeventWorker", 1)) == []
+    assert ids(GOOD, ("UvicornWorker", 1)) == []
+    monkeypatch.delenv("SHMBUS_WSGI_THREADS", raising=False)
+    assert ids(GOOD, ("ThreadWorker", 8)) == ["shmbus.W002"]  # the thread count is unknown to the middleware
+    monkeypatch.setenv("SHMBUS_WSGI_THREADS", "8")
+    assert ids(GOOD, ("ThreadWorker", 8)) == []
+
+
+def test_startup_checks_raise_on_errors_and_honour_silencing(djsettings: Any, caplog: Any) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+    from django.test import override_settings
+
+    with override_settings(SHMBUS={"BUS": "a/b"}), pytest.raises(ImproperlyConfigured, match=r"shmbus\.E002"):
+        startup_checks((None, None))
+    with override_settings(SHMBUS=GOOD):
+        startup_checks(("SyncWorker", 1))
+    assert "shmbus.W001" in caplog.text
+    caplog.clear()
+    with override_settings(SHMBUS=GOOD, SILENCED_SYSTEM_CHECKS=["shmbus.W001"]):
+        startup_checks(("SyncWorker", 1))
+    assert "shmbus.W001" not in caplog.text
+
+
+def test_manage_py_check_reports_a_bad_bus_name(django_env: dict[str, str]) -> None:
+    with pytest.raises(AssertionError, match=r"shmbus\.E002"):
+        run_django({**django_env, "SHMBUS_TEST_BUS": "bad/name"}, "check")
