@@ -126,3 +126,41 @@ def test_polls_need_no_csrf_token_while_views_do(served: tuple[str, dict[str, in
         alice.close()
         bob.close()
     Bus(bus_name, create=False).destroy()
+
+
+@pytest.mark.parametrize(
+    ("worker_class", "config", "expected", "absent"),
+    [
+        ("sync", None, "shmbus.W001", "shmbus.W002"),
+        ("gthread", None, "shmbus.W002", "shmbus.W001"),
+    ],
+)
+def test_server_start_runs_the_checks(
+    django_env: dict[str, str], gunicorn_server: Any, worker_class: str, config: Any, expected: str, absent: str
+) -> None:
+    """gunicorn runs no system checks: the entry point does, and finds the worker class it is loaded by."""
+    server = gunicorn_server(
+        "djtest.wsgi:application",
+        workers=1,
+        worker_class=worker_class,
+        config=config,
+        env=django_env,
+        app_dir=DJTEST_DIR,
+        extra_args=["--threads", "1" if worker_class == "sync" else "4"],
+        health_path="/whoami",
+    )
+    log = server.log()
+    assert expected in log and absent not in log, log
+    server.stop()
+
+
+def test_a_bad_setting_stops_the_server_start(django_env: dict[str, str], gunicorn_server: Any) -> None:
+    with pytest.raises(RuntimeError, match=r"shmbus\.E002"):
+        gunicorn_server(
+            "djtest.wsgi:application",
+            workers=1,
+            env={**django_env, "SHMBUS_TEST_BUS": "bad/name"},
+            app_dir=DJTEST_DIR,
+            health_path="/whoami",
+            timeout=15,
+        )
