@@ -1,0 +1,52 @@
+"""Settings of the example: SQLite next to this file (or ``CHAT_SQLITE``), PostgreSQL when ``DATABASE_URL``
+is given; the bus name from ``CHAT_BUS`` (run.py sets it)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+HERE = Path(__file__).resolve().parent
+SECRET_KEY = os.environ.get("CHAT_SECRET_KEY", "example-only-not-secret")
+DEBUG = False
+ALLOWED_HOSTS = ["*"]
+USE_TZ = True
+ROOT_URLCONF = "chat.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+WSGI_APPLICATION = "chat.wsgi.application"
+INSTALLED_APPS = [
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "shmbus.adapters.integrations.django",
+    "chat",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+]
+TEMPLATES = [{"BACKEND": "django.template.backends.django.DjangoTemplates", "APP_DIRS": True}]
+SHMBUS = {"BUS": os.environ.get("CHAT_BUS", "django_chat")}
+
+
+def _database() -> dict[str, object]:
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        parts = urlsplit(url)
+        return {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": parts.path.lstrip("/"),
+            "USER": unquote(parts.username or ""),
+            "PASSWORD": unquote(parts.password or ""),
+            "HOST": parts.hostname or "",
+            "PORT": str(parts.port or ""),
+        }
+    return {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": os.environ.get("CHAT_SQLITE", str(HERE.parent / "db.sqlite3")),
+    }
+
+
+DATABASES = {"default": {**_database(), "ATOMIC_REQUESTS": True}}  # a view's work commits when it returns

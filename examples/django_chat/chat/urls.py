@@ -1,0 +1,10 @@
+from django.urls import path
+
+from . import views
+
+urlpatterns = [
+    path("", views.room),
+    path("join", views.join),
+    path("post", views.post),
+    path("static/<str:name>", views.client_js),
+]
