@@ -58,9 +58,11 @@ def main() -> int:
     subprocess.run([sys.executable, str(HERE / "manage.py"), "migrate", "-v0"], env=env, check=True)
     bus_existed = os.path.exists(segment_path(args.bus))
     server = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "-c", "python:shmbus.adapters.integrations.gunicorn"]
-        + ["--workers", str(args.workers), "--bind", f"{args.host}:{args.port}", "--keep-alive", str(args.keep_alive)]
-        + ["chat.wsgi:application"],
+        [
+            *(sys.executable, "-m", "gunicorn", "-c", "python:shmbus.adapters.integrations.gunicorn"),
+            *("--workers", str(args.workers), "--bind", f"{args.host}:{args.port}"),
+            *("--keep-alive", str(args.keep_alive), "chat.wsgi:application"),
+        ],
         env=env,
     )
 

@@ -33,8 +33,18 @@ def test_two_browsers_chat_across_workers(bus_name: str, procs: Any, tmp_path: P
     port = free_port()
     # --keep-alive 0: each post opens its own connection, so the kernel spreads the posts over both workers
     proc = procs.spawn(
-        [sys.executable, str(RUN), "--port", str(port), "--bus", bus_name]
-        + ["--sqlite", str(tmp_path / "chat.sqlite3"), "--keep-alive", "0"],
+        [
+            sys.executable,
+            str(RUN),
+            "--port",
+            str(port),
+            "--bus",
+            bus_name,
+            "--sqlite",
+            str(tmp_path / "db"),
+            "--keep-alive",
+            "0",
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -4,6 +4,6 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chat.settings")
 
-from shmbus.adapters.integrations.django import get_wsgi_application  # noqa: E402
+from shmbus.adapters.integrations.django import get_wsgi_application
 
 application = get_wsgi_application()
