@@ -1,5 +1,5 @@
-"""The message_bus routes of a Django project under real servers, from the same settings: gunicorn gthread
-(``get_wsgi_application``) and gunicorn with the uvicorn worker (``get_asgi_application``), 2 workers each.
+"""The message_bus routes of a Django project under real servers, from the same settings: gunicorn gthread and
+gevent (``get_wsgi_application``) and gunicorn with the uvicorn worker (``get_asgi_application``), 2 workers each.
 
 Users log in through Django's own login view (session cookie, CSRF token); the default lookups make a message
 targeted at a user reach that user only, a group message the group's members only, and nothing targeted
@@ -27,6 +27,7 @@ pytestmark = pytest.mark.slow
 
 SERVERS = {
     "gthread": ("djtest.wsgi:application", "gthread", "python:shmbus.adapters.integrations.gunicorn"),
+    "gevent": ("djtest.wsgi:application", "gevent", "python:shmbus.adapters.integrations.gunicorn"),
     "uvicorn": ("djtest.asgi:application", "shmbus.adapters.server.uvicorn_worker.UvicornWorker", None),
 }
 USERS = """
