@@ -7,12 +7,15 @@ from typing import Any
 import pytest
 from dj_util import run_django
 
-from shmbus.adapters.integrations.django.checks import check_settings, startup_checks
+from shmbus.adapters.integrations.django.checks import Worker, check_settings, startup_checks
 
 GOOD = {"BUS": "djchecks"}
 
 
-def ids(setting: Any, worker: tuple[str | None, int | None] = (None, None)) -> list[str]:
+NO_WORKER = Worker()
+
+
+def ids(setting: Any, worker: Worker = NO_WORKER) -> list[str]:
     from django.test import override_settings
 
     with override_settings(SHMBUS=setting):
@@ -65,15 +68,16 @@ def test_bridged_environment_without_engine_warns(djsettings: Any, monkeypatch: 
 
 
 def test_sync_worker_without_long_polling_warns(djsettings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert ids(GOOD, ("SyncWorker", 1)) == ["shmbus.W001"]
-    assert ids({**GOOD, "MIDDLEWARE": {"long_polling_on_sync_workers": True}}, ("SyncWorker", 1)) == []
-    assert ids({**GOOD, "MIDDLEWARE": {"long_polling_enabled": False}}, ("SyncWorker", 1)) == []
-    assert ids(GOOD, ("GeventWorker", 1)) == []
-    assert ids(GOOD, ("UvicornWorker", 1)) == []
+    assert ids(GOOD, Worker("SyncWorker", 1)) == ["shmbus.W001"]
+    assert ids({**GOOD, "MIDDLEWARE": {"long_polling_on_sync_workers": True}}, Worker("SyncWorker", 1)) == []
+    assert ids({**GOOD, "MIDDLEWARE": {"long_polling_enabled": False}}, Worker("SyncWorker", 1)) == []
+    assert ids(GOOD, Worker("GeventWorker", 1)) == []
+    assert ids(GOOD, Worker("UvicornWorker", 1)) == []
     monkeypatch.delenv("SHMBUS_WSGI_THREADS", raising=False)
-    assert ids(GOOD, ("ThreadWorker", 8)) == ["shmbus.W002"]  # the thread count is unknown to the middleware
+    assert ids(GOOD, Worker("ThreadWorker", 8)) == ["shmbus.W002"]  # the thread count is unknown to the middleware
+    assert ids(GOOD, Worker("ThreadWorker", 8, shmbus_hooks=True)) == []  # its post_fork tells the middleware
     monkeypatch.setenv("SHMBUS_WSGI_THREADS", "8")
-    assert ids(GOOD, ("ThreadWorker", 8)) == []
+    assert ids(GOOD, Worker("ThreadWorker", 8)) == []
 
 
 def test_startup_checks_raise_on_errors_and_honour_silencing(djsettings: Any, caplog: Any) -> None:
@@ -81,13 +85,13 @@ def test_startup_checks_raise_on_errors_and_honour_silencing(djsettings: Any, ca
     from django.test import override_settings
 
     with override_settings(SHMBUS={"BUS": "a/b"}), pytest.raises(ImproperlyConfigured, match=r"shmbus\.E002"):
-        startup_checks((None, None))
+        startup_checks(Worker())
     with override_settings(SHMBUS=GOOD):
-        startup_checks(("SyncWorker", 1))
+        startup_checks(Worker("SyncWorker", 1))
     assert "shmbus.W001" in caplog.text
     caplog.clear()
     with override_settings(SHMBUS=GOOD, SILENCED_SYSTEM_CHECKS=["shmbus.W001"]):
-        startup_checks(("SyncWorker", 1))
+        startup_checks(Worker("SyncWorker", 1))
     assert "shmbus.W001" not in caplog.text
 
 

@@ -15,11 +15,11 @@ import importlib.util
 import logging
 import os
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 from .conf import ENGINE_SCHEMES, LOOKUP_KEYS, BusSettings, SettingError, read_settings
 
-__all__ = ["TAG", "check_settings", "gunicorn_worker", "startup_checks"]
+__all__ = ["TAG", "Worker", "check_settings", "gunicorn_worker", "startup_checks"]
 
 TAG = "shmbus"
 log = logging.getLogger("shmbus.django")
@@ -37,8 +37,17 @@ def _warning(msg: str, check_id: str, hint: str | None = None) -> Any:
     return checks.Warning(msg, hint=hint, id=check_id)
 
 
-def gunicorn_worker() -> tuple[str | None, int | None]:
-    """``(worker class name, threads)`` of the gunicorn worker loading this app, ``(None, None)`` elsewhere.
+class Worker(NamedTuple):
+    """The gunicorn worker loading the app: its class name (``SyncWorker``, ``ThreadWorker``, ...), its threads,
+    and whether shmbus's config module (``-c python:shmbus.adapters.integrations.gunicorn``) set its hooks."""
+
+    cls: str | None = None
+    threads: int | None = None
+    shmbus_hooks: bool = False
+
+
+def gunicorn_worker() -> Worker:
+    """The gunicorn worker loading this app; ``Worker()`` (all None) outside gunicorn.
 
     gunicorn loads the app from its worker's ``load_wsgi`` (or, with ``preload_app``, from the arbiter), so
     the caller's frames hold that object and its ``cfg``: the effective worker class (``sync`` with
@@ -48,13 +57,14 @@ def gunicorn_worker() -> tuple[str | None, int | None]:
     while frame is not None:
         owner = frame.f_locals.get("self")
         cfg = getattr(owner, "cfg", None)
-        if cfg is not None and type(owner).__module__.startswith(("gunicorn.", "uvicorn.", "shmbus.adapters.server")):
+        if cfg is not None and any(k.__module__.startswith("gunicorn.") for k in type(owner).__mro__):
             try:
-                return cfg.worker_class.__name__, int(cfg.threads)
+                hooks = getattr(cfg.post_fork, "__module__", "") == "shmbus.adapters.integrations.gunicorn"
+                return Worker(cfg.worker_class.__name__, int(cfg.threads), hooks)
             except Exception:  # not gunicorn's Config after all
-                return None, None
+                return Worker()
         frame = frame.f_back  # type: ignore[assignment]
-    return None, None
+    return Worker()
 
 
 def _settings_messages(conf: BusSettings) -> list[Any]:
@@ -102,12 +112,12 @@ def _settings_messages(conf: BusSettings) -> list[Any]:
     return out
 
 
-def _server_messages(conf: BusSettings, worker: str | None, threads: int | None) -> list[Any]:
+def _server_messages(conf: BusSettings, worker: Worker) -> list[Any]:
     from shmbus.adapters.wsgi import server_threads
 
     opts = conf.middleware
     if (
-        worker == "SyncWorker"
+        worker.cls == "SyncWorker"
         and opts.get("long_polling_enabled", True)
         and not opts.get("long_polling_on_sync_workers")
     ):
@@ -120,11 +130,11 @@ def _server_messages(conf: BusSettings, worker: str | None, threads: int | None)
                 "the uvicorn worker on the ASGI entry point (docs/django.md)",
             )
         ]
-    if worker == "ThreadWorker" and server_threads() is None:
+    if worker.cls == "ThreadWorker" and not worker.shmbus_hooks and server_threads() is None:
         return [
             _warning(
-                f"gunicorn gthread worker ({threads} threads) without shmbus's config module: the middleware does "
-                "not know the thread count, so parked long polls may take every thread",
+                f"gunicorn gthread worker ({worker.threads} threads) without shmbus's config module: the middleware "
+                "does not know the thread count, so parked long polls may take every thread",
                 "shmbus.W002",
                 hint="add -c python:shmbus.adapters.integrations.gunicorn (or set SHMBUS_WSGI_THREADS)",
             )
@@ -138,8 +148,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         conf = read_settings(_raw_setting())
     except SettingError as exc:
         return [_error(str(exc), exc.check_id, exc.hint)]
-    worker, threads = kwargs.get("worker") or gunicorn_worker()
-    return _settings_messages(conf) + _server_messages(conf, worker, threads)
+    worker = kwargs.get("worker") or gunicorn_worker()
+    return _settings_messages(conf) + _server_messages(conf, worker)
 
 
 def _raw_setting() -> Any:
@@ -148,7 +158,7 @@ def _raw_setting() -> Any:
     return getattr(settings, "SHMBUS", None)
 
 
-def startup_checks(worker: tuple[str | None, int | None]) -> None:
+def startup_checks(worker: Worker) -> None:
     """Run :func:`check_settings` at a server start: raise ``ImproperlyConfigured`` on errors, log warnings
     (both minus ``SILENCED_SYSTEM_CHECKS``)."""
     from django.core.exceptions import ImproperlyConfigured
