@@ -21,7 +21,7 @@ import harness
 import pytest
 from dj_util import DJTEST_DIR
 
-from shmbus import Bus, InvalidChannel, InvalidMessageTarget
+from shmbus import Bus, InvalidChannel, InvalidMessage, InvalidMessageTarget
 from shmbus.adapters.integrations.django import get_bus, publish_on_commit
 
 CHILD = """
@@ -145,6 +145,9 @@ def test_commit_and_rollback_in_process(shmbus_setting: Any) -> None:
         (("/c", 1), {"user_ids": "42"}, InvalidMessageTarget),
         (("/c", 1), {"group_ids": []}, InvalidMessageTarget),
         (("/c", 1), {"usr_ids": [1]}, TypeError),
+        (("/c", 1), {"site_id": 5}, InvalidChannel),
+        (("/c", 1), {"max_backlog_size": 0}, InvalidMessage),
+        (("/c", 1), {"max_backlog_age": -1}, InvalidMessage),
     ],
 )
 def test_bad_input_raises_at_the_call(shmbus_setting: Any, args: Any, kwargs: Any, error: type[Exception]) -> None:

@@ -91,11 +91,12 @@ def wsgi_lookup(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def asgi_lookup(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """An async middleware lookup ``scope -> fn(request)``, run in Django's sync thread (it may query the
-    database: the session, the user, the groups)."""
+    """An async middleware lookup ``scope -> fn(request)``, run in a worker thread (it may query the database:
+    the session, the user, the groups). Not thread-sensitive: a lookup is one self-contained call that closes
+    its connections, so polls need not queue for Django's single sync thread."""
     from asgiref.sync import sync_to_async
 
-    call = sync_to_async(_call, thread_sensitive=True)
+    call = sync_to_async(_call, thread_sensitive=False)
 
     async def lookup(scope: dict[str, Any], *args: Any) -> Any:
         return await call(fn, scope, *args)

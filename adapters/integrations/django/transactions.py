@@ -13,8 +13,9 @@ from typing import Any
 
 from shmbus.bus import Bus
 from shmbus.bus.publishing import PublishOptions
-from shmbus.bus.validation import check_targets
-from shmbus.channels import check_channel
+from shmbus.bus.validation import check_count, check_seconds, check_targets
+from shmbus.channels import check_channel, check_site
+from shmbus.errors import InvalidMessage
 
 __all__ = ["publish_on_commit"]
 
@@ -47,6 +48,12 @@ def publish_on_commit(
         raise TypeError(f"unknown publish option(s) {unknown}; known: {sorted(PublishOptions.__annotations__)}")
     for name in ("client_ids", "user_ids", "group_ids"):
         check_targets(name, options.get(name))
+    if options.get("site_id") is not None:
+        check_site(options["site_id"])
+    if options.get("max_backlog_size") is not None:
+        check_count("max_backlog_size", options["max_backlog_size"], error=InvalidMessage)
+    if options.get("max_backlog_age") is not None:
+        check_seconds("max_backlog_age", options["max_backlog_age"], error=InvalidMessage)
     try:
         payload = target.codec.encode(data)
     except (TypeError, ValueError, OverflowError) as exc:
