@@ -2,9 +2,10 @@
 // A person using two pages of an example app, in Debian's headless Chromium (tests/examples).
 //
 //   node tests/e2e/user.mjs --see=URL --say=URL --input=SELECTOR --list=SELECTOR --text=TEXT [--timeout=MS]
+//   node tests/e2e/user.mjs --see=URL --say=URL --click=SELECTOR --list=SELECTOR --text=TEXT [--timeout=MS]
 //
-// Opens the --see page, then the --say page; types TEXT into --input on the --say page and presses Enter;
-// waits until TEXT shows inside --list on BOTH pages. Prints one JSON line {see, say}: the text of each
+// Opens the --see page, then the --say page; types TEXT into --input on the --say page and presses Enter (or
+// clicks --click there); waits until TEXT shows inside --list on BOTH pages. Prints one JSON line {see, say}: the text of each
 // list at the end. Exit 0 when both showed it, 3 on timeout, 1 on a browser or page failure. Page errors and
 // failed requests go to stderr. Browser: env SHMBUS_CHROMIUM, else /usr/bin/chromium.
 
@@ -23,11 +24,15 @@ const args = Object.fromEntries(
     return [m[1], m[2]];
   }),
 );
-for (const name of ['see', 'say', 'input', 'list', 'text']) {
+for (const name of ['see', 'say', 'list', 'text']) {
   if (!args[name]) {
     process.stderr.write(`user: --${name}= is required\n`);
     process.exit(2);
   }
+}
+if (!args.input === !args.click) {
+  process.stderr.write('user: give one of --input= and --click=\n');
+  process.exit(2);
 }
 const timeout = Number(args.timeout || 30000);
 
@@ -53,8 +58,12 @@ async function main() {
     });
     const see = await open(context, args.see);
     const say = await open(context, args.say);
-    await say.fill(args.input, args.text);
-    await say.press(args.input, 'Enter');
+    if (args.click) {
+      await say.click(args.click);
+    } else {
+      await say.fill(args.input, args.text);
+      await say.press(args.input, 'Enter');
+    }
     const shows = (page) =>
       page.waitForFunction(
         ([list, text]) => (document.querySelector(list)?.textContent || '').includes(text),

@@ -1,6 +1,6 @@
 """Every folder of ``examples/`` started by the one command its README gives, as a real process: its page is
-served, a message published through the app arrives over HTTP (a poll, or the SSE stream), and where it is cheap
-a person's use of the page in headless Chromium (type a line in one tab, see it in the other).
+served, a message published through the app arrives over HTTP (a poll, or the SSE stream), and a person's use of
+the page in headless Chromium (type a line or click a vote in one tab, see it in the other).
 
 The command is read from the README's first fenced block (so the documented command is the tested one); the
 test adds only a free port (and, for two hosts, a private Redis and bus names).
@@ -101,10 +101,11 @@ def check_page(url: str) -> str:
     return page
 
 
-def user(see: str, say: str, input_: str, list_: str, text: str) -> dict[str, Any]:
-    """A person in Chromium: type ``text`` on the ``say`` page, see it on both (tests/e2e/user.mjs)."""
+def user(see: str, say: str, action: str, list_: str, text: str) -> dict[str, Any]:
+    """A person in Chromium: on the ``say`` page, type ``text`` into ``action`` (``input=SELECTOR``) or click
+    (``click=SELECTOR``); ``text`` must then show in ``list_`` on both pages (tests/e2e/user.mjs)."""
     node = require_browser()
-    argv = [node, str(E2E_DIR / "user.mjs"), f"--see={see}", f"--say={say}", f"--input={input_}"]
+    argv = [node, str(E2E_DIR / "user.mjs"), f"--see={see}", f"--say={say}", f"--{action}"]
     argv += [f"--list={list_}", f"--text={text}", "--timeout=30000"]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=90)
     assert proc.returncode == 0, f"user.mjs exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
@@ -119,7 +120,7 @@ def test_flask_chat(start: Callable[..., str], bus_name: str) -> None:
         assert r.status_code == 200 and r.json()["id"] >= 1, r.text
         poll_until(url, "/chat", lambda d: d["text"] == "hello over http")
         assert httpx.post(url + "/say", data={"text": " "}, timeout=10, trust_env=False).status_code == 400
-        seen = user(url + "/", url + "/", "#text", "#log", "hello from chromium")
+        seen = user(url + "/", url + "/", "input=#text", "#log", "hello from chromium")
         assert "hello from chromium" in seen["see"]
 
 
@@ -132,6 +133,9 @@ def test_falcon_votes(start: Callable[..., str], bus_name: str) -> None:
         seen = poll_until(url, "/votes", lambda d: True)
         assert sorted(d["choice"] for d in seen) == ["spaces", "tabs", "tabs"]
         assert httpx.post(url + "/vote", params={"choice": "emacs"}, timeout=10, trust_env=False).status_code == 400
+        # a fourth vote, clicked: both pages count the three earlier ones (the backlog) and this one (live)
+        seen = user(url + "/", url + "/", "click=button[data-choice=spaces]", "body", "spaces: 2")
+        assert "tabs: 2" in seen["see"] and "spaces: 2" in seen["say"]
 
 
 def test_fastapi_sse(start: Callable[..., str], bus_name: str) -> None:
@@ -154,7 +158,7 @@ def test_fastapi_sse(start: Callable[..., str], bus_name: str) -> None:
         assert json.loads(event["data"])["channel"] == "/news/weather"
         assert json.loads(event["data"])["data"]["text"] == "sunny"
         assert httpx.post(url + "/news/Bad!", json={"text": "x"}, trust_env=False).status_code == 400
-        seen = user(url + "/", url + "/", "#text", "#news", "rain at noon")
+        seen = user(url + "/", url + "/", "input=#text", "#news", "rain at noon")
         assert "rain at noon" in seen["see"]
 
 
@@ -173,7 +177,7 @@ def test_two_hosts_on_redis(start: Callable[..., str], bus_name: str, redis_serv
         assert r.status_code == 200, r.text
         seen = poll_until(url_b, "/hosts/chat", lambda d: d["text"] == "from a")
         assert seen[-1]["host"] == "a"
-        result = user(url_a + "/", url_b + "/", "#text", "#log", "said on b")
+        result = user(url_a + "/", url_b + "/", "input=#text", "#log", "said on b")
         assert "host bsaid on b" in result["see"]  # page a shows the line said on host b, from host b
     finally:
         for host in ("a", "b"):
