@@ -1,7 +1,7 @@
 """The one sequence every message-bus request follows, as a generator the shells drive (the h11 way).
 
-route -> OPTIONS preflight -> body -> broadcast -> poll request -> lookups -> start the poll, and on any error
-``on_middleware_error`` -> the 4xx of a :class:`ProtocolError` (anything else propagates to the shell).
+route -> OPTIONS preflight -> (a browser asset) -> body -> broadcast -> poll request -> lookups -> start the poll,
+and on any error ``on_middleware_error`` -> the 4xx of a :class:`ProtocolError` (anything else propagates to the shell).
 
 The generator never does I/O. It yields a step and the shell answers with ``gen.send(value)``:
 
@@ -22,6 +22,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from .assets import asset_response
 from .client import Lookups
 from .protocol import MessageBusProtocol, Poll
 from .request import form_params, poll_request
@@ -94,6 +95,8 @@ def serve(
             return Poll("immediate", proto.options_response((yield from _extra_headers(proto))))
         if route.error is not None:
             raise route.error
+        if route.kind == "asset":
+            return Poll("immediate", asset_response(head.method, route.asset))
         body = yield READ_BODY
         if route.kind == "broadcast":
             return Poll("immediate", proto.broadcast(form_params(head.query, body, head.content_type)))

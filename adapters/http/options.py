@@ -76,6 +76,9 @@ class Options:
     #: WSGI only: allow parking on a worker that serves one request at a time (gunicorn ``sync``, uwsgi without
     #: threads). Off by default: such workers answer long polls at once (as ``dlp=t``); see ``wsgi.py``.
     long_polling_on_sync_workers: bool = False
+    #: Serve the browser client at ``<prefix>assets/message-bus.js`` and ``.../message-bus-ajax.js`` (see
+    #: :mod:`shmbus.adapters.http.assets`).
+    serve_assets: bool = True
     prefix: str = field(init=False, default="/message-bus/")
 
     def __post_init__(self) -> None:
@@ -125,17 +128,18 @@ _OPTION_NAMES = frozenset(f.name for f in fields(Options) if f.init)
 # ---------------------------------------------------------------------------------------------------- routing
 #: What a path under the base route is: not ours (``app``), a CORS preflight, the broadcast route, a poll, or an
 #: error to answer.
-RouteKind = Literal["app", "options", "broadcast", "poll", "error"]
+RouteKind = Literal["app", "options", "broadcast", "poll", "asset", "error"]
 
 
 @dataclass
 class Route:
     """What a request path means: ``kind`` is ``"app"`` (not ours), ``"options"``, ``"broadcast"``, ``"poll"``
-    (with ``client_id``) or ``"error"`` (with ``error``)."""
+    (with ``client_id``), ``"asset"`` (with ``asset``, the file name) or ``"error"`` (with ``error``)."""
 
     kind: RouteKind
     client_id: str = ""
     error: ProtocolError | None = None
+    asset: str = ""
 
 
 _APP = Route("app")
@@ -157,6 +161,8 @@ def match_route(method: str, path: str, options: Options) -> Route:
         if not rest:
             return Route("error", error=ProtocolError(404, "not found"))
         return Route("error", error=ProtocolError(404, "missing client id"))
+    if cid == "assets" and tail not in ("", "poll") and options.serve_assets:
+        return Route("asset", asset=tail)  # "assets" stays a valid client id: its polls end in "" or "poll"
     if tail not in ("", "poll"):
         return Route("error", error=ProtocolError(404, "unknown message-bus route"))
     if not CLIENT_ID_RE.match(cid):

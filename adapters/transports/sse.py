@@ -1,4 +1,4 @@
-"""Server-Sent Events transport (ASGI): ``GET <path>?channel=/a&channel=/b&prefix=/chat&glob=/x/*``.
+"""Server-Sent Events transport (ASGI): ``GET <path>?channel=/a&channel=/b&prefix=/chat&glob=/x/*[&events=message]``.
 
 Why SSE next to message_bus's long polling: a browser's ``EventSource`` reconnects by itself and resends the last
 id it saw, so a stream over a plain GET resumes without any client library. Wire format, one event per message::
@@ -6,6 +6,11 @@ id it saw, so a stream over a plain GET resumes without any client library. Wire
     id: <epoch>:<global_id>
     event: <channel>
     data: {"global_id":..,"message_id":..,"channel":..,"data":..}
+
+With ``events=message`` every message is sent as an unnamed event instead (no ``event:`` line), which a browser's
+``EventSource`` delivers to ``onmessage``; the channel is in the data. Use it with ``prefix=`` or ``glob=``: a
+browser can only listen to event names it knows in advance, and ``EventSource`` has no wildcard listener.
+``events=channel`` (the default) names each event after its channel, for ``addEventListener("/chat", ...)``.
 
 Ids are ``<epoch>:<global_id>``: one cursor for the whole stream (exact channels *and* patterns), which per-channel
 ids cannot give. On reconnect ``Last-Event-ID`` (or ``?last_event_id=``) replays everything after that global id
@@ -58,6 +63,8 @@ SSE_HEADERS = [
     (b"x-accel-buffering", b"no"),  # nginx: do not buffer the stream
 ]
 KEEPALIVE = b": keepalive\n\n"
+#: values of the ``events`` query parameter
+EVENT_NAMING = ("channel", "message")
 
 
 def format_event(event: str | None, data: bytes, event_id: str | None = None) -> bytes:
@@ -89,6 +96,8 @@ class StreamRequest:
     patterns: list[tuple[str, str]]
     resume: tuple[int, int] | None
     query: dict[str, list[str]]
+    #: ``events=channel`` (default): each event is named after its channel; ``events=message``: unnamed events
+    named: bool = True
 
 
 def parse_request(
@@ -108,7 +117,10 @@ def parse_request(
         raise ProtocolError(400, f"too many subscriptions (limit {max_subscriptions})")
     last = last_event_id if last_event_id is not None else (query.get("last_event_id") or [""])[-1]
     resume = parse_event_id(last) if last.strip() else None
-    return StreamRequest(channels, patterns, resume, query)
+    events = query.get("events", ["channel"])
+    if len(events) != 1 or events[0] not in EVENT_NAMING:
+        raise ProtocolError(400, "events must be 'channel' (events named after their channel) or 'message'")
+    return StreamRequest(channels, patterns, resume, query, named=events[0] == "channel")
 
 
 def start_open(bus: Bus, sink: Sink, request: StreamRequest) -> int:
@@ -158,13 +170,18 @@ class _HookFailed(Exception):
     """``on_open`` raised (logged): the client gets a 500."""
 
 
-def _message_event(is_json: bool) -> Callable[[Message], bytes]:
+def _message_event(is_json: bool, named: bool = True) -> Callable[[Message], bytes]:
     def encode(msg: Message) -> bytes:
         # a process-local message (engine=False) has no global id: no SSE id, so a resume cursor never moves back
         event_id = f"{msg.epoch}:{msg.global_id}" if msg.global_id else None
-        return format_event(msg.channel, encode_message(msg, is_json), event_id)
+        return format_event(msg.channel if named else None, encode_message(msg, is_json), event_id)
 
     return encode
+
+
+def message_encoders(is_json: bool) -> dict[bool, Callable[[Message], bytes]]:
+    """The two encoders of an app, keyed by :attr:`StreamRequest.named` (built once, picked per stream)."""
+    return {named: _message_event(is_json, named) for named in (True, False)}
 
 
 class SSEApp(TransportApp):
@@ -197,7 +214,7 @@ class SSEApp(TransportApp):
         super().__init__(app, bus, path, max_buffer, max_subscriptions, lookups, on_open, on_close)
         self.keepalive_interval = keepalive_interval
         self.retry_ms = retry_ms
-        self._encode = _message_event(self.bus.codec.is_json)
+        self._encoders = message_encoders(self.bus.codec.is_json)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or relative_path(scope) != self.path:
@@ -236,7 +253,7 @@ class SSEApp(TransportApp):
         identity = await self.lookups.identity(scope, request.query)
         bus = self.bus
         # the initial replay is bounded by the backlogs; the buffer limit applies from the first write on
-        sink = Sink(bus, identity, self._encode, max_buffer=1 << 62, on_reset=self._on_reset)
+        sink = Sink(bus, identity, self._encoders[request.named], max_buffer=1 << 62, on_reset=self._on_reset)
         # Register first and hold live delivery while opening (see finish_open: nothing twice, nothing lost).
         sink.holding = True
         self.hub.register(sink)

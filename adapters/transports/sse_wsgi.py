@@ -41,8 +41,8 @@ from .hub import DEFAULT_MAX_BUFFER, MAX_SUBSCRIPTIONS, LookupOptions, Sink, Sin
 from .sse import (
     KEEPALIVE,
     SSE_HEADERS,
-    _message_event,
     finish_open,
+    message_encoders,
     on_reset,
     parse_request,
     start_open,
@@ -164,7 +164,7 @@ class SSEWSGIApp:
         self.on_close = on_close
         self.lookups = LookupOptions(**lookups)
         self.dropped = 0
-        self._encode = _message_event(self.bus.codec.is_json)
+        self._encoders = message_encoders(self.bus.codec.is_json)
         self._hub: _ProcessHub | None = None
         self._hub_lock = threading.Lock()
 
@@ -215,7 +215,8 @@ class SSEWSGIApp:
             return _simple(start_response, exc.status, exc.reason)
         bus = self.bus
         event = threading.Event()
-        sink = Sink(bus, identity, self._encode, max_buffer=1 << 62, on_reset=lambda s, o, n: on_reset(bus, s, o, n))
+        encode = self._encoders[request.named]
+        sink = Sink(bus, identity, encode, max_buffer=1 << 62, on_reset=lambda s, o, n: on_reset(bus, s, o, n))
         sink.wake = event.set
         sink.holding = True
         hub.register(sink)

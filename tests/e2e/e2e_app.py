@@ -4,8 +4,9 @@ Environment: ``SHMBUS_TEST_BUS`` (bus name), ``SHMBUS_E2E_LOG`` (a file; one JSO
 per publish, appended by every worker). ``asgi_app`` (gunicorn ``uvicorn.workers.UvicornWorker``) and
 ``wsgi_app`` (gunicorn ``gevent``) serve the same routes:
 
-* ``GET /page`` -> ``page.html``; ``GET /mb.js`` -> ``message-bus.js`` of the npm package ``scripts/test``
-  installed; ``GET /mb-ajax.js`` -> the demo's XHR adapter;
+* ``GET /page`` -> ``page.html``; ``GET /assets-page`` -> ``assets_page.html`` (only the middleware's assets);
+  ``GET /mb.js`` -> ``message-bus.js`` of the npm package ``scripts/test``
+  installed; ``GET /mb-ajax.js`` -> shmbus's XHR adapter;
 * ``POST /publish?ch=C&i=N`` -> publishes ``{"i": N, "pid": <this worker>}`` on ``C``; the reply
   (``{"id","gid","pid"}``) closes the connection, so the browser's next publish may reach the other worker;
 * ``/message-bus/...`` -> the middleware, wrapped by a logger that records, per poll, the worker pid, query,
@@ -33,8 +34,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 FILES = {
     "/page": (HERE / "page.html", "text/html; charset=utf-8"),
+    "/assets-page": (HERE / "assets_page.html", "text/html; charset=utf-8"),
     "/mb.js": (HERE / "node_modules" / "message-bus-client" / "assets" / "message-bus.js", "text/javascript"),
-    "/mb-ajax.js": (REPO / "examples" / "demo" / "static" / "message-bus-ajax.js", "text/javascript"),
+    "/mb-ajax.js": (REPO / "adapters" / "http" / "static" / "message-bus-ajax.js", "text/javascript"),
 }
 GID_RE = re.compile(rb'"global_id":(\d+)')
 

@@ -31,7 +31,7 @@ K = 30
 CHANNEL = "/e2e/chat"
 GUNICORN_CONFIG = "python:shmbus.adapters.integrations.gunicorn"
 NPM_CLIENT = E2E_DIR / "node_modules" / "message-bus-client"
-VENDORED = E2E_DIR.parent.parent / "examples" / "demo" / "static"
+VENDORED = E2E_DIR.parent.parent / "adapters" / "http" / "static"
 MODES = ["stream", "nochunk", "poll", "background"]
 SHELLS = {
     "asgi-uvicornworker": ("e2e_app:asgi_app", "uvicorn.workers.UvicornWorker"),
@@ -165,11 +165,12 @@ def test_npm_client_modes(mode: str, shell: str, bus: Bus, procs: Any, tmp_path:
 
 
 def test_vendored_client_is_the_npm_package() -> None:
-    """The demo's vendored message-bus.js is byte-identical to the npm package the browser tests use."""
+    """The vendored message-bus.js (served at /message-bus/assets/) is byte-identical to the npm package the
+    browser tests use."""
     require_client()
     version = json.loads((NPM_CLIENT / "package.json").read_text())["version"]
     assert (VENDORED / "message-bus.js").read_bytes() == (NPM_CLIENT / "assets" / "message-bus.js").read_bytes(), (
-        f"examples/demo/static/message-bus.js differs from message-bus-client {version}"
+        f"adapters/http/static/message-bus.js differs from message-bus-client {version}"
     )
     assert (VENDORED / "LICENSE.message-bus-client").read_bytes() == (NPM_CLIENT / "LICENSE").read_bytes()
     assert version in (VENDORED / "README.md").read_text()

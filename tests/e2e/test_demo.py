@@ -68,7 +68,7 @@ def test_scripts_demo(bus_name: str, procs: Any) -> None:
     proc, port, url = start_demo(bus_name, procs)
     with _OPENER.open(url + "/", timeout=10) as resp:
         assert b"message-bus.js" in resp.read()
-    with _OPENER.open(url + "/static/message-bus.js", timeout=10) as resp:
+    with _OPENER.open(url + "/message-bus/assets/message-bus.js", timeout=10) as resp:
         assert b"MessageBus" in resp.read()
 
     # a streaming poll (what the npm client does by default), then chats until both workers published

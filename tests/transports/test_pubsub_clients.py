@@ -210,3 +210,25 @@ def test_messages_published_while_an_async_on_open_waits_arrive_exactly_once(bus
     app.close()
     datas = [json.loads(line[6:])["data"] for line in rec.body().decode().splitlines() if line.startswith("data: ")]
     assert datas == ["during on_open", "still opening", "live"]
+
+
+@pytest.mark.parametrize("kind", SERVERS)
+def test_events_message_sends_unnamed_events_with_the_channel_in_the_data(
+    bus: Bus, pubsub_server: Any, sse: Any, publisher: Any, bus_name: str, kind: str
+) -> None:
+    """``events=message``: what a browser's ``EventSource.onmessage`` needs for ``prefix=``/``glob=`` streams (it
+    has no wildcard listener for named events); the same core serves the ASGI and the WSGI app."""
+    srv = pubsub_server(kind)
+    c = sse(srv.url + "/sse", params=[("prefix", "/news"), ("glob", "/g/*"), ("events", "message")])
+    assert c.status == 200, c.body
+    publisher(bus_name, [("/news/a", "a"), ("/other", "no"), ("/g/1", "g"), ("/news", "end")])
+    got = []
+    while not got or got[-1][1] != "end":
+        ev = c.next()
+        if ev.data and not ev.event:
+            got.append((ev.json()["channel"], ev.json()["data"]))
+        else:
+            assert ev.event is None, f"a named event with events=message: {ev.event}"
+    assert got == [("/news/a", "a"), ("/g/1", "g"), ("/news", "end")]
+    bad = httpx.get(srv.url + "/sse", params={"prefix": "/news", "events": "all"}, timeout=10, trust_env=False)
+    assert bad.status_code == 400 and "events must be" in bad.text

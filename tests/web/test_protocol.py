@@ -142,6 +142,19 @@ def test_base_route(bus: Bus, driver: Any, kind: str) -> None:
     assert d.request("POST", "/message-bus/ABC?dlp=t").status == 404
 
 
+def test_assets_under_a_base_route_and_turned_off(bus: Bus, driver: Any, kind: str) -> None:
+    """The browser client is served under the base route (both shells, in process); ``serve_assets=False``
+    turns the route off (the path is then an unknown message-bus route again)."""
+    d = driver(kind, base_route="/app")
+    r = d.request("GET", "/app/message-bus/assets/message-bus-ajax.js")
+    assert r.status == 200 and b"MessageBus.ajax" in r.body()
+    assert ("content-type", "text/javascript; charset=utf-8") in r.headers
+    assert d.request("GET", "/message-bus/assets/message-bus.js").status == 404  # not under the base route
+    off = driver(kind, serve_assets=False)
+    r = off.request("GET", "/message-bus/assets/message-bus.js")
+    assert (r.status, r.body()) == (404, b"unknown message-bus route")
+
+
 # ------------------------------------------------------------------------------------------ T7-T12 modes
 def test_t7_stream_first_chunk_at_once_then_timeout(bus: Bus, driver: Any, kind: str) -> None:
     bus.publish("/foo", "hello")

@@ -6,5 +6,4 @@ urlpatterns = [
     path("", views.room),
     path("join", views.join),
     path("post", views.post),
-    path("static/<str:name>", views.client_js),
 ]

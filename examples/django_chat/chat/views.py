@@ -5,24 +5,17 @@ transaction commits, so every browser that hears of it can already read it)."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from django.contrib.auth import login
 from django.contrib.auth.models import User
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
-from django.views.static import serve
 
 from shmbus.adapters.integrations.django import get_bus, publish_on_commit
 
 from .models import Message
-
-#: The npm message-bus-client and its XMLHttpRequest adapter, vendored once for the demo.
-CLIENT_DIR = Path(__file__).resolve().parents[2] / "demo" / "static"
-CLIENT_FILES = {"message-bus.js", "message-bus-ajax.js"}
-
 
 def room(request: HttpRequest) -> HttpResponse:
     if not request.user.is_authenticated:
@@ -54,8 +47,3 @@ def post(request: HttpRequest) -> JsonResponse:
     publish_on_commit("/chat", {**msg.as_json(), "pid": os.getpid()})
     return JsonResponse({"id": msg.pk, "pid": os.getpid()})
 
-
-def client_js(request: HttpRequest, name: str) -> HttpResponse:
-    if name not in CLIENT_FILES:
-        raise Http404(name)
-    return serve(request, name, document_root=str(CLIENT_DIR))

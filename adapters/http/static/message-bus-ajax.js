@@ -3,12 +3,19 @@
  * The npm package ships only assets/message-bus.js, which needs jQuery.ajax or an adapter in MessageBus.ajax.
  * This is the adapter, written from the behaviour of the gem's message-bus-ajax.js, with one fix: an
  * aborted request reports textStatus "abort" (the core then retries after minPollInterval instead of counting
- * a failure and backing off). MIT License (shmbus).
+ * a failure and backing off). Served by shmbus's middleware at <base_route>message-bus/assets/: loaded from
+ * there, it sets MessageBus.baseUrl to <base_route> (set MessageBus.baseUrl after loading it to override).
+ * MIT License (shmbus).
  */
 (function (global) {
   "use strict";
   if (!global.MessageBus) {
     throw new Error("message-bus-ajax.js: load message-bus.js first");
+  }
+  var script = global.document && global.document.currentScript;
+  var served = script && script.src && /^(.*\/)message-bus\/assets\/message-bus-ajax\.js(?:[?#].*)?$/.exec(script.src);
+  if (served) {
+    global.MessageBus.baseUrl = served[1];
   }
   global.MessageBus.ajax = function (options) {
     var Impl = global.MessageBus.xhrImplementation || global.XMLHttpRequest;

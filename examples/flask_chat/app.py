@@ -1,0 +1,45 @@
+"""A chat in Flask: the page at ``/`` posts to ``/say``, which publishes on ``/chat``; every browser receives it.
+
+One command (from the repository root; every worker attaches to the same bus)::
+
+    gunicorn -c python:shmbus.adapters.integrations.gunicorn --workers 2 --chdir examples/flask_chat app:app
+
+The gunicorn config module gives each worker 32 threads (a parked long poll holds one) and re-arms the bus after
+the fork. The page loads the npm ``message-bus-client`` and its ajax adapter from the middleware itself
+(``/message-bus/assets/``). ``SHMBUS_NAME`` names the bus (default ``flask-chat``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from flask import Flask, Response, request, send_file
+
+from shmbus import Bus
+from shmbus.adapters.integrations.flask import init_app
+
+PAGE = Path(__file__).resolve().parent / "index.html"
+
+bus = Bus(os.environ.get("SHMBUS_NAME", "flask-chat"))
+app = Flask(__name__)
+
+
+@app.get("/")
+def page() -> Response:
+    return send_file(PAGE)
+
+
+@app.post("/say")
+def say() -> tuple[dict[str, Any], int]:
+    text = (request.form.get("text") or "").strip()[:500]
+    if not text:
+        return {"error": "say something"}, 400
+    message = {"text": text, "pid": os.getpid(), "at": time.time()}
+    return {"id": bus.publish("/chat", message, max_backlog_size=100)}, 200
+
+
+# Serves /message-bus/... (polls and the browser client) before Flask sees the request.
+init_app(app, bus=bus)

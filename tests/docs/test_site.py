@@ -1,0 +1,59 @@
+"""The docs site builds with ``mkdocs build --strict``: every page in the nav, no broken link or anchor, every
+``::: module.Name`` and ``[text][module.Name]`` reference found, no mkdocstrings warning.
+
+The second test proves the build is strict where it matters: a copy of the docs with a broken link, and one with a
+reference to a name that does not exist, must each fail, naming what is wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from harness import REPO_ROOT, require_module
+
+CONFIG = REPO_ROOT / "mkdocs.yml"
+
+
+def build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
+    require_module("mkdocs", "pip install -e '.[docs]', or run scripts/test")
+    require_module("mkdocstrings_handlers.python", "pip install -e '.[docs]', or run scripts/test")
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    argv = [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "-d", str(site)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env, cwd=REPO_ROOT)
+
+
+def test_the_site_builds_strictly(tmp_path: Path) -> None:
+    result = build(CONFIG, tmp_path / "site")
+    assert result.returncode == 0, result.stderr[-5000:]
+    site = tmp_path / "site"
+    assert (site / "index.html").exists() and (site / "getting-started" / "index.html").exists()
+    api = (site / "api" / "bus" / "index.html").read_text()
+    for anchor in ("shmbus.Bus.publish", "shmbus.Bus.subscribe", "shmbus.Bus.backlog", "shmbus.DistributedCache"):
+        assert f'id="{anchor}"' in api, f"the API reference lacks {anchor}"
+
+
+@pytest.mark.parametrize(
+    ("inject", "complaint"),
+    [
+        ("See [the missing page](no-such-page.md).", "no-such-page.md"),
+        ("See [a missing name][shmbus.NoSuchThing].", "shmbus.NoSuchThing"),
+    ],
+)
+def test_a_broken_link_or_reference_fails_the_build(tmp_path: Path, inject: str, complaint: str) -> None:
+    docs = tmp_path / "docs"
+    shutil.copytree(REPO_ROOT / "docs", docs)
+    page = docs / "getting-started.md"
+    page.write_text(page.read_text() + f"\n{inject}\n")
+    # the same config, with the copied pages and the repository's hook and griffe extension
+    text = CONFIG.read_text().replace("docs_dir: docs", f"docs_dir: {docs}")
+    text = text.replace(" - scripts/", f" - {REPO_ROOT}/scripts/")
+    config = tmp_path / "mkdocs.yml"
+    config.write_text(text)
+    result = build(config, tmp_path / "site")
+    assert result.returncode != 0, f"a strict build accepted {inject!r}"
+    assert complaint in result.stderr, result.stderr[-3000:]
