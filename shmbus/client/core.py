@@ -48,6 +48,10 @@ class _NoFirstChunk(Exception):
     pass
 
 
+class _Repoll(Exception):
+    """The answer so far reset a position: the rest of it counts from the old one; poll again at once."""
+
+
 @dataclass
 class ClientStats:
     """Counters since the client was made (a copy: read ``client.stats`` again for fresh figures)."""
@@ -323,6 +327,8 @@ class AsyncMessageBusClient:
                 self._stats.last_error = str(exc)
                 await self._wait(exc.seconds, interruptible=False)
                 continue
+            except _Repoll:
+                continue
             except _NoFirstChunk:
                 self._chunked_backoff = self.retry_chunked_after
                 self._stats.chunked_fallbacks += 1
@@ -337,6 +343,7 @@ class AsyncMessageBusClient:
             except (httpx.HTTPError, OSError, PollFailed, ProtocolViolation) as exc:
                 self._stats.failures += 1
                 self._stats.consecutive_failures += 1
+                self._tracker.distrust()
                 self._stats.last_error = f"{type(exc).__name__}: {exc}"
                 delay = self._backoff.failure()
                 log.info("shmbus.client: poll failed (%s); next in %.2f s", self._stats.last_error, delay)
@@ -454,12 +461,18 @@ class AsyncMessageBusClient:
         self._stats.messages += sum(1 for d in applied.deliveries if d.message is not None)
         for r in applied.resets:
             self._stats.resets += 1
+            what = (
+                f"holds another message under our last id {r.sent}"
+                if r.replaced
+                else f"is at id {r.server}, behind our position {r.sent}"
+            )
             log.warning(
-                "shmbus.client: %s: the server is at id %d, behind our position %d (its bus was reset or the "
-                "channel expired); following it from there",
+                "shmbus.client: %s: the server %s (a restart, a new bus or an expired channel): reading its ids "
+                "again from 0",
                 r.channel,
-                r.server,
-                r.sent,
+                what,
             )
         self._deliver(applied.deliveries)
+        if applied.resets:
+            raise _Repoll()
         return bool(items)

@@ -31,6 +31,11 @@ class Subscription:
     #: the last id its callback was handed (or the status it was moved to): what ``positions`` reports
     delivered: int
     active: bool = True
+    #: (global id, data) of the last message received: after an outage, the server's message under the same id
+    #: must be this one, or the server's history was replaced (a restart that reused the ids)
+    last_seen: tuple[int, Any] | None = None
+    #: ask from one before ``position`` and compare (set by :meth:`Tracker.distrust`)
+    verify: bool = False
 
     @property
     def resolved(self) -> bool:
@@ -58,11 +63,13 @@ class Delivery:
 
 @dataclass(frozen=True)
 class Reset:
-    """The server is behind a position we sent (the bus was reset or the channel expired)."""
+    """The server's history is not the one our position counts in: it is behind a position we sent, or holds a
+    different message under our last id (a restart, a new bus, an expired channel)."""
 
     channel: str
     sent: int
     server: int
+    replaced: bool = False
 
 
 @dataclass
@@ -128,19 +135,26 @@ class Tracker:
         if body:
             return PollRequest(body, targets, resolving=True)
         for channel, subs in groups.items():
-            body[channel] = min(s.position for s in subs)
+            body[channel] = min(s.position - 1 if s.verify else s.position for s in subs)
             targets[channel] = subs
         return PollRequest(body, targets)
+
+    def distrust(self) -> None:
+        """After a failed poll (the server may have restarted with ids from 1 again): the next poll re-reads each
+        subscription's last message, and a different message under that id means a reset."""
+        for s in self.subscriptions:
+            s.verify = s.position >= 1 and s.last_seen is not None
 
     def apply(self, request: PollRequest, items: Iterable[Mapping[str, Any]]) -> Applied:
         """What the server answered to ``request``: positions move now; the deliveries are for the dispatcher."""
         out = Applied()
+        reset_now: set[int] = set()  # subscriptions sent back to 0 by this answer: the rest of it is not theirs
         for item in items:
             channel = item.get("channel")
             if channel == STATUS_CHANNEL:
                 data = item.get("data")
                 if isinstance(data, Mapping):
-                    self._status(request, data, out)
+                    self._status(request, data, out, reset_now)
                 continue
             subs = request.targets.get(channel)  # type: ignore[arg-type]
             if not subs:
@@ -150,12 +164,21 @@ class Tracker:
                 continue
             msg = Message(channel, item.get("data"), mid, gid)  # type: ignore[arg-type]
             for s in subs:
-                if not s.active:
+                if not s.active or id(s) in reset_now:
                     continue
+                if s.verify and mid >= s.position:
+                    s.verify = False
+                    if mid == s.position and s.last_seen != (gid, msg.data):
+                        out.resets.append(Reset(channel, mid, mid, replaced=True))
+                        s.position = 0
+                        reset_now.add(id(s))
+                        out.deliveries.append(Delivery(s, None, 0))
+                        continue
                 if s.resolved and mid <= s.position:
                     out.duplicates += 1
                     continue
                 s.position = mid
+                s.last_seen = (gid, msg.data)
                 out.deliveries.append(Delivery(s, msg, mid))
         if request.resolving:  # nothing came for it ("-k" on an empty channel): it is at 0
             for subs in request.targets.values():
@@ -165,7 +188,7 @@ class Tracker:
                         out.deliveries.append(Delivery(s, None, 0))
         return out
 
-    def _status(self, request: PollRequest, data: Mapping[str, Any], out: Applied) -> None:
+    def _status(self, request: PollRequest, data: Mapping[str, Any], out: Applied, reset_now: set[int]) -> None:
         for channel, last in data.items():
             subs = request.targets.get(channel)
             if not subs or not isinstance(last, int) or isinstance(last, bool):
@@ -174,11 +197,14 @@ class Tracker:
             reset = 0 <= last < sent
             if reset:
                 out.resets.append(Reset(channel, sent, last))
+            # Forward only: a status within a replay must not send anyone back. Except on a reset: the server's
+            # ids 1..last were all published after it (a restart, a new bus), so they are read again from 0.
+            to = 0 if reset else last
             for s in subs:
-                # forward only, except on a reset: a status within a replay must not send anyone back
-                if s.active and (s.position < last or (reset and s.position != last)):
-                    s.position = last
-                    out.deliveries.append(Delivery(s, None, last))
+                if s.active and id(s) not in reset_now and (reset or s.position < last):
+                    s.position = to
+                    s.verify = False
+                    out.deliveries.append(Delivery(s, None, to))
 
     def positions(self) -> dict[str, int]:
         """Per channel, the position to resume from: the lowest delivered one (what every callback has had)."""

@@ -18,10 +18,10 @@ import pytest
 
 sys.path.append(str(Path(__file__).resolve().parent.parent / "web"))  # web_servers, webapps
 
-from harness.shm import bus_prefix  # noqa: E402
-from servers import KINDS, Target, make_target, shared_bus  # noqa: E402
+from harness.shm import bus_prefix
+from servers import KINDS, Target, make_target, shared_bus
 
-from shmbus.client import MessageBusClient  # noqa: E402
+from shmbus.client import MessageBusClient
 
 #: intervals small enough for tests (the servers' long polls last 1 s)
 FAST = {"min_poll_interval": 0.05, "max_poll_interval": 1.0, "callback_interval": 0.3, "timeout": 10.0}

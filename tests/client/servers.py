@@ -123,4 +123,3 @@ def shared_bus(name: str) -> Bus:
     bus = Bus(name, keepalive_interval=0)
     bus.last_id("/x")
     return bus
-
