@@ -151,18 +151,20 @@ class Tracker:
         reset_now: set[int] = set()  # subscriptions sent back to 0 by this answer: the rest of it is not theirs
         for item in items:
             channel = item.get("channel")
+            if not isinstance(channel, str):
+                continue
             if channel == STATUS_CHANNEL:
                 data = item.get("data")
                 if isinstance(data, Mapping):
                     self._status(request, data, out, reset_now)
                 continue
-            subs = request.targets.get(channel)  # type: ignore[arg-type]
+            subs = request.targets.get(channel)
             if not subs:
                 continue
             mid, gid = item.get("message_id"), item.get("global_id")
             if not isinstance(mid, int) or not isinstance(gid, int):
                 continue
-            msg = Message(channel, item.get("data"), mid, gid)  # type: ignore[arg-type]
+            msg = Message(channel, item.get("data"), mid, gid)
             for s in subs:
                 if not s.active or id(s) in reset_now:
                     continue
@@ -180,12 +182,12 @@ class Tracker:
                 s.position = mid
                 s.last_seen = (gid, msg.data)
                 out.deliveries.append(Delivery(s, msg, mid))
-        if request.resolving:  # nothing came for it ("-k" on an empty channel): it is at 0
-            for subs in request.targets.values():
-                for s in subs:
-                    if s.active and not s.resolved:
-                        s.position = 0
-                        out.deliveries.append(Delivery(s, None, 0))
+        # Still no position after the first answer (the backlog, at once): "-k" on an empty channel. It is at 0.
+        for subs in request.targets.values():
+            for s in subs:
+                if s.active and not s.resolved:
+                    s.position = 0
+                    out.deliveries.append(Delivery(s, None, 0))
         return out
 
     def _status(self, request: PollRequest, data: Mapping[str, Any], out: Applied, reset_now: set[int]) -> None:

@@ -115,11 +115,9 @@ def guard(opener):
 
 posix_ipc.SharedMemory = posix_ipc.Semaphore = refuse
 os.open, builtins.open = guard(os.open), guard(builtins.open)
-before = set(os.listdir("/dev/shm"))
 import shmbus.client
 client = shmbus.client.MessageBusClient("http://127.0.0.1:9/forum")
 client.subscribe("/x", print)
-assert set(os.listdir("/dev/shm")) == before
 print("ok", client.core.poll_url)
 """
 
