@@ -207,3 +207,36 @@ def test_pause_keeps_messages_and_listen_iterates(target: Target, make_client: M
             break
     assert got == ids
     assert client.positions == {channel: ids[-1]}  # the listener's subscription ended with the loop
+
+
+def test_the_async_client_with_async_callbacks_and_async_for(target: Target, channel: str) -> None:
+    import asyncio
+
+    from shmbus.client import AsyncMessageBusClient
+
+    async def main() -> tuple[list[int], list[int], list[str]]:
+        ids = [target.publish(channel, i) for i in range(3)]
+        seen: list[int] = []
+        order: list[str] = []
+
+        async def slow(msg: Any) -> None:  # awaited before the next message: callbacks never overlap
+            order.append(f"start {msg.message_id}")
+            await asyncio.sleep(0.05)
+            order.append(f"end {msg.message_id}")
+            seen.append(msg.message_id)
+
+        async with AsyncMessageBusClient(target.url, callback_interval=0.3) as client:
+            client.subscribe(channel, slow, 0)
+            got: list[int] = []
+            async for msg in client.listen(channel, last_id=0):
+                got.append(msg.message_id)
+                if len(got) == 3:
+                    break
+            while len(seen) < 3:
+                await asyncio.sleep(0.02)
+        assert client.status == "stopped"
+        return ids, got, order
+
+    ids, got, order = asyncio.run(main())
+    assert got == ids
+    assert order == [f"{what} {i}" for i in ids for what in ("start", "end")]
