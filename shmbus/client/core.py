@@ -296,7 +296,7 @@ class AsyncMessageBusClient:
             if d.message is not None:
                 try:
                     result = sub.callback(d.message)
-                    if inspect.isawaitable(result):
+                    if result is not None and inspect.isawaitable(result):
                         await result
                 except Exception:
                     self._stats.callback_errors += 1

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = ["AsyncCallback", "Callback", "Message", "STATUS_CHANNEL"]
 
@@ -12,9 +11,8 @@ __all__ = ["AsyncCallback", "Callback", "Message", "STATUS_CHANNEL"]
 STATUS_CHANNEL = "/__status"
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
-    """One message as the server sent it.
+class Message(NamedTuple):
+    """One message as the server sent it (a named tuple: immutable, and cheap to make by the thousand).
 
     One argument instead of the clients' positional ones settles their difference: the Ruby client calls
     ``(data, message_id, global_id)``, the JS client ``(data, global_id, message_id)``.

@@ -13,7 +13,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from .message import STATUS_CHANNEL, Message
 
@@ -52,8 +52,7 @@ class PollRequest:
     resolving: bool = False
 
 
-@dataclass(frozen=True)
-class Delivery:
+class Delivery(NamedTuple):
     """Hand ``message`` to ``subscription`` (or, with ``message`` None, move its position to ``position``)."""
 
     subscription: Subscription
@@ -166,7 +165,7 @@ class Tracker:
                 continue
             msg = Message(channel, item.get("data"), mid, gid)
             for s in subs:
-                if not s.active or id(s) in reset_now:
+                if not s.active or (reset_now and id(s) in reset_now):
                     continue
                 if s.verify and mid >= s.position:
                     s.verify = False
@@ -176,7 +175,7 @@ class Tracker:
                         reset_now.add(id(s))
                         out.deliveries.append(Delivery(s, None, 0))
                         continue
-                if s.resolved and mid <= s.position:
+                if s.position >= 0 and mid <= s.position:  # resolved, and seen
                     out.duplicates += 1
                     continue
                 s.position = mid
