@@ -23,7 +23,7 @@ from urllib.parse import urlencode, urlsplit
 import httpx
 
 from .chunks import ChunkParser, ProtocolViolation, decode_array, is_streamed
-from .message import AsyncCallback, Message
+from .message import STATUS_CHANNEL, AsyncCallback, Message
 from .pacing import MIN_RETRY_AFTER, Backoff, pause_after_poll, retry_after_seconds
 from .positions import Delivery, PollRequest, Subscription, Tracker
 
@@ -230,8 +230,8 @@ class AsyncMessageBusClient:
         """Call ``callback(message)`` for each message on ``channel`` after ``last_id``: -1 (default, unless
         ``positions`` names the channel) from now, 0 the whole backlog, ``n`` after id n, ``-k`` the last k-1.
         A poll in flight is aborted and the next one includes the channel at once."""
-        if not isinstance(channel, str) or not channel.startswith("/"):
-            raise ValueError(f"a channel is a string starting with '/', got {channel!r}")
+        if not isinstance(channel, str) or not channel.startswith("/") or channel == STATUS_CHANNEL:
+            raise ValueError(f"a channel is a string starting with '/' (not {STATUS_CHANNEL}), got {channel!r}")
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {callback!r}")
         if last_id is None:
@@ -279,29 +279,28 @@ class AsyncMessageBusClient:
 
     # ------------------------------------------------------------------------------------------------ dispatch
     async def _dispatch_loop(self) -> None:
-        assert self._queued is not None and self._resumed is not None
-        queue = self._queue
+        queue, queued, resumed = self._queue, self._queued, self._resumed
+        assert queued is not None and resumed is not None
         while True:
             if not queue:
-                self._queued.clear()
-                await self._queued.wait()
+                queued.clear()
+                await queued.wait()
                 continue
-            if not self._resumed.is_set():
-                await self._resumed.wait()
+            if not resumed.is_set():
+                await resumed.wait()
                 continue
-            d = queue.popleft()
-            sub = d.subscription
+            sub, message, position = queue.popleft()
             if not sub.active or self._halted:
                 continue
-            if d.message is not None:
+            if message is not None:
                 try:
-                    result = sub.callback(d.message)
+                    result = sub.callback(message)
                     if result is not None and inspect.isawaitable(result):
                         await result
                 except Exception:
                     self._stats.callback_errors += 1
                     log.exception("shmbus.client: callback %r on %s failed", sub.callback, sub.channel)
-            sub.delivered = d.position
+            sub.delivered = position
 
     def _deliver(self, deliveries: list[Delivery]) -> None:
         if deliveries:

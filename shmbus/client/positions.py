@@ -148,17 +148,18 @@ class Tracker:
         """What the server answered to ``request``: positions move now; the deliveries are for the dispatcher."""
         out = Applied()
         reset_now: set[int] = set()  # subscriptions sent back to 0 by this answer: the rest of it is not theirs
+        targets = request.targets
+        deliveries = out.deliveries
         for item in items:
             channel = item.get("channel")
-            if not isinstance(channel, str):
+            if channel.__class__ is not str:  # (not a key: the server's JSON may hold anything)
                 continue
-            if channel == STATUS_CHANNEL:
-                data = item.get("data")
-                if isinstance(data, Mapping):
-                    self._status(request, data, out, reset_now)
-                continue
-            subs = request.targets.get(channel)
-            if not subs:
+            subs = targets.get(channel)
+            if subs is None:
+                if channel == STATUS_CHANNEL:
+                    data = item.get("data")
+                    if isinstance(data, Mapping):
+                        self._status(request, data, out, reset_now)
                 continue
             mid, gid = item.get("message_id"), item.get("global_id")
             if not isinstance(mid, int) or not isinstance(gid, int):
@@ -180,7 +181,7 @@ class Tracker:
                     continue
                 s.position = mid
                 s.last_seen = (gid, msg.data)
-                out.deliveries.append(Delivery(s, msg, mid))
+                deliveries.append(Delivery(s, msg, mid))
         # Still no position after the first answer (the backlog, at once): "-k" on an empty channel. It is at 0.
         for subs in request.targets.values():
             for s in subs:
