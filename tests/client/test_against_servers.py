@@ -240,3 +240,22 @@ def test_the_async_client_with_async_callbacks_and_async_for(target: Target, cha
     ids, got, order = asyncio.run(main())
     assert got == ids
     assert order == [f"{what} {i}" for i in ids for what in ("start", "end")]
+
+
+def test_stop_then_start_polls_once_and_goes_on_from_its_positions(target: Target, channel: str) -> None:
+    client = MessageBusClient(target.url, callback_interval=0.3, timeout=10)
+    rec = Recorder()
+    client.subscribe(channel, rec)
+    with client:
+        resolved(client, channel)
+        first = target.publish(channel, "one")
+        rec.wait(1)
+    missed = target.publish(channel, "while stopped")
+    with client:
+        threads = [t for t in threading.enumerate() if t.name.startswith("shmbus.client")]
+        assert len(threads) == 1, threads
+        rec.wait(2)
+        last = target.publish(channel, "two")
+        rec.wait(3)
+        time.sleep(0.3)
+    assert rec.ids == [first, missed, last]
