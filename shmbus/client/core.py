@@ -16,7 +16,7 @@ import re
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
@@ -24,6 +24,7 @@ import httpx
 
 from .chunks import ChunkParser, ProtocolViolation, decode_array, is_streamed
 from .message import STATUS_CHANNEL, AsyncCallback, Message
+from .outcomes import ClientStats, NoFirstChunk, PollFailed, RateLimited, Repoll
 from .pacing import MIN_RETRY_AFTER, Backoff, pause_after_poll, retry_after_seconds
 from .positions import Delivery, PollRequest, Subscription, Tracker
 
@@ -32,41 +33,6 @@ __all__ = ["AsyncMessageBusClient", "ClientStats", "PollFailed"]
 log = logging.getLogger("shmbus.client")
 _CLIENT_ID_RE = re.compile(r"[A-Za-z0-9._~-]{1,64}\Z")
 _STOP = object()
-
-
-class PollFailed(Exception):
-    """A poll the server did not answer with 200 (kept in ``stats.last_error``; the client backs off)."""
-
-
-class _RateLimited(Exception):
-    def __init__(self, seconds: float) -> None:
-        super().__init__(f"429: retry after {seconds:g} s")
-        self.seconds = seconds
-
-
-class _NoFirstChunk(Exception):
-    pass
-
-
-class _Repoll(Exception):
-    """The answer so far reset a position: the rest of it counts from the old one; poll again at once."""
-
-
-@dataclass
-class ClientStats:
-    """Counters since the client was made (a copy: read ``client.stats`` again for fresh figures)."""
-
-    polls: int = 0
-    failures: int = 0
-    rate_limited: int = 0
-    messages: int = 0
-    callback_errors: int = 0
-    duplicates: int = 0
-    resets: int = 0
-    chunked_fallbacks: int = 0
-    bytes: int = 0
-    consecutive_failures: int = 0
-    last_error: str | None = None
 
 
 def _seconds(name: str, value: float, minimum: float = 0.0) -> float:
@@ -321,14 +287,14 @@ class AsyncMessageBusClient:
             started = loop.time()
             try:
                 got_data, interrupted = await self._until_changed(self._poll(request))
-            except _RateLimited as exc:
+            except RateLimited as exc:
                 self._stats.rate_limited += 1
                 self._stats.last_error = str(exc)
                 await self._wait(exc.seconds, interruptible=False)
                 continue
-            except _Repoll:
+            except Repoll:
                 continue
-            except _NoFirstChunk:
+            except NoFirstChunk:
                 self._chunked_backoff = self.retry_chunked_after
                 self._stats.chunked_fallbacks += 1
                 log.warning(
@@ -416,10 +382,10 @@ class AsyncMessageBusClient:
         try:
             response = await asyncio.wait_for(self._http.send(http_request, stream=True), first_by)
         except asyncio.TimeoutError:
-            raise _NoFirstChunk() from None
+            raise NoFirstChunk() from None
         try:
             if response.status_code == 429:
-                raise _RateLimited(retry_after_seconds(response.headers.get("retry-after"), self.min_retry_after))
+                raise RateLimited(retry_after_seconds(response.headers.get("retry-after"), self.min_retry_after))
             if response.status_code != 200:
                 body = (await response.aread())[:200].decode(errors="replace")
                 raise PollFailed(f"{response.status_code} from {self.poll_url}: {body!r}")
@@ -439,7 +405,7 @@ class AsyncMessageBusClient:
             try:
                 first = await asyncio.wait_for(pieces.__anext__(), first_by)
             except asyncio.TimeoutError:
-                raise _NoFirstChunk() from None
+                raise NoFirstChunk() from None
             except StopAsyncIteration:
                 return False
             got = self._feed(request, parser, first) or got
@@ -473,5 +439,5 @@ class AsyncMessageBusClient:
             )
         self._deliver(applied.deliveries)
         if applied.resets:
-            raise _Repoll()
+            raise Repoll()
         return bool(items)

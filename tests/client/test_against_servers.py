@@ -259,3 +259,21 @@ def test_stop_then_start_polls_once_and_goes_on_from_its_positions(target: Targe
         rec.wait(3)
         time.sleep(0.3)
     assert rec.ids == [first, missed, last]
+
+
+def test_an_injected_httpx_client_carries_who_is_asking(target: Target, make_client: MakeClient, channel: str) -> None:
+    import httpx
+
+    http = httpx.AsyncClient(headers={"X-User-Id": "42"}, timeout=10)
+    client = make_client(target.url, http_client=http)
+    rec = Recorder()
+    client.subscribe(channel, rec)
+    resolved(client, channel)
+    mine = target.publish(channel, "for 42", user_ids=[42])
+    target.publish(channel, "for 43", user_ids=[43])
+    last = target.publish(channel, "all")
+    rec.wait(2)
+    time.sleep(0.3)
+    assert rec.ids == [mine, last]
+    client.stop()
+    assert not http.is_closed  # the caller's client: the caller closes it
