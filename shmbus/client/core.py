@@ -139,11 +139,13 @@ class AsyncMessageBusClient:
         """Stop now: the poll in flight is aborted, no callback runs after this returns, ``listen`` loops end."""
         self._halted = True
         tasks, self._tasks = self._tasks, []
+        me = asyncio.current_task()
         for t in tasks:
             t.cancel()
         for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+            if t is not me:  # stop() awaited in a callback: the dispatcher ends when that callback returns
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
         self._state = "stopped"
         self._queue.clear()
         for q in self._listeners:

@@ -167,3 +167,27 @@ def test_an_answer_that_is_not_the_protocol_is_a_failure_not_a_crash(make_client
         client.subscribe("/a", Recorder())
         wait_until(lambda: client.positions == {"/a": 1}, what="the poll after the failure")
         assert client.stats.failures == 1 and "ProtocolViolation" in str(client.stats.last_error)
+
+
+def test_stop_awaited_in_an_async_callback_ends_the_client_after_it() -> None:
+    import asyncio
+
+    from shmbus.client import AsyncMessageBusClient
+
+    two = b'[{"global_id":1,"message_id":1,"channel":"/a","data":1},{"global_id":2,"message_id":2,"channel":"/a","data":2}]'
+
+    async def main(url: str) -> tuple[list[int], str]:
+        got: list[int] = []
+        client = AsyncMessageBusClient(url)
+
+        async def stop_at_first(msg: Any) -> None:
+            got.append(msg.message_id)
+            await client.stop()
+
+        client.subscribe("/a", stop_at_first, 0)
+        await client.start()
+        await asyncio.sleep(0.5)
+        return got, client.status
+
+    with Stub(lambda seen, n: Reply(pieces=[two]) if n == 0 else Reply(pieces=[1.0, b"[]"])) as stub:
+        assert asyncio.run(main(stub.url)) == ([1], "stopped")
