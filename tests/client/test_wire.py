@@ -174,7 +174,7 @@ def test_stop_awaited_in_an_async_callback_ends_the_client_after_it() -> None:
 
     from shmbus.client import AsyncMessageBusClient
 
-    two = b'[{"global_id":1,"message_id":1,"channel":"/a","data":1},{"global_id":2,"message_id":2,"channel":"/a","data":2}]'
+    two = b"[%s,%s]" % tuple(b'{"global_id":%d,"message_id":%d,"channel":"/a","data":%d}' % (i, i, i) for i in (1, 2))
 
     async def main(url: str) -> tuple[list[int], str]:
         got: list[int] = []
