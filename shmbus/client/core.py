@@ -425,7 +425,7 @@ class AsyncMessageBusClient:
     def _take(self, request: PollRequest, items: list[dict[str, Any]]) -> bool:
         applied = self._tracker.apply(request, items)
         self._stats.duplicates += applied.duplicates
-        self._stats.messages += sum(1 for d in applied.deliveries if d.message is not None)
+        self._stats.messages += applied.messages
         for r in applied.resets:
             self._stats.resets += 1
             what = (

@@ -33,9 +33,9 @@ class Subscription:
     #: the last id its callback was handed (or the status it was moved to): what ``positions`` reports
     delivered: int
     active: bool = True
-    #: (global id, data) of the last message received: after an outage, the server's message under the same id
-    #: must be this one, or the server's history was replaced (a restart that reused the ids)
-    last_seen: tuple[int, Any] | None = None
+    #: the last message received: after an outage, the server's message under the same id must be this one (same
+    #: global id and data), or the server's history was replaced (a restart that reused the ids)
+    last_seen: Message | None = None
     #: ask from one before ``position`` and compare (set by :meth:`Tracker.distrust`)
     verify: bool = False
 
@@ -78,6 +78,7 @@ class Applied:
     deliveries: list[Delivery] = field(default_factory=list)
     resets: list[Reset] = field(default_factory=list)
     duplicates: int = 0
+    messages: int = 0  # deliveries of a message (the others move a position)
 
 
 def channel_matches(pattern: str, channel: str) -> bool:
@@ -172,7 +173,8 @@ class Tracker:
                     continue
                 if s.verify and mid >= s.position:
                     s.verify = False
-                    if mid == s.position and s.last_seen != (gid, msg.data):
+                    seen = s.last_seen
+                    if mid == s.position and seen is not None and (seen.global_id, seen.data) != (gid, msg.data):
                         out.resets.append(Reset(channel, mid, mid, replaced=True))
                         s.position = 0
                         reset_now.add(id(s))
@@ -182,8 +184,9 @@ class Tracker:
                     out.duplicates += 1
                     continue
                 s.position = mid
-                s.last_seen = (gid, msg.data)
+                s.last_seen = msg
                 deliveries.append(_new(Delivery, (s, msg, mid)))
+                out.messages += 1
         # Still no position after the first answer (the backlog, at once): "-k" on an empty channel. It is at 0.
         for subs in request.targets.values():
             for s in subs:
