@@ -13,6 +13,8 @@ import sys
 import time
 from typing import Any
 
+from shmbus.cli import _count, _seconds  # the command line's own validators
+
 __all__ = ["add_arguments", "parse_channel", "run"]
 
 
@@ -43,8 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="channel to follow, from now, or after message ID (0: the backlog too; -N: the last N-1 too)",
     )
     p.add_argument("--json", action="store_true", help="one JSON object per message")
-    p.add_argument("--count", type=int, default=0, help="exit after N messages (default: never)")
-    p.add_argument("--timeout", type=float, default=0, help="exit after SECONDS (default: never)")
+    p.add_argument("--count", type=_count, default=0, help="exit after N messages (default: never)")
+    p.add_argument("--timeout", type=_seconds, default=0, help="exit after SECONDS (default: never)")
     p.add_argument("-H", "--header", action="append", type=_header, default=[], help="'Name: value' (repeatable)")
     p.add_argument("--poll", action="store_true", help="short polls (?dlp=t) instead of long polls")
 

@@ -75,7 +75,15 @@ def test_listen_ends_quietly_on_a_closed_pipe(procs: Any, target: Target) -> Non
     assert "Traceback" not in err and "Error" not in err, err
 
 
-def test_listen_refuses_a_bad_channel(procs: Any) -> None:
-    proc = listen(procs, "http://127.0.0.1:9", "chat")
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["chat"], "starts with '/'"),
+        (["/chat", "--count", "-1"], "0 (no limit) or more"),
+        (["/chat", "--timeout", "nan"], "positive number of seconds"),
+    ],
+)
+def test_listen_refuses_bad_arguments(procs: Any, args: list[str], says: str) -> None:
+    proc = listen(procs, "http://127.0.0.1:9", *args)
     _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 2 and "starts with '/'" in err
+    assert proc.returncode == 2 and says in err
