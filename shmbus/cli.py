@@ -1,4 +1,5 @@
-"""``shmbus`` command line: inspect and poke a bus from a shell (stats, tail, publish, list, destroy).
+"""``shmbus`` command line: inspect and poke a bus from a shell (stats, tail, publish, list, destroy), and follow
+a remote one over HTTP (listen).
 
 Every subcommand attaches to an existing bus only (``publish --create`` may create one), and never counts
 itself among the bus's processes.
@@ -332,6 +333,13 @@ def _guble_cli() -> Any:
     return cli
 
 
+def _client_cli() -> Any:
+    """The HTTP client's command lives with the client (httpx is imported only for it)."""
+    from shmbus.client import cli
+
+    return cli
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="shmbus",
@@ -432,6 +440,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     _guble_cli().add_arguments(g)
     g.set_defaults(fn=lambda args: _guble_cli().run(args))
+    li = add(
+        "listen",
+        "follow channels of a message_bus server over HTTP",
+        "Subscribe to channels of a message_bus server (shmbus's HTTP adapter, or the gem's) with the Python client "
+        "(shmbus.client) and print each message as it arrives. Stop with Ctrl-C, --count or --timeout.",
+        [],
+    )
+    _client_cli().add_arguments(li)
+    li.set_defaults(fn=lambda args: _client_cli().run(args))
     args = p.parse_args(argv)
     from .errors import ShmbusError
 

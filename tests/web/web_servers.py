@@ -17,6 +17,11 @@ def env_for(bus_name: str, **opts: Any) -> dict[str, str]:
     return {"SHMBUS_TEST_BUS": bus_name, "SHMBUS_TEST_OPTS": json.dumps(opts)}
 
 
+def app_spec(worker_class: str) -> str:
+    """The app of webapps.py for a gunicorn worker class: ASGI for uvicorn's and shmbus's lean worker, else WSGI."""
+    return "webapps:asgi_app" if worker_class.startswith(("uvicorn", "shmbus.")) else "webapps:wsgi_app"
+
+
 def start(
     kind: str,
     procs: Any,
@@ -31,7 +36,7 @@ def start(
     env = env_for(bus_name, **opts)
     if kind == "uvicorn":
         return procs.uvicorn_server("webapps:asgi_app", workers=1, env=env, app_dir=WEB_DIR)
-    spec = "webapps:asgi_app" if worker_class.startswith("uvicorn") else "webapps:wsgi_app"
+    spec = app_spec(worker_class)
     if worker_class == "gevent":
         harness.require_module("gevent")
     return procs.gunicorn_server(

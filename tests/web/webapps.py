@@ -1,6 +1,7 @@
 """Apps served by real gunicorn/uvicorn processes in the smoke tests.
 
-Environment: SHMBUS_TEST_BUS (bus name, required), SHMBUS_TEST_OPTS (JSON middleware options).
+Environment: SHMBUS_TEST_BUS (bus name, required), SHMBUS_TEST_OPTS (JSON middleware options; with
+``"lookups_from_headers": true`` the user and group ids come from the X-User-Id and X-Group-Ids headers).
 """
 
 from __future__ import annotations
@@ -16,6 +17,20 @@ from shmbus.adapters.wsgi import MessageBusMiddleware as WsgiMiddleware
 
 bus = Bus(os.environ["SHMBUS_TEST_BUS"], keepalive_interval=0)
 OPTS: dict[str, Any] = json.loads(os.environ.get("SHMBUS_TEST_OPTS") or "{}")
+
+
+def _header(env: Any, name: str) -> str | None:
+    """A request header from a WSGI environ or an ASGI scope."""
+    if "headers" in env:
+        wanted = name.lower().encode()
+        return next((v.decode() for k, v in env["headers"] if k.lower() == wanted), None)
+    value = env.get("HTTP_" + name.upper().replace("-", "_"))
+    return None if value is None else str(value)
+
+
+if OPTS.pop("lookups_from_headers", False):  # who is asking: X-User-Id and X-Group-Ids (comma-separated)
+    OPTS["user_id_lookup"] = lambda env: int(_header(env, "x-user-id") or 0) or None
+    OPTS["group_ids_lookup"] = lambda env: [int(g) for g in (_header(env, "x-group-ids") or "").split(",") if g]
 
 
 def _headers_lookup(env: Any) -> dict[str, str]:

@@ -1,0 +1,32 @@
+"""A client of the message_bus poll protocol: subscribe over HTTP to shmbus or to the gem, from any process.
+
+``pip install 'shmbus[client]'`` (httpx). Importing it touches no bus: no segment, no ``/dev/shm``.
+
+    from shmbus.client import MessageBusClient
+
+    with MessageBusClient("https://meta.discourse.org") as bus:
+        for msg in bus.listen("/latest"):
+            print(msg.message_id, msg.data)
+
+:class:`AsyncMessageBusClient` is the asyncio core; :class:`MessageBusClient` runs it on a thread of its own.
+It speaks the protocol as the JS client does (``__seq``, ``?dlp=t``, streamed or plain answers by their
+``Content-Type``); see ``docs/client.md``.
+"""
+
+from __future__ import annotations
+
+from .chunks import ProtocolViolation
+from .core import AsyncMessageBusClient, ClientStats, PollFailed
+from .message import Message
+from .positions import Subscription
+from .sync import MessageBusClient
+
+__all__ = [
+    "AsyncMessageBusClient",
+    "ClientStats",
+    "Message",
+    "MessageBusClient",
+    "PollFailed",
+    "ProtocolViolation",
+    "Subscription",
+]

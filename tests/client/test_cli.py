@@ -1,0 +1,89 @@
+"""``shmbus listen``: what it prints, and that it ends quietly on --count, --timeout, Ctrl-C and a closed pipe."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from servers import Target
+
+pytestmark = pytest.mark.slow
+NewTarget = Callable[..., Target]
+
+
+def listen(procs: Any, *args: str) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "shmbus", "listen", *args]
+    return procs.spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.fixture
+def target(new_target: NewTarget) -> Target:
+    return new_target("lean")
+
+
+def test_listen_prints_the_backlog_and_live_messages_as_json(procs: Any, target: Target) -> None:
+    ids = [target.publish("/a", {"n": 1}), target.publish("/a", "two")]
+    proc = listen(procs, target.url, "/a=0", "/b", "--json", "--count", "3", "--timeout", "30")
+    lines = [proc.stdout.readline(), proc.stdout.readline()]  # type: ignore[union-attr]
+    later = target.publish("/b", [3])
+    lines.append(proc.stdout.readline())  # type: ignore[union-attr]
+    assert proc.wait(timeout=30) == 0, proc.stderr.read()  # type: ignore[union-attr]
+    got = [json.loads(x) for x in lines]
+    assert [(m["channel"], m["message_id"], m["data"]) for m in got] == [
+        ("/a", ids[0], {"n": 1}),
+        ("/a", ids[1], "two"),
+        ("/b", later, [3]),
+    ]
+
+
+def test_listen_ends_at_its_timeout(procs: Any, target: Target) -> None:
+    t0 = time.monotonic()
+    proc = listen(procs, target.url, "/quiet", "--timeout", "1")
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and out == "" and err == ""
+    assert time.monotonic() - t0 < 10
+
+
+def test_listen_ends_quietly_on_ctrl_c(procs: Any, target: Target) -> None:
+    target.publish("/c", "first")
+    proc = listen(procs, target.url, "/c=0")
+    assert "/c #1" in proc.stdout.readline()  # type: ignore[union-attr]
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0, err
+    assert err == ""
+
+
+def test_listen_ends_quietly_on_a_closed_pipe(procs: Any, target: Target) -> None:
+    target.publish("/p", "first")
+    proc = listen(procs, target.url, "/p=0")
+    assert "first" in proc.stdout.readline()  # type: ignore[union-attr]
+    proc.stdout.close()  # type: ignore[union-attr]  # like `| head -1`
+    for i in range(20):
+        target.publish("/p", f"more {i}")
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    assert proc.wait(timeout=10) == 0
+    err = proc.stderr.read()  # type: ignore[union-attr]
+    assert "Traceback" not in err and "Error" not in err, err
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["chat"], "starts with '/'"),
+        (["/chat", "--count", "-1"], "0 (no limit) or more"),
+        (["/chat", "--timeout", "nan"], "positive number of seconds"),
+    ],
+)
+def test_listen_refuses_bad_arguments(procs: Any, args: list[str], says: str) -> None:
+    proc = listen(procs, "http://127.0.0.1:9", *args)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 2 and says in err

@@ -1,0 +1,193 @@
+"""The client's requests and its reading of answers, byte for byte, against a scripted server (stub.py): the
+things a real server cannot be made to do on cue (a 429, a first chunk that never comes, an escaped separator),
+and connection refused."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+from recorder import Recorder, wait_until
+from stub import Reply, Seen, Stub
+
+from shmbus.client import MessageBusClient
+from shmbus.client.pacing import JITTER, Backoff
+
+MakeClient = Callable[..., MessageBusClient]
+STREAM = {"Content-Type": "text/plain; charset=utf-8"}
+
+
+def status(channel: str, last: int) -> bytes:
+    return b'[{"global_id":-1,"message_id":-1,"channel":"/__status","data":{"%s":%d}}]' % (channel.encode(), last)
+
+
+def test_requests_as_the_js_client_sends_them(make_client: MakeClient) -> None:
+    with Stub(lambda seen, n: Reply(pieces=[status("/a", 5)] if n == 0 else [b"[]"])) as stub:
+        client = make_client(
+            stub.url + "/forum",
+            chunked=False,
+            headers={"X-Silence-Logger": "nope", "Authorization": "Bearer t"},
+            callback_interval=0.2,
+        )
+        client.subscribe("/a", Recorder())
+        wait_until(lambda: len(stub.seen) >= 3, what="three polls")
+        client.stop()
+    first, second, third = stub.seen[:3]
+    assert re.fullmatch(r"/forum/message-bus/[0-9a-f]{32}/poll", first.path), first.path
+    assert first.form == {"/a": "-1", "__seq": "1"} and second.form == {"/a": "5", "__seq": "2"}
+    assert third.form["__seq"] == "3"
+    assert first.headers["Content-Type"] == "application/x-www-form-urlencoded"
+    assert first.headers["Dont-Chunk"] == "true"
+    assert first.headers["X-Silence-Logger"] == "nope" and first.headers["Authorization"] == "Bearer t"
+    assert third.at - second.at >= 0.2 - 0.02  # nothing came: paced by callback_interval
+
+
+def test_polling_mode_asks_dlp_and_waits_background_callback_interval(make_client: MakeClient) -> None:
+    with Stub(lambda seen, n: Reply()) as stub:
+        client = make_client(stub.url, long_polling=False, background_callback_interval=0.4)
+        client.subscribe("/a", Recorder())
+        wait_until(lambda: len(stub.seen) >= 3, what="three polls")
+        client.stop()
+    assert all(s.path.endswith("/poll?dlp=t") and s.headers["Dont-Chunk"] == "true" for s in stub.seen)
+    gaps = [b.at - a.at for a, b in itertools.pairwise(stub.seen)]
+    assert min(gaps) >= 0.4 - 0.02, gaps
+
+
+def test_a_server_that_answers_at_once_is_not_polled_in_a_loop(make_client: MakeClient) -> None:
+    with Stub(lambda seen, n: Reply(headers=STREAM, pieces=[b"[]\r\n|\r\n"], chunked=True)) as stub:
+        client = make_client(stub.url, callback_interval=0.5)
+        client.subscribe("/a", Recorder(), 0)
+        time.sleep(2.0)
+        client.stop()
+    assert 3 <= len(stub.seen) <= 5, [s.at for s in stub.seen]
+
+
+def test_streamed_pieces_split_across_reads_and_read_by_content_type(make_client: MakeClient) -> None:
+    msgs = [
+        b'[{"global_id":7,"message_id":1,"channel":"/a","data":"x\\r\\n|\\r\\ny"}]\r\n|\r\n',
+        0.2,
+        b'[{"global_id":8,"message_id":2,"channel":"/a","data":2},',
+        0.2,
+        b'{"global_id":9,"message_id":3,"channel":"/a","data":3}]\r\n|\r\n[]\r\n|\r\n',
+    ]
+
+    def script(seen: Seen, n: int) -> Reply:
+        if n == 0:
+            return Reply(headers=STREAM, pieces=msgs, chunked=True)
+        if n == 1:  # asked for a stream, answered with plain JSON: read as JSON (the Content-Type decides)
+            return Reply(pieces=[b'[{"global_id":10,"message_id":4,"channel":"/a","data":4}]'])
+        return Reply(pieces=[2.0, b"[]"])
+
+    rec = Recorder()
+    with Stub(script) as stub:
+        client = make_client(stub.url)
+        client.subscribe("/a", rec, 0)
+        rec.wait(4)
+        client.stop()
+    assert [(m.message_id, m.global_id, m.data) for m in rec.messages] == [
+        (1, 7, "x\r\n|\r\ny"),  # JSON escapes a separator inside a string itself
+        (2, 8, 2),
+        (3, 9, 3),
+        (4, 10, 4),
+    ]
+    assert "Dont-Chunk" not in stub.seen[0].headers
+
+
+def test_a_429_waits_its_retry_after_and_at_least_15_s(make_client: MakeClient) -> None:
+    def script(seen: Seen, n: int) -> Reply:
+        return Reply(429, {"Retry-After": "1", "Content-Type": "text/plain"}, [b"slow down"]) if n == 0 else Reply()
+
+    with Stub(script) as stub:
+        client = make_client(stub.url)
+        client.subscribe("/a", Recorder())
+        time.sleep(2.0)
+        assert len(stub.seen) == 1 and client.stats.rate_limited == 1  # 15 s at least, not the 1 s asked
+        client.stop()
+    with Stub(script) as stub:
+        client = MessageBusClient(stub.url, callback_interval=0.2)
+        client.core.min_retry_after = 0.3  # the floor lowered: now the server's own Retry-After (1 s) holds
+        with client:
+            client.subscribe("/a", Recorder())
+            wait_until(lambda: len(stub.seen) >= 2, what="the retry")
+    assert 1.0 - 0.02 <= stub.seen[1].at - stub.seen[0].at < 1.5
+
+
+def test_no_first_chunk_falls_back_to_non_chunked(make_client: MakeClient) -> None:
+    def script(seen: Seen, n: int) -> Reply:
+        if "Dont-Chunk" in seen.headers:
+            return Reply(pieces=[status("/a", 3)] if n == 1 else [0.3, b"[]"])
+        return Reply(headers=STREAM, pieces=[3.0, b"[]\r\n|\r\n"], chunked=True)  # a buffering proxy
+
+    with Stub(script) as stub:
+        client = make_client(stub.url, first_chunk_timeout=0.5, retry_chunked_after=3)
+        client.subscribe("/a", Recorder())
+        wait_until(lambda: len(stub.seen) >= 6, timeout=20, what="the fallback and the retry of chunking")
+        client.stop()
+    chunked = ["Dont-Chunk" not in s.headers for s in stub.seen[:6]]
+    assert chunked[:5] == [True, False, False, False, True], chunked
+    assert client.stats.chunked_fallbacks >= 1
+
+
+def test_connection_refused_backs_off_doubling_with_jitter(make_client: MakeClient) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    attempts: list[float] = []
+
+    class Recording(httpx.AsyncHTTPTransport):
+        async def handle_async_request(self, request: httpx.Request) -> Any:
+            attempts.append(time.monotonic())
+            return await super().handle_async_request(request)
+
+    client = make_client(
+        f"http://127.0.0.1:{port}", transport=Recording(), min_poll_interval=0.1, max_poll_interval=0.8
+    )
+    client.subscribe("/a", Recorder())
+    time.sleep(3.5)
+    client.stop()
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
+    backoff = Backoff(0.1, 0.8)
+    assert len(gaps) >= 5, gaps
+    for i, gap in enumerate(gaps[:7], start=1):
+        base = backoff.base(i)
+        assert base * (1 - JITTER) - 0.01 <= gap <= base + 0.1, (i, gap, gaps)
+    assert client.stats.consecutive_failures == len(attempts)
+
+
+@pytest.mark.parametrize("bad", [b"not json", b'{"a": 1}', b"[1, 2]"])
+def test_an_answer_that_is_not_the_protocol_is_a_failure_not_a_crash(make_client: MakeClient, bad: bytes) -> None:
+    with Stub(lambda seen, n: Reply(pieces=[bad]) if n == 0 else Reply(pieces=[status("/a", 1)])) as stub:
+        client = make_client(stub.url)
+        client.subscribe("/a", Recorder())
+        wait_until(lambda: client.positions == {"/a": 1}, what="the poll after the failure")
+        assert client.stats.failures == 1 and "ProtocolViolation" in str(client.stats.last_error)
+
+
+def test_stop_awaited_in_an_async_callback_ends_the_client_after_it() -> None:
+    import asyncio
+
+    from shmbus.client import AsyncMessageBusClient
+
+    two = b"[%s,%s]" % tuple(b'{"global_id":%d,"message_id":%d,"channel":"/a","data":%d}' % (i, i, i) for i in (1, 2))
+
+    async def main(url: str) -> tuple[list[int], str]:
+        got: list[int] = []
+        client = AsyncMessageBusClient(url)
+
+        async def stop_at_first(msg: Any) -> None:
+            got.append(msg.message_id)
+            await client.stop()
+
+        client.subscribe("/a", stop_at_first, 0)
+        await client.start()
+        await asyncio.sleep(0.5)
+        return got, client.status
+
+    with Stub(lambda seen, n: Reply(pieces=[two]) if n == 0 else Reply(pieces=[1.0, b"[]"])) as stub:
+        assert asyncio.run(main(stub.url)) == ([1], "stopped")
