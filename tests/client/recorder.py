@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from shmbus.client import Message
@@ -52,7 +52,14 @@ def wait_until(pred: Callable[[], Any], timeout: float = 15.0, what: str = "cond
         time.sleep(0.02)
 
 
-def resolved(client: Any, channel: str, timeout: float = 15.0) -> int:
-    """Wait until ``channel``'s position is known (the server's status reached the client); that position."""
-    wait_until(lambda: client.positions.get(channel, -1) >= 0, timeout, f"the position of {channel}")
+def resolved(client: Any, channel: str, timeout: float = 15.0, subs: Iterable[Any] = ()) -> int:
+    """Wait until ``channel``'s position is known (the server's status reached the client), and each of ``subs``
+    (the subscriptions ``subscribe`` returned) has its own; that position. A second subscription at -1 made after
+    the first was resolved gets its own resolving request, so the channel's position alone does not say it is in."""
+    subs = list(subs)
+    wait_until(
+        lambda: client.positions.get(channel, -1) >= 0 and all(s.resolved for s in subs),
+        timeout,
+        f"the position of {channel}",
+    )
     return int(client.positions[channel])

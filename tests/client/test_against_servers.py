@@ -140,10 +140,9 @@ def test_a_second_callback_at_0_replays_to_itself_only(target: Target, make_clie
 def test_unsubscribe_one_callback_or_a_glob(target: Target, make_client: MakeClient, channel: str) -> None:
     client = make_client(target.url)
     a, b, c = Recorder(), Recorder(), Recorder()
-    client.subscribe(channel, a)
-    client.subscribe(channel, b)
+    subs = [client.subscribe(channel, a), client.subscribe(channel, b)]
     client.subscribe(channel + "/sub", c)
-    resolved(client, channel)
+    resolved(client, channel, subs=subs)
     resolved(client, channel + "/sub")
     assert client.unsubscribe(channel, a) is True
     assert client.unsubscribe(channel, a) is False
@@ -160,9 +159,8 @@ def test_unsubscribe_one_callback_or_a_glob(target: Target, make_client: MakeCli
 def test_a_callback_that_raises_does_not_stop_the_others(target: Target, make_client: MakeClient, channel: str) -> None:
     client = make_client(target.url)
     bad, good = Recorder(fail=True), Recorder()
-    client.subscribe(channel, bad)
-    client.subscribe(channel, good)
-    resolved(client, channel)
+    subs = [client.subscribe(channel, bad), client.subscribe(channel, good)]
+    resolved(client, channel, subs=subs)
     ids = [target.publish(channel, i) for i in range(2)]
     good.wait(2)
     bad.wait(2)
