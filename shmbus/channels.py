@@ -1,4 +1,4 @@
-"""Channel and site names: what is accepted, and how a (channel, site) pair is stored.
+"""Channel, site and bus names: what is accepted, and how a (channel, site) pair is stored.
 
 This is the one rule for channel names, used by the bus, the HTTP protocol, the SSE/WebSocket/REST transports, the
 admin page and the Spark sink (:func:`channel_problem`; the error is always :class:`~shmbus.errors.InvalidChannel`,
@@ -15,13 +15,18 @@ DistributedCache, the Spark sink's progress records): the bus's Python API reads
 outside (an HTTP poll, a transport, a Spark row) that names one is refused (``reserved=False``).
 
 Stored names follow message_bus: ``<channel>$|$<site>`` when a site applies, never for ``/global/`` channels.
+
+A bus name (:func:`check_bus_name`) is a file name in ``/dev/shm``: ASCII letters, digits and ``_ . @ + : = -``,
+1 to 200 of them, not starting with ``.`` or ``-``. No whitespace or control character (a newline made
+``shmbus list`` show two buses), no ``/``.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from .errors import InvalidChannel
+from .errors import InvalidArgument, InvalidChannel
 
 __all__ = [
     "GLOBAL_PREFIX",
@@ -30,6 +35,7 @@ __all__ = [
     "SITE_SEPARATOR",
     "RESERVED_PREFIX",
     "backend_name",
+    "check_bus_name",
     "channel_key",
     "channel_problem",
     "check_channel",
@@ -46,6 +52,7 @@ SITE_SEPARATOR = "$|$"
 SITE_SEPARATOR_BYTES = SITE_SEPARATOR.encode()
 #: Channels under this prefix are shared by every site.
 GLOBAL_PREFIX = "/global/"
+_BUS_NAME = re.compile(r"[A-Za-z0-9_@+:=][A-Za-z0-9_.@+:=-]{0,199}")
 #: Channels under this prefix are the bus's own; input from outside may not name them.
 RESERVED_PREFIX = "/__"
 
@@ -122,3 +129,14 @@ def split_backend_name(name: str) -> tuple[str, str | None]:
     channel, separator, site = name.partition(SITE_SEPARATOR)
     return channel, (site or None) if separator else None
 
+
+def check_bus_name(name: Any) -> str:
+    """``name`` when it can name a bus (see the module doc); :class:`~shmbus.errors.InvalidArgument` otherwise.
+
+    The bus, the segment and the command line all check names here, so a name that one accepts the others do."""
+    if not isinstance(name, str) or _BUS_NAME.fullmatch(name) is None:
+        raise InvalidArgument(
+            "a bus name is 1-200 of the characters A-Z a-z 0-9 _ . @ + : = - (not starting with '.' or '-'), "
+            f"got {name!r}"[:300]
+        )
+    return name
