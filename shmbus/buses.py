@@ -1,4 +1,5 @@
-"""The buses on this host: their names in ``/dev/shm``, and what ``shmbus list`` shows of each.
+"""The buses on this host: their names in ``/dev/shm``, what ``shmbus list`` shows of each, and what
+``shmbus destroy`` may remove.
 
 One place answers "which buses exist" for ``shmbus list``, for the hint of an unknown name on the command line and
 for :class:`~shmbus.errors.BusNotFound` (``Bus(name, create=False)``), so a typo is met with the names it missed.
@@ -7,14 +8,15 @@ for :class:`~shmbus.errors.BusNotFound` (``Bus(name, create=False)``), so a typo
 from __future__ import annotations
 
 import os
+import stat
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .errors import ShmbusError
+from .errors import LayoutMismatch, NotASegment, ShmbusError
 from .segment import peek, segment_path
 
-__all__ = ["BusInfo", "bus_names", "describe", "not_found_message"]
+__all__ = ["BusInfo", "bus_names", "describe", "not_found_message", "removal_problem"]
 
 _SHM_DIR = "/dev/shm"
 _PREFIX = "shmbus."
@@ -71,3 +73,25 @@ def not_found_message(name: str, path: str | None = None) -> str:
     hint = f"; buses on this host: {', '.join(map(repr, known))}" if known else "; there is no bus on this host"
     return f"no bus named {name!r} ({path or segment_path(name)}){hint}"
 
+
+def removal_problem(path: str, force: bool, *, exclude_pid: int | None = None) -> str | None:
+    """Why ``shmbus destroy`` must not remove ``path``, or None: never a symbolic link; never a file that is not a
+    segment unless ``force``; never a segment other processes are attached to unless ``force``."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return f"{path!r} is a symbolic link: not removed (destroy never follows or removes a link)"
+    try:
+        attached = [p for p in peek(path).processes if p != exclude_pid]
+    except LayoutMismatch:
+        return None  # a segment of another shmbus version: removing it is how to move on (its error says so)
+    except (NotASegment, OSError) as exc:
+        return None if force else f"{exc}: not removed (pass --force to remove it all the same)"
+    if attached and not force:
+        return (
+            f"bus at {path!r} is in use by process(es) {' '.join(map(str, attached))}: they would go on with a "
+            "segment nobody else can attach (a split bus). Stop them first, or pass --force"
+        )
+    return None

@@ -16,9 +16,9 @@ import time
 from typing import Any
 
 from .bus import Bus
-from .buses import bus_names, describe, not_found_message
-from .channels import split_backend_name
-from .segment import Segment
+from .buses import bus_names, describe, not_found_message, removal_problem
+from .channels import check_bus_name, split_backend_name
+from .segment import Segment, segment_path
 
 
 def _bus_name(args: argparse.Namespace) -> str:
@@ -284,29 +284,18 @@ def _age(seconds: float | None) -> str:
 
 def cmd_destroy(args: argparse.Namespace) -> int:
     name = _bus_name(args)
-    try:
-        seg = Segment.open(name, create=False, path=args.path)
-    except FileNotFoundError:
-        seg = None
-    except Exception as exc:  # damaged or foreign: removing it is what the user asked for
-        print(f"shmbus: {exc}", file=sys.stderr)
-        seg = None
-    if seg is not None:
+    path = args.path or segment_path(check_bus_name(name))
+    problem = removal_problem(path, args.force, exclude_pid=os.getpid())
+    if problem:
+        sys.exit(f"shmbus: {problem}")
+    gone = os.path.lexists(path)
+    if gone:
         try:
-            attached = _others(seg.processes())
-        finally:
-            seg.close()
-        if attached and not args.force:
-            sys.exit(
-                f"shmbus: bus {name!r} is in use by process(es) {' '.join(map(str, attached))}: they would "
-                "go on with a segment nobody else can attach (a split bus). Stop them first, or pass --force"
-            )
-    if args.path:
-        gone = os.path.exists(args.path)
-        if gone:
-            os.unlink(args.path)
-    else:
-        gone = Segment.destroy_by_name(name)
+            os.unlink(path)  # unlink never follows a link (and removal_problem refused one)
+        except FileNotFoundError:
+            gone = False
+        except OSError as exc:  # a directory with --force, a read-only mount: said, not a traceback
+            sys.exit(f"shmbus: cannot remove {path!r}: {exc}")
     print(
         json.dumps({"bus": name, "destroyed": gone})
         if args.json
@@ -438,10 +427,13 @@ def main(argv: list[str] | None = None) -> int:
         "destroy",
         "remove a bus segment (all its history)",
         "Remove a bus's segment and all its history. Refused while other processes are attached (they would "
-        "keep serving a segment nobody else can attach) unless --force is given.",
+        "keep serving a segment nobody else can attach), and for a file that is not a shmbus segment, unless "
+        "--force is given. A symbolic link is never followed nor removed.",
         [common],
     )
-    d.add_argument("--force", action="store_true", help="remove it even while processes are attached")
+    d.add_argument(
+        "--force", action="store_true", help="remove it even while processes are attached, or if it is not a segment"
+    )
     d.set_defaults(fn=cmd_destroy)
     g = add(
         "guble",

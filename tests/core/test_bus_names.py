@@ -74,3 +74,36 @@ def test_list_shows_size_processes_and_age_one_line_per_bus(make_bus: Any, bus_n
     finally:
         os.unlink(odd)
 
+
+def test_destroy_refuses_a_file_that_is_not_a_segment_unless_forced(tmp_path: Any) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("precious")
+    r = _cli("destroy", "--path", str(notes))
+    assert r.returncode != 0 and "not a shmbus segment" in r.stderr and "--force" in r.stderr
+    assert notes.read_text() == "precious"
+    r = _cli("destroy", "--path", str(tmp_path))  # a directory: refused, then a clear error even with --force
+    assert r.returncode != 0 and "not a regular file" in r.stderr
+    r = _cli("destroy", "--path", str(tmp_path), "--force")
+    assert r.returncode != 0 and "cannot remove" in r.stderr and "Traceback" not in r.stderr
+    assert _cli("destroy", "--path", str(notes), "--force").returncode == 0
+    assert not notes.exists()
+
+
+def test_destroy_never_follows_nor_removes_a_link(tmp_path: Any, bus_name: str) -> None:
+    seg_file = tmp_path / "bus.seg"
+    bus = shmbus.Bus(bus_name, path=str(seg_file), ring_size=1 << 16, max_channels=16, keepalive_interval=0)
+    bus.publish("/x", 1)
+    bus.close()
+    link = tmp_path / "link"
+    link.symlink_to(seg_file)
+    shm_link = segment_path(bus_name)  # a link planted where the bus's segment would be
+    os.symlink(seg_file, shm_link)
+    try:
+        for args in (["--path", str(link)], ["--path", str(link), "--force"], ["--bus", bus_name, "--force"]):
+            r = _cli("destroy", *args)
+            assert r.returncode != 0 and "symbolic link" in r.stderr, (args, r.stderr)
+        assert link.is_symlink() and os.path.islink(shm_link) and seg_file.stat().st_size > 0
+    finally:
+        os.unlink(shm_link)
+    r = _cli("destroy", "--path", str(seg_file), "--json")  # the segment itself, with nobody attached: removed
+    assert r.returncode == 0 and json.loads(r.stdout)["destroyed"] is True and not seg_file.exists()
