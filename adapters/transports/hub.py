@@ -28,7 +28,7 @@ from ..asgi_support import Receive, Send, lifespan, maybe_await
 from ..http import Client, Lookups, MessageBusProtocol, ProtocolError
 from ..http.client import filter_allows
 from ..http.options import bus_or_default
-from ..http.request import check_channel
+from ..http.request import check_channel as check_channel  # the transports' name for it
 from ..http.wire import CLIENT_ID_RE, INVALID_CLIENT_ID
 from ..looptap import LoopTap
 
