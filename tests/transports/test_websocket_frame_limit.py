@@ -86,7 +86,7 @@ def test_the_uvicorn_worker_refuses_a_huge_frame_from_its_header(bus: Bus, procs
         while b'"connected"' not in pending:  # the app's hello: the socket is open
             pending += sock.recv(4096)
         _send_header_only(sock, HUGE)
-        texts, code = _frames_until_close(sock, pending)  # the payload is never sent: the close answers the header
+        _, code = _frames_until_close(sock, pending)  # the payload is never sent: the close answers the header
     assert code == 1009
 
 
