@@ -44,6 +44,7 @@ before the response, so non-streaming long polls end at the timeout or the first
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import socket
@@ -62,6 +63,8 @@ from .http.client import Ending
 from .http.flow import RequestHead, run_sync, serve
 from .http.options import bus_or_default
 from .http.wire import CHUNKED_BODY_REFUSED, status_line
+
+log = logging.getLogger("shmbus.adapters")
 
 #: Largest single ``wsgi.input.read()``: bodies are read in bounded pieces, never all at once.
 READ_PIECE = 16 * 1024
@@ -89,6 +92,31 @@ def server_threads() -> int | None:
         if env and env.isdigit():
             return int(env)
     return threads
+
+
+_SYNC_WARNING = (
+    "shmbus: this WSGI server handles one request at a time (%s), so long polls are answered at once and "
+    "browsers see a message only at their next poll (about 15 s later; no streaming either). For a WSGI app use "
+    "gunicorn -c python:shmbus.adapters.integrations.gunicorn (32 threads per worker) or -k gevent; for many "
+    "clients an ASGI worker (README, 'Servers'); long_polling_on_sync_workers=True parks polls anyway"
+)
+_warned_sync = False
+
+
+def warn_if_sync_server(options: Options, where: str | None = None) -> bool:
+    """Log, once per process, that polls will not park: at construction in a gunicorn ``sync`` worker (``where`` is
+    None), or at the first poll of any other one-request-at-a-time server (``where`` says why). True if it did."""
+    global _warned_sync
+    if _warned_sync or options.long_polling_on_sync_workers:
+        return False
+    if where is None:
+        threaded = ("gunicorn.workers.gthread", "gunicorn.workers.ggevent", "gunicorn.workers.geventlet")
+        if "gunicorn.workers.sync" not in sys.modules or any(m in sys.modules for m in threaded):
+            return False
+        where = "gunicorn's sync worker: run without the shmbus config module, or with --threads 1"
+    _warned_sync = True
+    log.warning(_SYNC_WARNING, where)
+    return True
 
 
 def gevent_active() -> bool:
@@ -185,6 +213,7 @@ class MessageBusMiddleware:
         self.options = Options.from_kwargs(options)
         self._engine: _Engine | None = None
         self._lock = threading.Lock()
+        warn_if_sync_server(self.options)  # at start-up: gunicorn's sync worker polls at once, silently otherwise
 
     # ------------------------------------------------------------------ plumbing
     def _get_engine(self) -> _Engine:
@@ -266,6 +295,7 @@ class MessageBusMiddleware:
         if eng.gevent:
             return True
         if not environ.get("wsgi.multithread"):
+            warn_if_sync_server(self.options, "wsgi.multithread is false and gevent is not active")
             return self.options.long_polling_on_sync_workers
         threads = server_threads()
         if threads is not None:

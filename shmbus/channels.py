@@ -1,22 +1,42 @@
-"""Channel and site names: what is accepted, and how a (channel, site) pair is stored.
+"""Channel, site and bus names: what is accepted, and how a (channel, site) pair is stored.
 
-This is the one validator of names. The bus, the HTTP protocol and the transports all use
-:func:`channel_problem` (the transports add their own policy on top: a leading ``/``, no internal ``/__`` names).
+This is the one rule for channel names, used by the bus, the HTTP protocol, the SSE/WebSocket/REST transports, the
+admin page and the Spark sink (:func:`channel_problem`; the error is always :class:`~shmbus.errors.InvalidChannel`,
+which the HTTP layers answer with a 400). A channel name:
+
+* is a non-empty ``str`` that starts with ``/`` (the gem's own ``MessageBus::HTTPClient`` refuses anything else,
+  and its ``/global/`` and ``/__`` conventions are path prefixes; ``publish("chat", ...)`` is an error, not a
+  second spelling of ``/chat``);
+* holds no NUL, CR or LF and not the gem's site separator ``$|$``;
+* is at most :data:`MAX_CHANNEL_BYTES` bytes in UTF-8.
+
+Names under :data:`RESERVED_PREFIX` (``/__``) belong to the bus itself (the keepalive, ``/__status``, the
+DistributedCache, the Spark sink's progress records): the bus's Python API reads and writes them, but input from
+outside (an HTTP poll, a transport, a Spark row) that names one is refused (``reserved=False``).
+
 Stored names follow message_bus: ``<channel>$|$<site>`` when a site applies, never for ``/global/`` channels.
+
+A bus name (:func:`check_bus_name`) is a file name in ``/dev/shm``: ASCII letters, digits and ``_ . @ + : = -``,
+1 to 200 of them, not starting with ``.`` or ``-``. No whitespace or control character (a newline made
+``shmbus list`` show two buses), no ``/``.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from .errors import InvalidChannel
+from .errors import InvalidArgument, InvalidChannel
 
 __all__ = [
     "GLOBAL_PREFIX",
     "MAX_CHANNEL_BYTES",
     "MAX_SITE_BYTES",
     "SITE_SEPARATOR",
+    "RESERVED_PREFIX",
     "backend_name",
+    "check_bus_name",
+    "channel_key",
     "channel_problem",
     "check_channel",
     "check_site",
@@ -32,35 +52,54 @@ SITE_SEPARATOR = "$|$"
 SITE_SEPARATOR_BYTES = SITE_SEPARATOR.encode()
 #: Channels under this prefix are shared by every site.
 GLOBAL_PREFIX = "/global/"
+_BUS_NAME = re.compile(r"[A-Za-z0-9_@+:=][A-Za-z0-9_.@+:=-]{0,199}")
+#: Channels under this prefix are the bus's own; input from outside may not name them.
+RESERVED_PREFIX = "/__"
 
 
-def channel_problem(channel: Any) -> str | None:
-    """Why ``channel`` cannot be a channel name, or None when it can."""
+def channel_problem(channel: Any, *, reserved: bool = True, what: str = "channel") -> str | None:
+    """Why ``channel`` cannot be a channel name, or None when it can (the module doc states the rule).
+
+    ``reserved=False`` also refuses the bus's own ``/__`` names (input from outside); ``what`` names the thing in
+    the reason (``"pattern"``, ``"path"``)."""
     if not isinstance(channel, str):
-        return f"channel must be a str, got {type(channel).__name__}: {channel!r}"[:200]
+        return f"{what} must be a str, got {type(channel).__name__}: {channel!r}"[:200]
     if not channel:
-        return "channel must not be empty"
+        return f"{what} must not be empty"
+    if not channel.startswith("/"):
+        return f"{what} must start with '/' (message_bus channel names are paths): {channel[:80]!r}"
     if "\x00" in channel:
-        return f"channel must not contain NUL: {channel[:80]!r}"
+        return f"{what} must not contain NUL: {channel[:80]!r}"
+    if "\r" in channel or "\n" in channel:
+        return f"{what} must not contain CR or LF: {channel[:80]!r}"
     if SITE_SEPARATOR in channel:
-        return f"channel must not contain the site separator '{SITE_SEPARATOR}': {channel[:80]!r}"
+        return f"{what} must not contain the site separator '{SITE_SEPARATOR}': {channel[:80]!r}"
     if len(channel) > MAX_CHANNEL_BYTES:  # at least as many bytes as characters: no need to encode it all
-        return f"channel is longer than {MAX_CHANNEL_BYTES} bytes in UTF-8"
+        return f"{what} is longer than {MAX_CHANNEL_BYTES} bytes in UTF-8"
     try:
         size = len(channel.encode())
     except UnicodeEncodeError as exc:
-        return f"channel is not valid unicode: {exc}"
+        return f"{what} is not valid unicode: {exc}"
     if size > MAX_CHANNEL_BYTES:
-        return f"channel is {size} bytes in UTF-8; the limit is {MAX_CHANNEL_BYTES}"
+        return f"{what} is {size} bytes in UTF-8; the limit is {MAX_CHANNEL_BYTES}"
+    if not reserved and channel.startswith(RESERVED_PREFIX):
+        return f"{what} {channel[:80]!r} is reserved (names starting with '{RESERVED_PREFIX}' are the bus's own)"
     return None
 
 
-def check_channel(channel: Any) -> bytes:
-    """The UTF-8 name of a valid channel; :class:`~shmbus.errors.InvalidChannel` otherwise."""
-    problem = channel_problem(channel)
+def check_channel(channel: Any, *, reserved: bool = True, what: str = "channel") -> str:
+    """``channel`` when it is a valid name (see :func:`channel_problem`); :class:`~shmbus.errors.InvalidChannel`
+    with the reason otherwise."""
+    problem = channel_problem(channel, reserved=reserved, what=what)
     if problem is not None:
         raise InvalidChannel(problem)
-    return channel.encode()  # type: ignore[no-any-return,unused-ignore]
+    return channel  # type: ignore[no-any-return]
+
+
+def channel_key(channel: Any) -> bytes:
+    """The UTF-8 name of a valid channel, as the segment stores it; :class:`~shmbus.errors.InvalidChannel`
+    otherwise."""
+    return check_channel(channel).encode()
 
 
 def check_site(site_id: Any) -> bytes:
@@ -89,3 +128,15 @@ def split_backend_name(name: str) -> tuple[str, str | None]:
     """``(channel, site or None)`` of a stored name (inverse of :func:`backend_name`)."""
     channel, separator, site = name.partition(SITE_SEPARATOR)
     return channel, (site or None) if separator else None
+
+
+def check_bus_name(name: Any) -> str:
+    """``name`` when it can name a bus (see the module doc); :class:`~shmbus.errors.InvalidArgument` otherwise.
+
+    The bus, the segment and the command line all check names here, so a name that one accepts the others do."""
+    if not isinstance(name, str) or _BUS_NAME.fullmatch(name) is None:
+        raise InvalidArgument(
+            "a bus name is 1-200 of the characters A-Z a-z 0-9 _ . @ + : = - (not starting with '.' or '-'), "
+            f"got {name!r}"[:300]
+        )
+    return name

@@ -17,7 +17,8 @@ import time
 from typing import Any
 
 from .bus import Bus
-from .channels import split_backend_name
+from .buses import bus_names, describe, not_found_message, removal_problem
+from .channels import check_bus_name, split_backend_name
 from .segment import Segment, segment_path
 
 
@@ -33,19 +34,7 @@ def _open_existing(args: argparse.Namespace) -> Segment:
 
 
 def _no_such_bus(args: argparse.Namespace) -> str:
-    name = _bus_name(args)
-    known = _bus_names()
-    hint = f"; buses on this host: {', '.join(known)}" if known else "; there is no bus on this host"
-    return f"shmbus: no bus named {name!r} ({args.path or segment_path(name)}){hint}"
-
-
-def _bus_names() -> list[str]:
-    """Names of the buses in /dev/shm (not the temporary files of a bus being created)."""
-    try:
-        files = os.listdir("/dev/shm")
-    except FileNotFoundError:
-        return []
-    return sorted(f[len("shmbus.") :] for f in files if f.startswith("shmbus.") and ".init-" not in f)
+    return "shmbus: " + not_found_message(_bus_name(args), args.path)
 
 
 def _others(pids: list[int]) -> list[int]:
@@ -241,12 +230,12 @@ def cmd_publish(args: argparse.Namespace) -> int:
             data = json.loads(args.data)
         except ValueError as exc:
             sys.exit(f"shmbus: DATA is not valid JSON: {exc}")
-    bus = Bus(_bus_name(args), path=args.path, codec=args.codec, keepalive_interval=0, create=args.create)
+    try:  # create=False raises here: a mistyped name must not silently create a new bus
+        bus = Bus(_bus_name(args), path=args.path, codec=args.codec, keepalive_interval=0, create=args.create)
+        _ = bus.segment  # (or in the moment between the check and the attach)
+    except FileNotFoundError:
+        sys.exit(_no_such_bus(args) + " (pass --create to create it)")
     try:
-        try:
-            _ = bus.segment  # attach first: a mistyped name must not silently create a 34 MiB bus
-        except FileNotFoundError:
-            sys.exit(_no_such_bus(args) + " (pass --create to create it)")
         mid = bus.publish(
             args.channel,
             data,
@@ -262,36 +251,52 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    names = _bus_names()
-    print(json.dumps(names) if args.json else "\n".join(names))
+    infos = [describe(name, exclude_pid=os.getpid()) for name in bus_names()]
+    if args.json:
+        print(json.dumps([i.as_dict() for i in infos]))
+        return 0
+    if not infos:
+        print("no bus on this host")
+        return 0
+    rows = [
+        (
+            ascii(i.bus)[1:-1],  # a name made by hand may hold a newline: one bus, one line
+            _size(i.size_bytes),
+            str(len(i.processes)) if i.problem is None else "-",
+            _age(i.age_seconds) if i.problem is None else f"unreadable: {i.problem}",
+        )
+        for i in infos
+    ]
+    head = ("bus", "size", "processes", "age")
+    widths = [max(len(r[c]) for r in [head, *rows]) for c in range(3)]
+    for r in [head, *rows]:
+        print(f"{r[0].ljust(widths[0])}  {r[1].rjust(widths[1])}  {r[2].rjust(widths[2])}  {r[3]}")
     return 0
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.0f} s"
 
 
 def cmd_destroy(args: argparse.Namespace) -> int:
     name = _bus_name(args)
-    try:
-        seg = Segment.open(name, create=False, path=args.path)
-    except FileNotFoundError:
-        seg = None
-    except Exception as exc:  # damaged or foreign: removing it is what the user asked for
-        print(f"shmbus: {exc}", file=sys.stderr)
-        seg = None
-    if seg is not None:
+    path = args.path or segment_path(check_bus_name(name))
+    problem = removal_problem(path, args.force, exclude_pid=os.getpid())
+    if problem:
+        sys.exit(f"shmbus: {problem}")
+    gone = os.path.lexists(path)
+    if gone:
         try:
-            attached = _others(seg.processes())
-        finally:
-            seg.close()
-        if attached and not args.force:
-            sys.exit(
-                f"shmbus: bus {name!r} is in use by process(es) {' '.join(map(str, attached))}: they would "
-                "go on with a segment nobody else can attach (a split bus). Stop them first, or pass --force"
-            )
-    if args.path:
-        gone = os.path.exists(args.path)
-        if gone:
-            os.unlink(args.path)
-    else:
-        gone = Segment.destroy_by_name(name)
+            os.unlink(path)  # unlink never follows a link (and removal_problem refused one)
+        except FileNotFoundError:
+            gone = False
+        except OSError as exc:  # a directory with --force, a read-only mount: said, not a traceback
+            sys.exit(f"shmbus: cannot remove {path!r}: {exc}")
     print(
         json.dumps({"bus": name, "destroyed": gone})
         if args.json
@@ -419,16 +424,24 @@ def main(argv: list[str] | None = None) -> int:
     pb.add_argument("--client-id", action="append", help="deliver only to this client id (repeatable)")
     pb.add_argument("--codec", default="json", help="the bus's codec: json or msgpack (default json)")
     pb.set_defaults(fn=cmd_publish)
-    ls = add("list", "list the buses on this host", "List the names of the shared-memory buses in /dev/shm.", [out])
+    ls = add(
+        "list",
+        "list the buses on this host",
+        "List the shared-memory buses in /dev/shm: name, size, attached processes (this command excluded) and age.",
+        [out],
+    )
     ls.set_defaults(fn=cmd_list)
     d = add(
         "destroy",
         "remove a bus segment (all its history)",
         "Remove a bus's segment and all its history. Refused while other processes are attached (they would "
-        "keep serving a segment nobody else can attach) unless --force is given.",
+        "keep serving a segment nobody else can attach), and for a file that is not a shmbus segment, unless "
+        "--force is given. A symbolic link is never followed nor removed.",
         [common],
     )
-    d.add_argument("--force", action="store_true", help="remove it even while processes are attached")
+    d.add_argument(
+        "--force", action="store_true", help="remove it even while processes are attached, or if it is not a segment"
+    )
     d.set_defaults(fn=cmd_destroy)
     g = add(
         "guble",

@@ -6,6 +6,7 @@ __all__ = [
     "BusClosed",
     "BusDestroyed",
     "BusLockTimeout",
+    "BusNotFound",
     "ChannelTableFull",
     "EngineError",
     "InvalidArgument",
@@ -52,6 +53,12 @@ class BusDestroyed(ShmbusError):
 
 class BusClosed(BusDestroyed):
     """The bus was closed by this process."""
+
+
+class BusNotFound(ShmbusError, FileNotFoundError):
+    """``Bus(name, create=False)`` (or the command line) names a bus that does not exist: a typo, or the app that
+    creates it has not started. Raised by the constructor, not at first use; the message lists the buses that do
+    exist. A ``FileNotFoundError``, as before it had its own type."""
 
 
 class LayoutMismatch(ShmbusError):

@@ -70,9 +70,11 @@ def parse_query_dlp(query: str) -> bool:
     return False
 
 
-def check_channel(channel: Any) -> str:
-    """A channel name from a client (:func:`shmbus.channels.channel_problem` says why not: a 400)."""
-    problem = channel_problem(channel)
+def check_channel(channel: Any, what: str = "channel") -> str:
+    """A channel (or pattern, or path) name from a client: the bus's one rule
+    (:func:`shmbus.channels.channel_problem`) with its reserved ``/__`` names refused too; a ProtocolError(400)
+    with the reason, never a crash. Every HTTP entry (polls, SSE, WebSocket, REST, guble) uses this."""
+    problem = channel_problem(channel, reserved=False, what=what)
     if problem is not None:
         raise ProtocolError(400, problem)
     return channel  # type: ignore[no-any-return]

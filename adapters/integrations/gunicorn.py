@@ -23,6 +23,7 @@ Worker classes and their limits:
                                            so polls are answered at once (clients poll about every 15 s)
                                            unless the middleware gets ``long_polling_on_sync_workers=True``
                                            (then use many workers and a short ``long_polling_interval``).
+                                           The WSGI middleware logs a warning once at start-up there.
 ``gthread`` (default here)                 One thread per parked poll; ``threads`` bounds concurrent long
                                            polls per worker. Good for a few hundred clients per worker.
 ``gevent``                                 One greenlet per parked poll (``worker_connections``, default

@@ -44,6 +44,10 @@ class Limits:
     max_head_size: int = MAX_HEAD_SIZE
     #: Seconds an error response's connection keeps draining input before it is closed.
     linger: float = 2.0
+    #: Largest incoming WebSocket message (the UvicornWorker's uvicorn ``ws_max_size``): a frame whose length says
+    #: more is refused with close code 1009 as soon as the length is read, before any of it is buffered. The
+    #: WebSocket transports' own ``max_frame`` (64 KiB) by default.
+    max_ws_frame: int = 64 * 1024
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -7,14 +7,15 @@ body that never ends (a chunk size of ``ffffffffffffffff``), holds its connectio
 500 such connections are a cheap denial of service. This worker runs uvicorn with :class:`GuardedHttpToolsProtocol`,
 which answers ``408`` and closes when a head is not complete within ``header_timeout`` or a body within
 ``body_timeout``, and caps open connections per worker at ``max_connections`` (uvicorn's ``limit_concurrency``:
-``503`` beyond it). Limits come from ``shmbus_server = {...}`` in the gunicorn config file, with the names and
-defaults of :class:`shmbus.adapters.server.Limits`: pipelined input is held to ``max_pipeline_bytes`` while
-requests are queued (uvicorn itself resumes reading after every response, so a pipelining client could queue
-requests without bound). Body size limits on message-bus routes are the middleware's
-(``max_body_size``, ``411`` for chunked bodies).
+``503`` beyond it), and refuses a WebSocket frame over ``max_ws_frame`` (64 KiB) with close code 1009 as soon
+as its length is read (uvicorn's ``ws_max_size``, 16 MiB by default). Limits come from ``shmbus_server = {...}``
+in the gunicorn config file, with the names and defaults of :class:`shmbus.adapters.server.Limits`: pipelined
+input is held to ``max_pipeline_bytes`` while requests are queued (uvicorn itself resumes reading after every
+response, so a pipelining client could queue requests without bound). Body size limits on message-bus routes are
+the middleware's (``max_body_size``, ``411`` for chunked bodies).
 
 Plain ``uvicorn`` can use the protocol too (default limits):
-``uvicorn app:app --http shmbus.adapters.server.uvicorn_worker:GuardedHttpToolsProtocol``.
+``uvicorn app:app --http shmbus.adapters.server.uvicorn_worker:GuardedHttpToolsProtocol --ws-max-size 65536``.
 Needs ``httptools`` (in the ``web`` extra).
 """
 
@@ -191,6 +192,9 @@ class UvicornWorker(_UvicornWorker):
         limits = Limits.from_mapping(gunicorn_config_value(self, "shmbus_server"))
         self.config.http = type("ConfiguredGuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), {"limits": limits})
         self.config.limit_concurrency = limits.max_connections
+        # uvicorn checks ws_max_size when it reads a frame's length; its 16 MiB default let a client make a worker
+        # buffer 16 MiB per frame before the app's 64 KiB max_frame could refuse it
+        self.config.ws_max_size = limits.max_ws_frame
         # uvicorn waits for every open request on shutdown, parked 25 s polls included, and gunicorn kills the
         # worker at graceful_timeout ("Perhaps out of memory?"): cancel them a second before that instead.
         self.config.timeout_graceful_shutdown = max(int(self.cfg.graceful_timeout) - 1, 1)

@@ -18,6 +18,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from shmbus.channels import check_channel
+
 from .readers import Location
 
 log = logging.getLogger("shmbus.spark")
@@ -168,5 +170,7 @@ class Options:
             )
         if not self.channels:
             raise ValueError("the shmbus source needs .option('channels', '/a,/b') (comma list or JSON list)")
+        for channel in self.channels:
+            check_channel(channel)  # the bus's one rule: a typed InvalidChannel now, not an empty stream
         if self.data_format not in ("string", "binary"):
             raise ValueError(f"the shmbus source's dataFormat must be 'string' or 'binary', got {self.data_format!r}")

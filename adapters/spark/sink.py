@@ -18,6 +18,7 @@ from pyspark.sql.types import (
 )
 
 from shmbus import jsonlib
+from shmbus.channels import check_channel
 
 from .options import (
     SINK_BACKLOG,
@@ -77,6 +78,8 @@ class _BusWriterBase:
             raise ValueError(f"the shmbus sink needs a 'data' column; got {names}")
         if "channel" not in names and not opts.channel:
             raise ValueError("the shmbus sink needs a 'channel' column or .option('channel', '/name')")
+        if opts.channel:
+            check_channel(opts.channel, reserved=False)  # a typed InvalidChannel before any row is read
         self.opts = opts
         self.columns = tuple(names)
 
@@ -99,6 +102,9 @@ class _BusWriterBase:
                 channel = opts.channel
             if not channel:
                 raise ValueError(f"row without a channel (no 'channel' value and no channel option): {row!r}")
+            # the one channel rule, and never the bus's own /__ channels (a row could forge a DistributedCache
+            # operation or a sink's progress record): an InvalidChannel fails the task, nothing of the row is sent
+            check_channel(channel, reserved=False)
             data = row["data"]
             options = dict(extra)
             for column in targeted:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from shmbus.bus import KEEPALIVE_CHANNEL, Bus
-from shmbus.channels import GLOBAL_PREFIX, channel_problem
+from shmbus.channels import GLOBAL_PREFIX, RESERVED_PREFIX
 from shmbus.message import Message
 from shmbus.patterns import compile_pattern
 
@@ -28,6 +28,7 @@ from ..asgi_support import Receive, Send, lifespan, maybe_await
 from ..http import Client, Lookups, MessageBusProtocol, ProtocolError
 from ..http.client import filter_allows
 from ..http.options import bus_or_default
+from ..http.request import check_channel as check_channel  # the transports' name for it
 from ..http.wire import CLIENT_ID_RE, INVALID_CLIENT_ID
 from ..looptap import LoopTap
 
@@ -45,27 +46,8 @@ DEFAULT_MAX_BUFFER = 1 << 20
 MAX_SUBSCRIPTIONS = 200
 PATTERN_KINDS = ("prefix", "glob")
 
-_INTERNAL_PREFIX = "/__"  # /__mb_keepalive__/, /__status: bus-internal, never delivered
-
 
 # ---------------------------------------------------------------------------------------------------- input
-def check_channel(ch: Any, what: str = "channel") -> str:
-    """Validate a channel (or pattern) name from a client: a ProtocolError(400) with the reason, never a crash.
-
-    On top of the bus's rules (:func:`shmbus.channels.channel_problem`): a leading ``/``, no CR or LF, and no
-    internal ``/__`` names."""
-    problem = channel_problem(ch)
-    if problem is not None:
-        raise ProtocolError(400, problem.replace("channel", what, 1))
-    if not ch.startswith("/"):
-        raise ProtocolError(400, f"{what} must start with '/': {ch[:80]!r}")
-    if "\r" in ch or "\n" in ch:
-        raise ProtocolError(400, f"{what} must not contain CR or LF: {ch[:80]!r}")
-    if ch.startswith(_INTERNAL_PREFIX):
-        raise ProtocolError(400, f"{what} {ch[:80]!r} is reserved (names starting with '/__' are internal)")
-    return ch  # type: ignore[no-any-return]
-
-
 def check_pattern(pattern: Any, kind: str) -> str:
     """Validate a pattern from a client (:func:`check_channel`'s rules, then :func:`shmbus.patterns.compile_pattern`
     must accept it: no empty set ``[]``, no reversed range ``[z-a]``): a ProtocolError(400), never a crash."""
@@ -243,7 +225,7 @@ def replay_since(
         if floor > after_gid or (first and first[0].global_id > after_gid + 1):
             gaps.extend(p for p, _ in pats)
         for m in bus.global_backlog(after_gid):
-            if m.global_id > upto_gid or m.global_id in out or m.channel.startswith(_INTERNAL_PREFIX):
+            if m.global_id > upto_gid or m.global_id in out or m.channel.startswith(RESERVED_PREFIX):
                 continue
             if site_matches(m, site) and any(match(m.channel) for _, match in pats):
                 out[m.global_id] = m
@@ -368,7 +350,7 @@ class Sink:
         return hit and self.allowed(msg)
 
     def allowed(self, msg: Message) -> bool:
-        if msg.channel.startswith(_INTERNAL_PREFIX) or not site_matches(msg, self.site):
+        if msg.channel.startswith(RESERVED_PREFIX) or not site_matches(msg, self.site):
             return False
         if not self.checker.allowed(msg):
             return False

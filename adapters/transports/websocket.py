@@ -19,7 +19,9 @@ Server -> client: messages as message_bus sends them (``{"global_id","message_id
 ``{"op":"pong"}``, ``{"op":"error","reason":...}``. Bad input of any kind gets an error frame; the connection stays
 open. A subscription's replay and its live messages never overlap (live starts after the global id the replay
 read up to). A bus reset sends a ``reset`` status and replays the new epoch's retained backlog of every
-subscription. A client that stops reading is closed (code 1008) once ``max_buffer`` bytes are queued for it.
+subscription. A client that stops reading is closed (code 1008) once ``max_buffer`` bytes are queued for it; a
+message over ``max_frame`` closes the socket with code 1009 (run the server with the same limit, see
+:data:`MAX_FRAME`, so that it refuses the frame when it reads its length instead of buffering it first).
 """
 
 from __future__ import annotations
@@ -54,11 +56,14 @@ from .hub import (
 
 __all__ = ["WebSocketApp"]
 
-#: Largest incoming frame (characters/bytes); larger frames get an error.
+#: Largest incoming message (characters/bytes): larger closes the socket with 1009. The server must apply it too,
+#: when it reads a frame's length (uvicorn's ``--ws-max-size``, set by shmbus's UvicornWorker): otherwise it buffers
+#: the whole frame (up to its own 16 MiB default) before the app sees it.
 MAX_FRAME = 64 * 1024
 #: Largest ``count`` of one replay.
 MAX_REPLAY = 1000
 CLOSE_POLICY = 1008
+CLOSE_TOO_BIG = 1009
 CLOSE_SERVER_ERROR = 1011
 
 
@@ -181,6 +186,11 @@ class WebSocketApp(TransportApp):
                 if not t.done():
                     t.cancel()
             await asyncio.gather(writer, reader, return_exceptions=True)
+        too_big = reader.result() if reader.done() and not reader.cancelled() and not reader.exception() else None
+        if too_big:
+            await send({"type": "websocket.send", "text": self.refusal(too_big, internal=False)})
+            await send({"type": "websocket.close", "code": CLOSE_TOO_BIG, "reason": too_big[:120]})
+            return
         if sink.dropped:
             self.dropped += 1
             try:  # best effort: a client that does not read may never see it
@@ -234,30 +244,29 @@ class WebSocketApp(TransportApp):
                     return
                 send_task.result()
 
-    async def _reader(self, sink: Sink, scope: Scope, receive: Receive) -> None:
+    async def _reader(self, sink: Sink, scope: Scope, receive: Receive) -> str | None:
+        """Handle the client's messages until it leaves (None), or until one is over ``max_frame`` (the reason:
+        the socket is then closed with 1009)."""
         while True:
             message = await receive()
             kind = message["type"]
             if kind == "websocket.disconnect":
                 sink.closed = True
                 sink.wake()
-                return
+                return None
             if kind != "websocket.receive":
                 continue
             text = message.get("text")
+            size = len(text) if text is not None else len(message.get("bytes") or b"")
+            if size > self.max_frame:
+                _warn_server_limit(size, self.max_frame)
+                return f"message too big ({size} > max_frame {self.max_frame})"
             if text is None:
-                raw = message.get("bytes") or b""
-                if len(raw) > self.max_frame:
-                    self._error(sink, f"frame too large (limit {self.max_frame} bytes)")
-                    continue
                 try:
-                    text = raw.decode("utf-8")
+                    text = (message.get("bytes") or b"").decode("utf-8")
                 except UnicodeDecodeError:
                     self._error(sink, "binary frame is not valid UTF-8 JSON")
                     continue
-            if len(text) > self.max_frame:
-                self._error(sink, f"frame too large (limit {self.max_frame} characters)")
-                continue
             await self._handle(sink, scope, text)
 
     # ------------------------------------------------------------------ ops
@@ -414,3 +423,21 @@ class WebSocketApp(TransportApp):
         rp = replay_since(self.bus, channels, patterns, sink.site, 0, upto)
         sink.push_allowed(rp.messages)
         sink.refloor(upto)
+
+
+_warned_server_limit = False
+
+
+def _warn_server_limit(size: int, max_frame: int) -> None:
+    """Say once per process that the server buffered a message over ``max_frame`` before the app could refuse it."""
+    global _warned_server_limit
+    if not _warned_server_limit:
+        _warned_server_limit = True
+        log.warning(
+            "shmbus: a WebSocket message of %d bytes reached the app (max_frame %d): the server read and buffered "
+            "it whole first. Give the server the same limit so it refuses such a frame from its header: gunicorn "
+            "-k shmbus.adapters.server.uvicorn_worker.UvicornWorker (does it), or uvicorn --ws-max-size %d",
+            size,
+            max_frame,
+            max_frame,
+        )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import html
 import json
 import os
 import time
@@ -38,6 +39,7 @@ STATIC_TYPES = {
     ".js": "text/javascript; charset=utf-8",
     ".css": "text/css; charset=utf-8",
     ".md": "text/plain; charset=utf-8",
+    ".svg": "image/svg+xml",
 }
 CHAT = "/chat"
 CLICKS = "/events/clicks"  # the Spark example's input channel
@@ -93,14 +95,15 @@ class Lifespan:
 
     async def _report(self) -> None:
         while True:
-            parked = 0
-            with contextlib.suppress(Exception):
-                parked = app.protocol().registry.parked
+            # every client this worker holds: parked long polls, and streams (the npm client's default mode,
+            # guble's WebSockets); the same figures `shmbus top` and /admin show
+            held = bus.metrics.gauges()
             bus.publish(
                 WORKERS,
                 {
                     "pid": os.getpid(),
-                    "parked": parked,
+                    "parked": held.get("parked", 0),
+                    "streams": held.get("streams", 0),
                     "at": time.time(),
                     **{k: stats[k] for k in ("requests", "chats", "clicks")},
                 },
@@ -112,7 +115,17 @@ class Lifespan:
 class Page:
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         resp.content_type = STATIC_TYPES[".html"]
-        resp.data = (STATIC / "index.html").read_bytes()
+        # the page's commands name the bus this demo runs on (scripts/demo --bus NAME), not always "demo"
+        resp.data = (STATIC / "index.html").read_bytes().replace(b"{{bus}}", html.escape(bus.name).encode())
+
+
+class Favicon:
+    """``/favicon.ico``: browsers ask for it on every page; the demo's icon (an SVG) instead of a 404."""
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        resp.content_type = "image/svg+xml"
+        resp.data = (STATIC / "favicon.svg").read_bytes()
+        resp.cache_control = ["max-age=86400"]
 
 
 class Static:
@@ -163,6 +176,7 @@ class WhoAmI:
 api = falcon.asgi.App(middleware=[Counter(), Lifespan()])
 api.add_route("/", Page())
 api.add_route("/static/{name}", Static())
+api.add_route("/favicon.ico", Favicon())
 api.add_route("/chat", Chat())
 api.add_route("/click", Click())
 api.add_route("/whoami", WhoAmI())

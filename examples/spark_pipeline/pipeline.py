@@ -17,7 +17,9 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import sys
+import threading
 from typing import Any
 
 EVENTS_CHANNEL = "/events/clicks"
@@ -95,47 +97,70 @@ def main() -> int:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     from shmbus.adapters.spark import spark_session
 
-    spark = spark_session("shmbus-clicks-dashboard", args.master)
-    query = build_query(
-        spark, args.bus, args.checkpoint, available_now=args.available_now, trigger_seconds=args.trigger
-    )
-    print(
-        f"streaming {EVENTS_CHANNEL} -> {DASHBOARD_CHANNEL} on bus {args.bus!r}"
-        + ("" if args.available_now else "; Ctrl-C to stop"),
-        flush=True,
-    )
+    # Ctrl-C only asks to stop; the stop itself happens here, between JVM calls. (pyspark's own SIGINT handler
+    # calls into the JVM from inside the signal, cancelAllJobs, while the main thread waits on the same py4j
+    # connection, and each interrupted py4j call logs its tracebacks: about 40 lines before "stopping".)
+    stop = threading.Event()
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt  # a second Ctrl-C: stop at once, whatever it prints
+        stop.set()
+
+    # While the JVM starts, Ctrl-C waits (blocked, not lost): the SparkContext installs pyspark's handler at the
+    # end, and ours must replace it before any Ctrl-C is delivered.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        query.awaitTermination()
-    except KeyboardInterrupt:  # a normal way to stop: no traceback from Spark's threads
-        print("stopping", flush=True)
-    except Exception as exc:  # Spark wraps the source's error in a page of JVM trace: say what matters
-        text = str(exc)
-        if "BusDataLossError" in text:
-            reason = next((line.strip() for line in text.splitlines() if "BusDataLossError" in line), text[:300])
-            print(
-                f"pipeline.py: {reason}\n\nThe checkpoint {args.checkpoint} refers to messages this bus no longer "
-                "has (the bus was reset or recreated since). Start over with --reset-checkpoint.",
-                file=sys.stderr,
+        spark = spark_session("shmbus-clicks-dashboard", args.master)
+    finally:
+        signal.signal(signal.SIGINT, on_sigint)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    query = None
+    try:
+        if not stop.is_set():
+            query = build_query(
+                spark, args.bus, args.checkpoint, available_now=args.available_now, trigger_seconds=args.trigger
             )
-            return 2
-        raise
+            print(
+                f"streaming {EVENTS_CHANNEL} -> {DASHBOARD_CHANNEL} on bus {args.bus!r}"
+                + ("" if args.available_now else "; Ctrl-C to stop"),
+                flush=True,
+            )
+            while query.isActive and not stop.wait(0.5):  # not awaitTermination(): a JVM call Ctrl-C would cut
+                pass
+        if stop.is_set():
+            print("stopping (the running batch commits first)", flush=True)
+        elif query is not None and query.exception() is not None:
+            return _failed(query.exception(), args.checkpoint)
     finally:
         _quiet_stop(query, spark)
     return 0
 
 
-def _quiet_stop(query: Any, spark: Any) -> None:
-    """Stop the query between micro-batches, then the session, without the py4j tracebacks an interrupted JVM
-    call prints."""
-    import logging
+def _failed(exc: Any, checkpoint: str) -> int:
+    """Say what matters of a failed query (Spark wraps the source's error in a page of JVM trace)."""
+    text = str(exc)
+    if "BusDataLossError" in text:
+        reason = next((line.strip() for line in text.splitlines() if "BusDataLossError" in line), text[:300])
+        print(
+            f"pipeline.py: {reason}\n\nThe checkpoint {checkpoint} refers to messages this bus no longer "
+            "has (the bus was reset or recreated since). Start over with --reset-checkpoint.",
+            file=sys.stderr,
+        )
+        return 2
+    print(f"pipeline.py: the query failed: {text[:2000]}", file=sys.stderr)
+    return 1
 
+
+def _quiet_stop(query: Any, spark: Any) -> None:
+    """Stop the query between micro-batches (its batch commits, nothing is aborted), then the session."""
     from shmbus.adapters.spark import stop_gracefully
 
-    logging.getLogger("py4j").setLevel(logging.CRITICAL)
-    for step in (lambda: stop_gracefully(query, timeout=10), query.stop, spark.stop):
+    steps = [spark.stop] if query is None else [lambda: stop_gracefully(query, timeout=30), query.stop, spark.stop]
+    for step in steps:
         try:
             step()
-        except Exception:  # already stopping: Ctrl-C also reached the JVM
+        except Exception:  # the JVM is already going (a second Ctrl-C): nothing more to stop
             pass
 
 

@@ -11,9 +11,11 @@ from typing import Any
 
 from .. import forks
 from .. import segment as _segment
+from ..buses import not_found_message
+from ..channels import check_bus_name
 from ..codecs import Codec, get_codec
 from ..engines import Engine, EngineLike, SharedMemoryEngine, _DraftEngine, as_engine
-from ..errors import InvalidArgument
+from ..errors import BusNotFound, InvalidArgument
 from ..message import Message
 from ..metrics import Metrics
 from ..segment import Segment
@@ -42,8 +44,9 @@ class Bus(Publishing, Reading, Subscribing, Listening):
     ``max_global_backlog_size`` (2000), ``max_backlog_age`` (7 days without a publish expires a channel and
     restarts its ids), ``clear_every`` (1); ``site_id_lookup`` (zero-argument callable giving the current site);
     ``keepalive_interval`` (60; 0 or anything <= 20 disables it); ``engine`` (the default engine); ``create``
-    (False: attach only, ``FileNotFoundError`` if the bus does not exist yet); ``mode`` (permission bits of a new
-    segment and the most an existing one may grant: ``0o600``, or ``0o660`` to share the bus with a group);
+    (False: attach only; :class:`~shmbus.errors.BusNotFound` from this constructor if the bus does not exist,
+    naming the buses that do); ``mode`` (permission bits of a new segment and the most an existing one may
+    grant: ``0o600``, or ``0o660`` to share the bus with a group);
     ``lock_timeout`` (seconds a publish or attach waits for the writer lock before
     :class:`~shmbus.errors.BusLockTimeout`, 5). Bad values raise :class:`~shmbus.errors.InvalidArgument` here,
     not at first use.
@@ -72,8 +75,10 @@ class Bus(Publishing, Reading, Subscribing, Listening):
         mode: int = 0o600,
         lock_timeout: float = 5.0,
     ) -> None:
-        if not isinstance(name, str) or not name or "/" in name or "\x00" in name or len(name) > 200:
-            raise InvalidArgument(f"bus name must be a non-empty string without '/' or NUL, got {name!r}")
+        check_bus_name(name)
+        if not create and not os.path.lexists(path or _segment.segment_path(name)):
+            # now, not at first use: a mistyped name fails where it is written, naming the buses that exist
+            raise BusNotFound(not_found_message(name, path) + " (create=False: this process only attaches)")
         check_count("max_backlog_size", max_backlog_size)
         check_count("max_global_backlog_size", max_global_backlog_size)
         max_backlog_age = check_seconds("max_backlog_age", max_backlog_age)

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
-from ..channels import GLOBAL_PREFIX, SITE_SEPARATOR_BYTES, check_channel, check_site
+from ..channels import GLOBAL_PREFIX, SITE_SEPARATOR_BYTES, channel_key, check_site
 from ..codecs import Codec
 from ..errors import BusClosed, BusDestroyed
 from ..message import Message
@@ -146,7 +146,7 @@ class BusState:
     # ------------------------------------------------------------------ validation
     def _channel_key(self, channel: Any) -> bytes:
         """The channel's UTF-8 name, validated once and cached (see :mod:`shmbus.channels`)."""
-        return _cached_name(self._channel_cache, channel, check_channel, 50_000)
+        return _cached_name(self._channel_cache, channel, channel_key, 50_000)
 
     def _site_key(self, site_id: Any) -> bytes:
         """The site's UTF-8 name, validated once and cached."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..channels import check_channel
 from ..errors import BusDestroyed, InvalidChannel
 from ..message import Message
 from ..patterns import compile_pattern
@@ -67,10 +68,10 @@ class Subscribing(BusState):
             if channel is None:
                 raise InvalidChannel("a pattern subscription needs a pattern string")
         if channel is not None:
-            if not isinstance(channel, str) or not channel or "\x00" in channel:
-                raise InvalidChannel(f"channel must be a non-empty str without NUL, got {channel!r}")
             if kind is None:
                 self._channel_key(channel)
+            else:
+                check_channel(channel, what="pattern")  # the channel rule; compile_pattern checks the glob
         if last_id is not None and (isinstance(last_id, bool) or not isinstance(last_id, int)):
             raise TypeError(f"last_id must be an int or None, got {last_id!r}")
         sub = Subscription(channel, callback, kind, only_site, owner, self._note_owner_gone)

@@ -58,6 +58,7 @@ from .layout import (
     Record,
     SegmentStats,
     SlotState,
+    peek,
     segment_path,
 )
 
@@ -71,5 +72,6 @@ __all__ = [
     "Segment",
     "SegmentStats",
     "SlotState",
+    "peek",
     "segment_path",
 ]

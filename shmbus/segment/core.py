@@ -15,7 +15,9 @@ import time
 import posix_ipc
 
 from .. import _native
+from ..channels import check_bus_name
 from ..errors import (
+    BusNotFound,
     NotASegment,
     UnsupportedPlatform,
 )
@@ -101,13 +103,14 @@ class Segment(Ring, ChannelTable, Processes, Locking):
             raise ValueError(f"mode must be permission bits within 0o666 including 0o600, got {mode!r}")
         if not isinstance(lock_timeout, (int, float)) or not 0 < lock_timeout < 1e6:
             raise ValueError(f"lock_timeout must be a positive number of seconds, got {lock_timeout!r}")
+        check_bus_name(name)
         fpath = segment_path(name) if path is None else path
         for _ in range(5):  # a creator racing us may link its segment between our attempts
             try:
                 fd, shm = cls._open_fd(name, path)
             except FileNotFoundError:
                 if not create:
-                    raise FileNotFoundError(f"no shmbus segment named {name!r} ({fpath})") from None
+                    raise BusNotFound(f"no shmbus segment named {name!r} ({fpath})") from None
                 try:
                     fd, shm, mm = cls._create(name, path, fpath, ring_size, max_channels, codec_name, mode)
                 except FileExistsError:
@@ -262,6 +265,7 @@ class Segment(Ring, ChannelTable, Processes, Locking):
     @staticmethod
     def destroy_by_name(name: str) -> bool:
         """Remove a segment by name; True if one existed."""
+        check_bus_name(name)
         try:
             os.unlink(segment_path(name))
             return True

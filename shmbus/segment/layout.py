@@ -318,3 +318,36 @@ def _pid_alive(pid: int) -> bool:
     except (OverflowError, ValueError, OSError):
         return False
     return True
+
+
+@dataclass
+class Peek:
+    """What the header of a segment file says, read without attaching (``shmbus list``, ``shmbus destroy``)."""
+
+    size: int
+    created_at: float
+    processes: list[int]
+
+
+def peek(path: str) -> Peek:
+    """Read the header of the segment at ``path`` without mapping it, taking its lock or joining its process table
+    (so listing buses never changes what their own ``stats`` show). Never follows a symbolic link.
+
+    :class:`~shmbus.errors.NotASegment` when the file is not a regular file with a shmbus header,
+    :class:`~shmbus.errors.LayoutMismatch` when another layout version wrote it; ``OSError`` when unreadable."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotASegment(f"{path!r} is not a regular file, so not a shmbus segment")
+        head = os.pread(fd, HEADER_SIZE, 0) if st.st_size >= HEADER_SIZE else b""
+    finally:
+        os.close(fd)
+    if len(head) < HEADER_SIZE or head[: len(MAGIC)] != MAGIC:
+        raise NotASegment(f"{path!r} is not a shmbus segment (no shmbus header)")
+    version = _U32.unpack_from(head, len(MAGIC))[0]
+    if version != LAYOUT_VERSION:
+        raise LayoutMismatch(f"{path!r} has layout version {version}, this shmbus reads {LAYOUT_VERSION}")
+    created_at = _H_STATIC.unpack_from(head, 0)[4]
+    pids = (_U32.unpack_from(head, _OFF_PROCS + i * _PROC_SIZE)[0] for i in range(MAX_PROCS))
+    return Peek(st.st_size, created_at, [p for p in pids if _pid_alive(p)])

@@ -67,7 +67,10 @@ def test_a_refused_publish_option_leaves_the_bus_unchanged(
     assert [m.data for m in bus.backlog("/v")] == [0, 1, 2, "next"]
 
 
-@pytest.mark.parametrize("channel", [["/a"], None, 42, b"/bytes", {"c": 1}, "", "a\x00b", "x$|$y", "é" * 81])
+@pytest.mark.parametrize(
+    "channel",
+    [["/a"], None, 42, b"/bytes", {"c": 1}, "", "/a\x00b", "/x$|$y", "/" + "é" * 81, "chat", "a/b", "/a\nb", "/a\rb"],
+)
 def test_bad_channels_are_invalid_channel_everywhere(make_bus: Any, channel: Any) -> None:
     bus = make_bus()
     bus.publish("/v", 1)
@@ -80,10 +83,23 @@ def test_bad_channels_are_invalid_channel_everywhere(make_bus: Any, channel: Any
     ]
     if channel is not None:  # backlog(None) is the global backlog
         calls.append(lambda: bus.backlog(channel))
+    if channel is not None:
+        calls.append(lambda: bus.subscribe(channel, print))
+        calls.append(lambda: bus.subscribe(channel, print, pattern="prefix"))
     for call in calls:
         with pytest.raises(shmbus.InvalidChannel):
             call()
     assert _state(bus) == before
+
+
+def test_a_name_without_a_leading_slash_says_so(make_bus: Any) -> None:
+    """``publish("chat", 1)`` was accepted while SSE and WebSocket refused ``chat``: one rule, one clear reason."""
+    bus = make_bus()
+    with pytest.raises(shmbus.InvalidChannel, match="must start with '/'"):
+        bus.publish("chat", 1)
+    with pytest.raises(shmbus.InvalidChannel, match="pattern must start with '/'"):
+        bus.subscribe("chat/*", print, pattern=True)
+    assert bus.publish("/__shmbus_cache/x", 1) == 1  # the bus's own names stay open to the Python API
 
 
 @pytest.mark.parametrize(

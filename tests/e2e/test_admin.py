@@ -157,6 +157,7 @@ def test_admin_page_plots_both_workers_under_load_and_refuses_non_admins(
     assert rates["publishes/s"]["points"] >= 5
     ring = {s["label"]: s for s in charts["ring"]}
     assert ring["fill %"]["max"] > 0
+    assert_every_plot_has_its_axes(shot, report)
     tail = " ".join(report["tail"])
     assert '"pid"' in tail, "the live tail of /load shows no payloads"
     assert "targeted message: payload not shown" in tail
@@ -169,6 +170,57 @@ def test_admin_page_plots_both_workers_under_load_and_refuses_non_admins(
             r = httpx.get(server.url + path, timeout=10, trust_env=False)
             assert r.status_code == 403, (path, r.status_code, r.text)
             assert "admin" in r.text
+
+
+Y_UNITS = {
+    "rates": ["messages / s"],
+    "clients": ["clients held"],
+    "deliveries": ["deliveries / s"],
+    "ring": ["ring fill (%)", "history (s)"],
+    "lag": ["messages"],
+}
+
+
+def _ink(img: Any, x0: float, x1: float, y0: float, y1: float) -> int:
+    """Dark pixels (text, tick labels) in a region of the screenshot."""
+    n = 0
+    for y in range(max(int(y0), 0), min(int(y1), img.height)):
+        for x in range(max(int(x0), 0), min(int(x1), img.width)):
+            if min(img.pixel(x, y)[:3]) < 120:
+                n += 1
+    return n
+
+
+def assert_every_plot_has_its_axes(shot: Path, report: dict[str, Any]) -> None:
+    """Measured on the screenshot: every plot has a y axis with tick labels left of its plotting area (the ring's
+    seconds a second one on the right) and time labels below it; and each axis says its unit, each series is
+    drawn against the axis of its unit (the ring's fill % against 0-100 %, not against the seconds)."""
+    from harness.png import read_png
+
+    axes = report["axes"]
+    dpr = report["dpr"]
+    img = read_png(shot, max_rows=int(max(a["canvas"]["bottom"] for a in axes.values()) * dpr) + 2)
+    for name, units in Y_UNITS.items():
+        a = axes[name]
+        c, p = ({k: v * dpr for k, v in r.items()} for r in (a["canvas"], a["plot"]))
+        y_axes = [ax for ax in a["axes"] if ax["scale"] != "x"]
+        assert [ax["label"] for ax in y_axes] == units, (name, y_axes)
+        assert all(len(ax["ticks"]) >= 2 for ax in a["axes"]), (name, a["axes"])
+        left = _ink(img, c["left"], p["left"] - 2, p["top"], p["bottom"])
+        below = _ink(img, p["left"], p["right"], p["bottom"] + 2, c["bottom"])
+        assert left > 150, f"{name}: no y axis drawn left of the plot ({left} dark pixels)"
+        assert below > 150, f"{name}: no time axis drawn below the plot ({below} dark pixels)"
+        right = _ink(img, p["right"] + 2, c["right"], p["top"], p["bottom"])
+        if len(units) == 2:
+            assert right > 150, f"{name}: no second y axis on the right ({right} dark pixels)"
+        else:
+            assert right < 20, f"{name}: something drawn right of the plot ({right} dark pixels)"
+    ring = {s["label"]: s["scale"] for s in report["charts"]["ring"]}
+    assert ring == {"fill %": "%", "history s": "s"}, ring
+    assert axes["ring"]["ranges"]["%"] == [0, 100]
+    assert all(0 <= float(t) <= 100 for t in axes["ring"]["axes"][1]["ticks"]), axes["ring"]["axes"][1]
+    for name in ("clients", "lag"):  # counts: whole ticks only
+        assert all(float(t).is_integer() for t in axes[name]["axes"][1]["ticks"]), (name, axes[name]["axes"][1])
 
 
 def test_metrics_endpoint_parses_and_every_worker_answers_the_same(loaded: tuple[Any, Load]) -> None:

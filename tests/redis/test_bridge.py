@@ -66,26 +66,51 @@ def test_redis_layout_and_lines_are_the_gems(redis_server: Any, make_host: Calla
     ps.close()
 
 
+def _gem_publish(r: redis.Redis, chan: str, envelope: str) -> None:
+    """A Ruby app's publish, done by hand command by command as the gem's script does."""
+    gid, cid = r.incr("__mb_global_id_n"), r.incr(f"__mb_backlog_id_n_{chan}")
+    line = f"{gid}|{cid}|{chan.replace('|', '$$123$$')}|{envelope}".encode()
+    r.zadd(f"__mb_backlog_n_{chan}", {line: cid})
+    r.zadd("__mb_global_backlog_n", {f"{cid}|{chan}": gid})
+    r.publish("_message_bus_0", line)
+
+
 def test_a_gem_publisher_is_seen_with_its_ids_and_targets(redis_server: Any, make_host: Callable[..., Bus]) -> None:
-    """A Ruby app's publish (done here by hand, command by command as the gem's script does) reaches the bus."""
+    """A Ruby app's publish reaches the bus."""
     b = make_host("b", redis_server.url)
     wait_relaying(b)
     got: list[Message] = []
     b.subscribe("/chat|x", got.append)
     r = _r(redis_server.url)
     envelope = json.dumps({"data": {"msg": "héllo"}, "user_ids": [7], "group_ids": None, "client_ids": ["c1"]})
-    chan = "/chat|x$|$site1"
-    gid, cid = r.incr("__mb_global_id_n"), r.incr(f"__mb_backlog_id_n_{chan}")
-    line = f"{gid}|{cid}|{chan.replace('|', '$$123$$')}|{envelope}".encode()
-    r.zadd(f"__mb_backlog_n_{chan}", {line: cid})
-    r.zadd("__mb_global_backlog_n", {f"{cid}|{chan}": gid})
-    r.publish("_message_bus_0", line)
+    _gem_publish(r, "/chat|x$|$site1", envelope)
     wait_for(lambda: got, what="the gem's message")
     m = got[0]
     assert (m.global_id, m.message_id, m.channel, m.site_id) == (1, 1, "/chat|x", "site1")
     assert m.data == {"msg": "héllo"}
     assert (m.user_ids, m.group_ids, m.client_ids) == ([7], None, ["c1"])
     assert b.last_id("/chat|x", site_id="site1") == 1
+
+
+def test_a_gem_message_on_a_name_without_a_slash_is_skipped_as_documented(
+    redis_server: Any, make_host: Callable[..., Bus]
+) -> None:
+    """The deviation listed in shmbus.adapters.redis's docstring: the gem stores any string, the relay copies in
+    only names that follow the bus's channel rule, and counts the others."""
+    import shmbus.adapters.redis as module
+
+    assert "Deviations from the gem" in (module.__doc__ or "") and 'pubsub_channel="_message_bus_0"' in module.__doc__
+    b = make_host("b", redis_server.url)
+    wait_relaying(b)
+    got: list[Message] = []
+    b.subscribe(None, got.append)
+    r = _r(redis_server.url)
+    plain = json.dumps({"data": 1, "user_ids": None, "group_ids": None, "client_ids": None})
+    _gem_publish(r, "chat", plain)
+    _gem_publish(r, "/after", plain)
+    wait_for(lambda: got, what="the message after the skipped one")
+    assert [(m.global_id, m.channel) for m in got] == [(2, "/after")]
+    assert b.default.health()["unrelayable"] == 1  # type: ignore[union-attr]
 
 
 def test_two_hosts_see_the_same_messages_with_the_same_ids(redis_server: Any, make_host: Callable[..., Bus]) -> None:

@@ -22,6 +22,7 @@ from shmbus import Bus
 from shmbus.adapters.guble.protocol import BadRequest, Cancel, Receive, Replay, Send, parse_command
 
 try:
+    from websockets.exceptions import ConnectionClosed
     from websockets.sync.client import ClientConnection, connect
 except ImportError:  # pragma: no cover - the test extra installs it
     connect = None  # type: ignore[assignment]
@@ -164,13 +165,17 @@ def test_send_refused_and_bad_requests(guble: Any) -> None:
         ('> /foo\n{"not json\n\nx', "JSON object"),
         ("+ /__status", "reserved"),
         ("+ /a\nbody", "takes no body"),
-        ("x" * 70_000, "frame too large"),
     ]:
         g.send(bad)
         got = g.recv()
         assert got.startswith("!error-bad-request ") and reason in got, (bad[:40], got)
     g.send("+ /still/ok")
-    assert g.recv() == "#ok-subscribed-to /still/ok"  # bad input never ends the connection
+    assert g.recv() == "#ok-subscribed-to /still/ok"  # bad input never ends the connection...
+    g.send("x" * 70_000)  # ... but a message over max_frame does: said, then closed with 1009
+    assert g.recv().startswith("!error-bad-request message too big")
+    with pytest.raises(ConnectionClosed) as info:
+        g.recv()
+    assert info.value.rcvd is not None and info.value.rcvd.code == 1009
 
 
 # ---------------------------------------------------------------------------------------------------- receive

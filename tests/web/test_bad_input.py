@@ -51,6 +51,17 @@ CASES: list[tuple[str, str, bytes, dict[str, str], int, bytes]] = [
     ("POST", P, b'{"":0}', JSONH, 400, b"channel must not be empty"),
     ("POST", P, b'{"/a\\u0000b":0}', JSONH, 400, b"channel must not contain NUL: '/a\\x00b'"),
     ("POST", P, ("/" + "x" * 200 + "=0").encode(), FORM, 400, b"channel is longer than 160 bytes in UTF-8"),
+    # the one channel rule (shmbus.channels): what SSE, WebSocket and bus.publish refuse, a poll refuses too
+    ("POST", P, b"news=0", FORM, 400, b"channel must start with '/' (message_bus channel names are paths): 'news'"),
+    ("POST", P, b'{"/a\\nb":0}', JSONH, 400, b"channel must not contain CR or LF: '/a\\nb'"),
+    (
+        "POST",
+        P,
+        b"/__shmbus_cache/settings=0",
+        FORM,
+        400,
+        b"channel '/__shmbus_cache/settings' is reserved (names starting with '/__' are the bus's own)",
+    ),
     ("POST", P, many, FORM, 400, b"too many channels in one poll (limit 200)"),
     ("POST", P, b"x" * (64 * 1024 + 1), FORM, 413, b"request body too large (limit 65536 bytes)"),
     (

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 import rawhttp
-from web_servers import start
+from harness.wait import wait_for
+from web_servers import WEB_DIR, env_for, start
 
 from shmbus import Bus
 
@@ -104,6 +105,37 @@ def test_gunicorn_sync_polls_at_once_by_default(procs: Any, bus_name: str, share
     publish_elsewhere(procs, bus_name, "/smoke", "later")
     r = rawhttp.poll(server.port, "c", {"/smoke": 0}).read_head()
     assert json.loads(r.read_all())[0]["data"] == "later"
+
+
+SYNC_WARNING = "this WSGI server handles one request at a time"
+
+
+def test_a_sync_worker_without_the_config_module_warns_once_at_start(
+    procs: Any, bus_name: str, shared_bus: Bus
+) -> None:
+    """The newcomer's 13.6 s deliveries: plain ``gunicorn -k sync`` answers every poll at once, and used to say
+    nothing about it. Now the worker says so once, at start-up (before any poll), and names the fix."""
+    server = procs.gunicorn_server(
+        "webapps:wsgi_app",
+        workers=1,
+        worker_class="sync",
+        env=env_for(bus_name, long_polling_interval=20),
+        app_dir=WEB_DIR,
+    )
+    wait_for(lambda: SYNC_WARNING in server.log(), timeout=30)
+    assert "python:shmbus.adapters.integrations.gunicorn" in server.log()
+    for _ in range(3):
+        r = rawhttp.poll(server.port, "c", {"/smoke": 0}).read_head()
+        assert (r.status, r.read_all()) == (200, b"[]")
+    assert server.log().count(SYNC_WARNING) == 1, server_log(server)
+
+
+def test_the_config_modules_gthread_worker_does_not_warn(procs: Any, bus_name: str, shared_bus: Bus) -> None:
+    server = start("gunicorn", procs, bus_name, workers=1, long_polling_interval=1)
+    r = rawhttp.poll(server.port, "c", {"/smoke": 0}).read_head()
+    assert r.status == 200
+    r.read_all()
+    assert SYNC_WARNING not in server.log(), server_log(server)
 
 
 def test_gunicorn_sync_long_polling_opt_in(procs: Any, bus_name: str, shared_bus: Bus) -> None:

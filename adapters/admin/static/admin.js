@@ -41,18 +41,67 @@
     return Math.max(document.getElementById(id).clientWidth || 460, 300);
   }
 
-  function makeChart(id, labels, data, scales) {
+  // Every plot's y axes, with units. Each series names its axis (scale); the ring's fill % has its own 0-100 axis
+  // on the left and its seconds of history their own on the right (it was drawn against the seconds).
+  const AXES = {
+    rates: [{ scale: 'n', label: 'messages / s' }],
+    clients: [{ scale: 'n', label: 'clients held', whole: true }],
+    deliveries: [{ scale: 'n', label: 'deliveries / s' }],
+    ring: [{ scale: '%', label: 'ring fill (%)', range: [0, 100] }, { scale: 's', label: 'history (s)' }],
+    lag: [{ scale: 'n', label: 'messages', whole: true }],
+  };
+
+  const WHOLE = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1e3, 2e3, 5e3, 1e4, 2e4, 5e4, 1e5, 1e6, 1e7];
+
+  function tick(v) {
+    if (v === null || v === undefined) return '';
+    const a = Math.abs(v);
+    if (a >= 1e6) return `${+(v / 1e6).toFixed(1)}M`;
+    if (a >= 1e4) return `${+(v / 1e3).toFixed(1)}k`;
+    return `${+v.toFixed(a < 10 && a % 1 ? 2 : 0)}`;
+  }
+
+  function clock(t) {
+    return new Date(t * 1000).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit', second: '2-digit' });
+  }
+
+  function fromZero(fixed) {
+    return (u, min, max) => (fixed || [0, max > 0 ? max * 1.1 : 1]);
+  }
+
+  function makeChart(name, id, labels, data, seriesScales) {
+    const axes = AXES[name];
+    const scales = { x: { time: true } };
+    for (const a of axes) scales[a.scale] = { range: fromZero(a.range) };
     const opts = {
       width: width(id),
-      height: 200,
-      scales: { x: { time: true }, ...(scales || {}) },
-      series: [{}].concat(labels.map((label, i) => ({
+      height: 220,
+      padding: [null, axes.length > 1 ? null : 30, null, null], // room for the last time label
+      scales,
+      series: [{ label: 'time', value: (u, t) => (t === null ? '--' : clock(t)) }].concat(labels.map((label, i) => ({
         label,
         stroke: COLORS[i % COLORS.length],
         width: 2,
-        scale: (scales && label.startsWith('history')) ? 's' : undefined,
+        scale: (seriesScales && seriesScales[i]) || axes[0].scale,
+        value: (u, v) => (v === null ? '--' : fmt(v)),
       }))),
-      axes: [{}, {}].concat(scales && scales.s ? [{ scale: 's', side: 1, grid: { show: false } }] : []),
+      axes: [{
+        scale: 'x',
+        label: 'time',
+        labelSize: 20,
+        space: 70,
+        incrs: [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600],
+        values: (u, splits) => splits.map(clock),
+      }].concat(axes.map((a, i) => ({
+        scale: a.scale,
+        label: a.label,
+        labelSize: 20,
+        side: i === 0 ? 3 : 1,
+        size: 50,
+        grid: { show: i === 0 },
+        values: (u, splits) => splits.map(tick),
+        ...(a.whole ? { incrs: WHOLE } : {}), // counts: no 2.5 clients
+      }))),
     };
     const target = document.getElementById(id);
     target.textContent = '';
@@ -73,15 +122,15 @@
     const data = [times.slice()].concat(workerData(map).map((a) => a.slice()));
     if (!charts[name] || charts[name].key !== key) {
       if (charts[name]) charts[name].plot.destroy();
-      charts[name] = { key, plot: makeChart(id, pids.map((p) => `pid ${p}`), data) };
+      charts[name] = { key, plot: makeChart(name, id, pids.map((p) => `pid ${p}`), data) };
     } else {
       charts[name].plot.setData(data);
     }
   }
 
-  function fixedChart(name, id, labels, arrays, scales) {
+  function fixedChart(name, id, labels, arrays, seriesScales) {
     const data = [times.slice()].concat(arrays.map((a) => a.slice()));
-    if (!charts[name]) charts[name] = { key: '', plot: makeChart(id, labels, data, scales) };
+    if (!charts[name]) charts[name] = { key: '', plot: makeChart(name, id, labels, data, seriesScales) };
     else charts[name].plot.setData(data);
   }
 
@@ -118,7 +167,7 @@
     fixedChart('rates', 'chart-rates', ['publishes/s', 'deliveries/s'], [series.publishes, series.deliveries]);
     workerChart('clients', 'chart-clients', perWorker.clients);
     workerChart('deliveries', 'chart-deliveries', perWorker.deliveries);
-    fixedChart('ring', 'chart-ring', ['fill %', 'history s'], [series.fill, series.history], { s: { auto: true } });
+    fixedChart('ring', 'chart-ring', ['fill %', 'history s'], [series.fill, series.history], ['%', 's']);
     fixedChart('lag', 'chart-lag', ['listener lag (max)', 'relay lag', 'lost (total)'],
       [series.listenerLag, series.relayLag, series.lost]);
 
@@ -178,13 +227,27 @@
 
   function report() {
     const out = { samples, transport: source ? 'sse' : 'poll', charts: {} };
+    out.axes = {};
+    out.dpr = window.devicePixelRatio || 1;
     for (const [name, c] of Object.entries(charts)) {
       const u = c.plot;
       out.charts[name] = u.series.slice(1).map((s, i) => ({
         label: s.label,
+        scale: s.scale,
         points: u.data[i + 1].filter((v) => v !== null).length,
         max: Math.max(0, ...u.data[i + 1].filter((v) => v !== null)),
       }));
+      // where the plot is drawn: the canvas (axes included) and the plotting area, in page pixels, so a test can
+      // measure the axes on a screenshot; and each axis's scale, label, side and the tick values it shows
+      const page = (r) => ({
+        left: r.left + scrollX, top: r.top + scrollY, right: r.right + scrollX, bottom: r.bottom + scrollY,
+      });
+      out.axes[name] = {
+        canvas: page(u.root.querySelector('canvas').getBoundingClientRect()),
+        plot: page(u.over.getBoundingClientRect()),
+        axes: u.axes.map((a) => ({ scale: a.scale, label: a.label, side: a.side, ticks: (a._values || []).slice() })),
+        ranges: Object.fromEntries(Object.entries(u.scales).map(([k, sc]) => [k, [sc.min, sc.max]])),
+      };
     }
     out.tail = [...document.querySelectorAll('#tail tr')].map((r) => r.textContent);
     return out;

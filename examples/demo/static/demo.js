@@ -62,7 +62,7 @@
       var w = workers[pid];
       if (now - w.at > 30) { delete workers[pid]; return; }  // a worker that stopped reporting
       var tr = el("tr");
-      [pid, w.requests, w.chats, w.clicks, w.parked, time(w.at)].forEach(function (v, i) {
+      [pid, w.requests, w.chats, w.clicks, w.parked, w.streams || 0, time(w.at)].forEach(function (v, i) {
         tr.appendChild(el("td", i === 0 ? "pid" : "", String(v)));
       });
       tbody.appendChild(tr);

@@ -1,0 +1,109 @@
+"""Bus names: one check for the bus, the segment and the command line; ``create=False`` fails at construction;
+``shmbus list`` shows each bus on one line with its size, processes and age."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+import shmbus
+from shmbus.segment import Segment, segment_path
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "shmbus", *args], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("suffix", ["\nfake", " x", "/x", "\x00", "\t", "é", "x" * 200])
+def test_bad_bus_names_are_refused_everywhere(bus_name: str, suffix: str) -> None:
+    name = bus_name + suffix
+    with pytest.raises(shmbus.InvalidArgument, match="a bus name is 1-200 of the characters"):
+        shmbus.Bus(name)
+    with pytest.raises(shmbus.InvalidArgument, match="a bus name is"):
+        Segment.open(name)
+    with pytest.raises(shmbus.InvalidArgument, match="a bus name is"):
+        Segment.destroy_by_name(name)
+    if "\x00" not in name:  # argv cannot carry NUL
+        r = _cli("publish", "/x", "1", "--bus", name, "--create")
+        assert r.returncode != 0 and "a bus name is" in r.stderr and "Traceback" not in r.stderr
+    assert not [f for f in os.listdir("/dev/shm") if f.startswith(f"shmbus.{bus_name}")]
+
+
+@pytest.mark.parametrize("name", ["-x", ".x", ""])
+def test_names_that_read_as_options_or_hidden_files_are_refused(name: str) -> None:
+    with pytest.raises(shmbus.InvalidArgument):
+        shmbus.Bus(name)
+
+
+def test_create_false_fails_at_construction_naming_the_buses_that_exist(make_bus: Any, bus_name: str) -> None:
+    make_bus().publish("/x", 1)
+    typo = bus_name + "typo"
+    with pytest.raises(shmbus.BusNotFound) as info:
+        shmbus.Bus(typo, create=False)  # not at first use: here
+    assert isinstance(info.value, FileNotFoundError)
+    assert f"no bus named {typo!r}" in str(info.value) and repr(bus_name) in str(info.value)
+    assert not os.path.exists(segment_path(typo))
+    assert shmbus.Bus(bus_name, create=False, keepalive_interval=0).last_id("/x") == 1
+
+
+def test_list_shows_size_processes_and_age_one_line_per_bus(make_bus: Any, bus_name: str) -> None:
+    bus = make_bus()
+    bus.publish("/x", 1)
+    odd = segment_path(bus_name + "odd\nname")  # made by hand (or by an older shmbus): not a bus name
+    with open(odd, "w") as f:
+        f.write("not a segment")
+    try:
+        listed = {b["bus"]: b for b in json.loads(_cli("list", "--json").stdout)}
+        mine = listed[bus_name]
+        assert mine["size_bytes"] == os.path.getsize(segment_path(bus_name))
+        assert mine["processes"] == [os.getpid()]  # this test; never the list command itself
+        assert 0 <= mine["age_seconds"] < 300 and mine["problem"] is None
+        assert "not a shmbus segment" in listed[bus_name + "odd\nname"]["problem"]
+        text = _cli("list").stdout.splitlines()
+        assert text[0].split() == ["bus", "size", "processes", "age"]
+        row = next(line for line in text if line.split()[0] == bus_name).split()
+        assert row[1:3] == [f"{os.path.getsize(segment_path(bus_name)) / 2**20:.1f}", "MiB"] and row[3] == "1"
+        odd_rows = [line for line in text if line.startswith(bus_name + "odd")]
+        assert len(odd_rows) == 1 and odd_rows[0].startswith(bus_name + "odd\\nname ")
+        assert "unreadable" in odd_rows[0]
+    finally:
+        os.unlink(odd)
+
+
+def test_destroy_refuses_a_file_that_is_not_a_segment_unless_forced(tmp_path: Any) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("precious")
+    r = _cli("destroy", "--path", str(notes))
+    assert r.returncode != 0 and "not a shmbus segment" in r.stderr and "--force" in r.stderr
+    assert notes.read_text() == "precious"
+    r = _cli("destroy", "--path", str(tmp_path))  # a directory: refused, then a clear error even with --force
+    assert r.returncode != 0 and "not a regular file" in r.stderr
+    r = _cli("destroy", "--path", str(tmp_path), "--force")
+    assert r.returncode != 0 and "cannot remove" in r.stderr and "Traceback" not in r.stderr
+    assert _cli("destroy", "--path", str(notes), "--force").returncode == 0
+    assert not notes.exists()
+
+
+def test_destroy_never_follows_nor_removes_a_link(tmp_path: Any, bus_name: str) -> None:
+    seg_file = tmp_path / "bus.seg"
+    bus = shmbus.Bus(bus_name, path=str(seg_file), ring_size=1 << 16, max_channels=16, keepalive_interval=0)
+    bus.publish("/x", 1)
+    bus.close()
+    link = tmp_path / "link"
+    link.symlink_to(seg_file)
+    shm_link = segment_path(bus_name)  # a link planted where the bus's segment would be
+    os.symlink(seg_file, shm_link)
+    try:
+        for args in (["--path", str(link)], ["--path", str(link), "--force"], ["--bus", bus_name, "--force"]):
+            r = _cli("destroy", *args)
+            assert r.returncode != 0 and "symbolic link" in r.stderr, (args, r.stderr)
+        assert link.is_symlink() and os.path.islink(shm_link) and seg_file.stat().st_size > 0
+    finally:
+        os.unlink(shm_link)
+    r = _cli("destroy", "--path", str(seg_file), "--json")  # the segment itself, with nobody attached: removed
+    assert r.returncode == 0 and json.loads(r.stdout)["destroyed"] is True and not seg_file.exists()
