@@ -1,0 +1,85 @@
+"""Pushes reach a real RFC 8030 peer that checks VAPID and decrypts them as a browser would."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+from conftest import register, wait_leading
+from harness.push_service import PushService
+from harness.wait import wait_for
+
+from shmbus import Bus
+from shmbus.adapters.push import MAX_PLAINTEXT, PushConnector, PushOptions, VapidKeys, publish_push
+from shmbus.errors import InvalidMessage, PayloadTooLarge
+
+
+def test_delivery_decrypts_with_headers(
+    bus: Bus, push_service: PushService, connector: Callable[..., PushConnector], vapid: VapidKeys
+) -> None:
+    c = connector(channels="/chat").start()
+    phone = push_service.subscribe(vapid.public_key)
+    register(c, phone, 7, ["/chat"])
+    wait_leading(c)
+    gid_before = bus.segment.global_id()
+    bus.publish("/chat/1", {"text": "hello"})
+    bus.publish("/other", {"text": "not a push channel"})
+    publish_push(bus, "/chat/2", {"text": "urgent"}, ttl=60, urgency="high", topic="room-2")
+    got = wait_for(lambda: len(push_service.received(phone)) == 2 and push_service.received(phone), what="2 pushes")
+    first, second = sorted(got, key=lambda d: d.payload["global_id"])  # concurrent pushes: no order promised
+    assert first.payload == {"channel": "/chat/1", "message_id": 1, "global_id": gid_before + 1,
+                             "data": {"text": "hello"}}  # fmt: skip
+    assert (first.ttl, first.urgency, first.topic) == (PushOptions().ttl, None, None)
+    assert second.payload["data"] == {"text": "urgent"}  # the __push__ options are not pushed
+    assert (second.ttl, second.urgency, second.topic) == (60, "high", "room-2")
+    wait_for(lambda: c.stats()["sent"] == 2, what="sent counted")
+    assert push_service.refusals == []
+
+
+def test_oversize_is_a_fetch_notice_or_refused(
+    bus: Bus, push_service: PushService, connector: Callable[..., PushConnector], vapid: VapidKeys
+) -> None:
+    c = connector(channels="/big").start()
+    dev = push_service.subscribe(vapid.public_key)
+    register(c, dev, "ann", ["/big"])
+    wait_leading(c)
+    big = {"text": "x" * (MAX_PLAINTEXT + 10)}
+    with pytest.raises(PayloadTooLarge):
+        publish_push(bus, "/big/1", big)
+    assert bus.last_id("/big/1") == 0  # refused before anything was stored
+    mid = bus.publish("/big/1", big)  # a plain publish of the same: pushed as a fetch notice
+    (notice,) = wait_for(lambda: push_service.received(dev), what="the fetch notice")
+    assert notice.payload == {"channel": "/big/1", "message_id": mid, "global_id": bus.segment.global_id(),
+                              "fetch": True}  # fmt: skip
+    with pytest.raises(InvalidMessage):
+        publish_push(bus, "/big/1", {"a": 1}, urgency="asap")
+    with pytest.raises(InvalidMessage):
+        publish_push(bus, "/big/1", "text", ttl=5)  # options need a dict payload
+
+
+def test_vapid_key_mismatch_is_reported_not_retried(
+    bus: Bus, push_service: PushService, connector: Callable[..., PushConnector], vapid: VapidKeys
+) -> None:
+    """A subscription made for another applicationServerKey is refused by the service (403): reported, not
+    retried, and the peer's refusal proves it really checks the VAPID key."""
+    c = connector(channels="/").start()
+    other = VapidKeys.generate("mailto:x@example.com")
+    dev = push_service.subscribe(other.public_key)
+    register(c, dev, 1, ["/n"])
+    wait_leading(c)
+    bus.publish("/n", 1)
+    wait_for(lambda: c.stats()["failed"] == 1, what="failure counted")
+    assert [r[1] for r in push_service.refusals] == [403]
+    (gid, reg, outcome, why) = c.undelivered[0]
+    assert (reg.endpoint, outcome, why) == (dev["endpoint"], "failed", "HTTP 403")
+
+
+def test_push_options_validated(bus: Bus) -> None:
+    with pytest.raises(InvalidMessage):
+        PushOptions(ttl=-1)
+    with pytest.raises(InvalidMessage):
+        PushOptions(topic="has space")
+    assert PushOptions(ttl=0, urgency="low", topic="a_b-1").headers() == {"TTL": "0", "Urgency": "low",
+                                                                         "Topic": "a_b-1"}  # fmt: skip
+    assert json.dumps(PushOptions().headers())
