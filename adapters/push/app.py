@@ -52,7 +52,7 @@ class _PushRoutes:
 
     def __init__(
         self,
-        app: Callable[..., Any] | None,
+        app: Callable[..., Any] | None = None,
         *,
         connector: PushConnector,
         prefix: str = "/push/",

@@ -144,14 +144,16 @@ def _check_keys(keys: Any) -> tuple[str, str]:
         raise ProtocolError(400, "subscription.keys.p256dh and .auth must be base64url strings")
     try:
         point = b64url_decode(p256dh)
-        secret = b64url_decode(auth)
         if len(point) != 65 or point[0] != 4:
-            raise ValueError("p256dh must be an uncompressed P-256 point (65 bytes)")
+            raise ValueError("must be an uncompressed P-256 point (65 bytes)")
         ec.EllipticCurvePublicKey.from_encoded_point(ec.SECP256R1(), point)  # ValueError when not on the curve
-        if len(secret) != 16:
-            raise ValueError("auth must be 16 bytes")
     except ValueError as exc:
-        raise ProtocolError(400, f"subscription.keys: {exc}"[:200]) from None
+        raise ProtocolError(400, f"subscription.keys.p256dh: {exc}"[:200]) from None
+    try:
+        if len(b64url_decode(auth)) != 16:
+            raise ValueError("must be 16 bytes")
+    except ValueError as exc:
+        raise ProtocolError(400, f"subscription.keys.auth: {exc}"[:200]) from None
     return p256dh, auth
 
 
