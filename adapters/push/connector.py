@@ -116,6 +116,7 @@ class PushConnector:
         timeout: float = 10.0,
         max_attempts: int = 5,
         max_retry_after: float = 600.0,
+        stall_after: float | None = None,
         max_in_flight: int = 256,
         save_interval: float = 0.1,
         election_interval: float = 0.5,
@@ -132,7 +133,7 @@ class PushConnector:
         self.default_options = default_options or PushOptions()
         self.sender_options: dict[str, Any] = dict(
             workers_per_service=workers_per_service, max_queue=max_queue, timeout=timeout,
-            max_attempts=max_attempts, max_retry_after=max_retry_after,
+            max_attempts=max_attempts, max_retry_after=max_retry_after, stall_after=stall_after,
         )  # fmt: skip
         self.max_in_flight = max_in_flight
         self.save_interval = save_interval

@@ -1,9 +1,11 @@
 """Delivering pushes: one lane per push service, each a bounded queue and a few worker threads with kept-alive
 connections; RFC 8291 encryption in the workers; retries that honour ``Retry-After``.
 
-Why lanes: a push service that is slow or hangs must delay only its own devices. Its queue is bounded
-(``max_queue`` jobs): when it is full, new jobs for that service are dropped and counted, never waited for, so the
-reader of the bus (and through it nothing else) is ever held up. A ``429`` or a ``5xx`` (or a timeout, or a cut
+Why lanes: a push service that is slow or hangs must not hold up the others, and nothing in the bus waits for
+any of them (the sender reads the segment on its own thread). Each lane's queue is bounded (``max_queue`` jobs):
+while the service keeps answering, a full queue is waited for (a burst is paced, not lost); once it has settled
+nothing with a final answer for ``stall_after`` seconds (default ``timeout``), new jobs for it are dropped at once and counted, so a
+hung service costs the others at most that one wait. A ``429`` or a ``5xx`` (or a timeout, or a cut
 connection) pauses the lane until ``Retry-After`` (or an exponential backoff: 0.5 s doubling to 60 s) and puts
 the job back at the front, up to ``max_attempts`` sends; a ``Retry-After`` beyond ``max_retry_after`` gives up.
 ``404``/``410`` mean the subscription is gone (``expired``: the caller removes it); any other answer is a failure.
@@ -89,6 +91,7 @@ class Lane:
     origin: str
     queue: deque[Job] = field(default_factory=deque)
     paused_until: float = 0.0
+    progress: float = field(default_factory=time.monotonic)  # when a push to it last settled
     busy: int = 0
     cond: threading.Condition = field(default_factory=threading.Condition)
     threads: list[threading.Thread] = field(default_factory=list)
@@ -107,6 +110,7 @@ class Sender:
         timeout: float = 10.0,
         max_attempts: int = 5,
         max_retry_after: float = 600.0,
+        stall_after: float | None = None,
         on_event: Callable[[str], None] | None = None,
     ) -> None:
         self.vapid = vapid
@@ -115,6 +119,7 @@ class Sender:
         self.timeout = timeout
         self.max_attempts = max_attempts
         self.max_retry_after = max_retry_after
+        self.stall_after = timeout if stall_after is None else stall_after
         self.on_event = on_event or (lambda _name: None)
         self._lanes: dict[str, Lane] = {}
         self._lock = threading.Lock()
@@ -124,16 +129,20 @@ class Sender:
         return sum(len(lane.queue) + lane.busy for lane in list(self._lanes.values()))
 
     def submit(self, job: Job) -> None:
+        """Queue ``job``. A full queue of a lane that is making progress is waited for (this holds up only the
+        caller, the sender's reader); a full queue of a lane that has settled nothing for ``stall_after`` seconds
+        (a hung or throttled service) drops the job at once, with ``done(DROPPED)``."""
         lane = self._lane(job.reg.origin)
         with lane.cond:
-            if len(lane.queue) >= self.max_queue:
-                full = True
+            while len(lane.queue) >= self.max_queue:
+                if self._stop.is_set() or time.monotonic() - lane.progress > self.stall_after:
+                    break
+                lane.cond.wait(0.05)
             else:
-                full = False
                 lane.queue.append(job)
                 lane.cond.notify()
-        if full:
-            job.done(job, Outcome.DROPPED, f"queue of {lane.origin} full ({self.max_queue})")
+                return
+        job.done(job, Outcome.DROPPED, f"queue of {lane.origin} full ({self.max_queue}) and stalled")
 
     def stop(self, grace: float = 0.0) -> int:
         """Stop the workers after up to ``grace`` seconds of draining. Jobs still queued then are abandoned, not
@@ -193,9 +202,14 @@ class Sender:
         if conn is not None:
             conn.close()
 
-    def _settle(self, lane: Lane, job: Job, outcome: Outcome, why: str) -> None:
+    def _settle(self, lane: Lane, job: Job, outcome: Outcome, why: str, answered: bool = False) -> None:
+        """``answered``: the service gave a final answer (2xx, 404/410, another 4xx), which is progress; a
+        timeout, a cut connection or retries running out are not."""
         with lane.cond:
             lane.busy -= 1
+            if answered:
+                lane.progress = time.monotonic()
+            lane.cond.notify_all()
         job.done(job, outcome, why)
 
     def _one(self, lane: Lane, conn: http.client.HTTPConnection | None, job: Job) -> http.client.HTTPConnection | None:
@@ -213,11 +227,11 @@ class Sender:
                 conn.close()
             conn = None
         if 200 <= status < 300:
-            self._settle(lane, job, Outcome.SENT, why)
+            self._settle(lane, job, Outcome.SENT, why, answered=True)
         elif status in (404, 410):
-            self._settle(lane, job, Outcome.EXPIRED, why)
+            self._settle(lane, job, Outcome.EXPIRED, why, answered=True)
         elif status and status != 429 and status < 500:
-            self._settle(lane, job, Outcome.FAILED, why)
+            self._settle(lane, job, Outcome.FAILED, why, answered=True)
         else:  # 429, 5xx, timeout, connection error
             self._retry(lane, job, wait, why)
         return conn

@@ -131,7 +131,9 @@ def test_fetch_route_applies_targeting(client: tuple[Client, PushConnector], bus
     call, c = client
     c.start()
     sub = push_service.subscribe(vapid.public_key)
-    assert call("POST", "/push/subscriptions", user=5, json={"subscription": sub, "topics": ["/chat"]}).status_code == 201
+    assert (
+        call("POST", "/push/subscriptions", user=5, json={"subscription": sub, "topics": ["/chat"]}).status_code == 201
+    )
     wait_leading(c)
     big = "y" * (MAX_PLAINTEXT + 1)
     mid = bus.publish("/chat/9", {"text": big}, user_ids=[5])
@@ -144,5 +146,7 @@ def test_fetch_route_applies_targeting(client: tuple[Client, PushConnector], bus
     assert call("GET", url, user=6).status_code == 404  # another user: as if it did not exist
     assert call("GET", url).status_code == 403
     assert call("GET", f"/push/message?channel=/chat/9&id={mid + 1}", user=6).status_code == 404
-    assert call("GET", f"/push/message?channel=/chat/9&id={mid + 1}", user=6, headers={"x-groups": "3"}).status_code == 200
+    assert (
+        call("GET", f"/push/message?channel=/chat/9&id={mid + 1}", user=6, headers={"x-groups": "3"}).status_code == 200
+    )
     assert call("GET", f"/push/message?channel=/news&id={mid}", user=5).status_code == 404
