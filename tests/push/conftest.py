@@ -72,10 +72,12 @@ def connector(bus: Bus, vapid: VapidKeys, tmp_path: Path) -> Iterator[Callable[.
         c.close(grace=0)
 
 
-def register(connector: PushConnector, subscription: dict[str, Any], user_id: Any, topics: list[str],
-             site_id: str | None = None) -> None:  # fmt: skip
-    reg = parse_registration({"subscription": subscription, "topics": topics}, user_id, site_id, connector.pushes,
-                             LOCAL, time.time())  # fmt: skip
+def register(
+    connector: PushConnector, subscription: dict[str, Any], user_id: Any, topics: list[str], site_id: str | None = None
+) -> None:
+    reg = parse_registration(
+        {"subscription": subscription, "topics": topics}, user_id, site_id, connector.pushes, LOCAL, time.time()
+    )
     connector.store.add(reg)
 
 

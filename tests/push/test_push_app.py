@@ -61,8 +61,9 @@ def client(request: pytest.FixtureRequest, connector: Callable[..., PushConnecto
     return Client(app, request.param == "asgi"), c
 
 
-def test_register_list_remove(client: tuple[Client, PushConnector], push_service: PushService,
-                              vapid: VapidKeys) -> None:  # fmt: skip
+def test_register_list_remove(
+    client: tuple[Client, PushConnector], push_service: PushService, vapid: VapidKeys
+) -> None:
     call, c = client
     assert call("GET", "/push/key").json() == {"publicKey": vapid.public_key}
     sub = push_service.subscribe(vapid.public_key)
@@ -99,8 +100,15 @@ def test_register_list_remove(client: tuple[Client, PushConnector], push_service
         (5, "not json", 400, "JSON"),
     ],
 )
-def test_refusals(client: tuple[Client, PushConnector], push_service: PushService, vapid: VapidKeys, user: Any,
-                  body: Any, status: int, reason: str) -> None:  # fmt: skip
+def test_refusals(
+    client: tuple[Client, PushConnector],
+    push_service: PushService,
+    vapid: VapidKeys,
+    user: Any,
+    body: Any,
+    status: int,
+    reason: str,
+) -> None:
     call, c = client
     sub = push_service.subscribe(vapid.public_key)
     if isinstance(body, dict):
@@ -125,8 +133,9 @@ def test_routes_and_sizes(client: tuple[Client, PushConnector]) -> None:
     assert call("GET", "/push/message?channel=/chat/1&id=x", user=1).status_code == 400
 
 
-def test_fetch_route_applies_targeting(client: tuple[Client, PushConnector], bus: Bus, push_service: PushService,
-                                       vapid: VapidKeys) -> None:  # fmt: skip
+def test_fetch_route_applies_targeting(
+    client: tuple[Client, PushConnector], bus: Bus, push_service: PushService, vapid: VapidKeys
+) -> None:
     """An oversized message arrives as a fetch notice; the service worker fetches it, and only its user can."""
     call, c = client
     c.start()

@@ -28,8 +28,12 @@ def test_delivery_decrypts_with_headers(
     publish_push(bus, "/chat/2", {"text": "urgent"}, ttl=60, urgency="high", topic="room-2")
     got = wait_for(lambda: len(push_service.received(phone)) == 2 and push_service.received(phone), what="2 pushes")
     first, second = sorted(got, key=lambda d: d.payload["global_id"])  # concurrent pushes: no order promised
-    assert first.payload == {"channel": "/chat/1", "message_id": 1, "global_id": gid_before + 1,
-                             "data": {"text": "hello"}}  # fmt: skip
+    assert first.payload == {
+        "channel": "/chat/1",
+        "message_id": 1,
+        "global_id": gid_before + 1,
+        "data": {"text": "hello"},
+    }
     assert (first.ttl, first.urgency, first.topic) == (PushOptions().ttl, None, None)
     assert second.payload["data"] == {"text": "urgent"}  # the __push__ options are not pushed
     assert (second.ttl, second.urgency, second.topic) == (60, "high", "room-2")
@@ -50,8 +54,12 @@ def test_oversize_is_a_fetch_notice_or_refused(
     assert bus.last_id("/big/1") == 0  # refused before anything was stored
     mid = bus.publish("/big/1", big)  # a plain publish of the same: pushed as a fetch notice
     (notice,) = wait_for(lambda: push_service.received(dev), what="the fetch notice")
-    assert notice.payload == {"channel": "/big/1", "message_id": mid, "global_id": bus.segment.global_id(),
-                              "fetch": True}  # fmt: skip
+    assert notice.payload == {
+        "channel": "/big/1",
+        "message_id": mid,
+        "global_id": bus.segment.global_id(),
+        "fetch": True,
+    }
     with pytest.raises(InvalidMessage):
         publish_push(bus, "/big/1", {"a": 1}, urgency="asap")
     with pytest.raises(InvalidMessage):
@@ -71,7 +79,7 @@ def test_vapid_key_mismatch_is_reported_not_retried(
     bus.publish("/n", 1)
     wait_for(lambda: c.stats()["failed"] == 1, what="failure counted")
     assert [r[1] for r in push_service.refusals] == [403]
-    (gid, reg, outcome, why) = c.undelivered[0]
+    (_gid, reg, outcome, why) = c.undelivered[0]
     assert (reg.endpoint, outcome, why) == (dev["endpoint"], "failed", "HTTP 403")
 
 
@@ -80,6 +88,9 @@ def test_push_options_validated(bus: Bus) -> None:
         PushOptions(ttl=-1)
     with pytest.raises(InvalidMessage):
         PushOptions(topic="has space")
-    assert PushOptions(ttl=0, urgency="low", topic="a_b-1").headers() == {"TTL": "0", "Urgency": "low",
-                                                                         "Topic": "a_b-1"}  # fmt: skip
+    assert PushOptions(ttl=0, urgency="low", topic="a_b-1").headers() == {
+        "TTL": "0",
+        "Urgency": "low",
+        "Topic": "a_b-1",
+    }
     assert json.dumps(PushOptions().headers())

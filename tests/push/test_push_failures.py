@@ -16,8 +16,9 @@ from shmbus.adapters.push import PushConnector, VapidKeys
 
 
 @pytest.mark.parametrize("status", [404, 410])
-def test_gone_subscription_is_removed(status: int, bus: Bus, push_service: PushService,
-                                      connector: Callable[..., PushConnector], vapid: VapidKeys) -> None:  # fmt: skip
+def test_gone_subscription_is_removed(
+    status: int, bus: Bus, push_service: PushService, connector: Callable[..., PushConnector], vapid: VapidKeys
+) -> None:
     c = connector()
     gone, alive = push_service.subscribe(vapid.public_key), push_service.subscribe(vapid.public_key)
     register(c, gone, 1, ["/n"])
@@ -35,8 +36,9 @@ def test_gone_subscription_is_removed(status: int, bus: Bus, push_service: PushS
     assert c.stats()["failed"] == 0 and len(c.undelivered) == 0
 
 
-def test_429_waits_for_retry_after(bus: Bus, push_service: PushService, connector: Callable[..., PushConnector],
-                                   vapid: VapidKeys) -> None:  # fmt: skip
+def test_429_waits_for_retry_after(
+    bus: Bus, push_service: PushService, connector: Callable[..., PushConnector], vapid: VapidKeys
+) -> None:
     c = connector()
     dev = push_service.subscribe(vapid.public_key)
     register(c, dev, 1, ["/n"])
@@ -52,8 +54,9 @@ def test_429_waits_for_retry_after(bus: Bus, push_service: PushService, connecto
     wait_for(lambda: c.stats()["retried"] == 1 and c.stats()["sent"] == 1, what="counted")
 
 
-def test_5xx_retried_with_backoff_then_given_up(bus: Bus, push_service: PushService,
-                                               connector: Callable[..., PushConnector], vapid: VapidKeys) -> None:  # fmt: skip
+def test_5xx_retried_with_backoff_then_given_up(
+    bus: Bus, push_service: PushService, connector: Callable[..., PushConnector], vapid: VapidKeys
+) -> None:
     c = connector(max_attempts=3)
     flaky, broken = push_service.subscribe(vapid.public_key), push_service.subscribe(vapid.public_key)
     register(c, flaky, 1, ["/n"])
@@ -72,8 +75,9 @@ def test_5xx_retried_with_backoff_then_given_up(bus: Bus, push_service: PushServ
     assert [r.endpoint for r in c.store.all()] == [flaky["endpoint"], broken["endpoint"]]  # a 5xx removes nothing
 
 
-def test_hung_service_blocks_nothing_else(bus: Bus, push_service: PushService,
-                                          connector: Callable[..., PushConnector], vapid: VapidKeys) -> None:  # fmt: skip
+def test_hung_service_blocks_nothing_else(
+    bus: Bus, push_service: PushService, connector: Callable[..., PushConnector], vapid: VapidKeys
+) -> None:
     """One push service hangs: the other's devices still get every message promptly, publishing stays fast, the
     hung service's queue stays bounded and what it could not take is counted as dropped and reported. The healthy
     service's queue is just as small: a burst to it is paced, not dropped."""

@@ -45,8 +45,9 @@ def _publish_elsewhere(bus_name: str) -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
-def test_targeting_never_leaks(bus: Bus, bus_name: str, push_service: PushService,
-                               connector: Callable[..., PushConnector], vapid: VapidKeys) -> None:  # fmt: skip
+def test_targeting_never_leaks(
+    bus: Bus, bus_name: str, push_service: PushService, connector: Callable[..., PushConnector], vapid: VapidKeys
+) -> None:
     c = connector(channels="/", group_ids_for=lambda uid: [7] if uid == 2 else [])
     devices = {
         "a": (1, None, [*TOPICS, "/user/1"]),
@@ -72,17 +73,19 @@ def test_targeting_never_leaks(bus: Bus, bus_name: str, push_service: PushServic
         "f": {"dm12"},
     }
     total = sum(len(v) for v in expected.values())
-    wait_for(lambda: len(push_service.deliveries) >= total and c.stats()["cursor"] == bus.segment.global_id(),
-             what="every push and a settled cursor")  # fmt: skip
+    wait_for(
+        lambda: len(push_service.deliveries) >= total and c.stats()["cursor"] == bus.segment.global_id(),
+        what="every push and a settled cursor",
+    )
     got = {name: [d.payload["data"] for d in push_service.received(sub)] for name, sub in subs.items()}
     assert {name: set(v) for name, v in got.items()} == expected
     assert all(len(v) == len(set(v)) for v in got.values()), got  # each device got each message once
     assert len(push_service.deliveries) == total and push_service.refusals == []
 
 
-def test_group_targeting_without_a_lookup_reaches_nobody(bus: Bus, push_service: PushService,
-                                                         connector: Callable[..., PushConnector],
-                                                         vapid: VapidKeys) -> None:  # fmt: skip
+def test_group_targeting_without_a_lookup_reaches_nobody(
+    bus: Bus, push_service: PushService, connector: Callable[..., PushConnector], vapid: VapidKeys
+) -> None:
     c = connector(channels="/")
     sub = push_service.subscribe(vapid.public_key)
     register(c, sub, 2, ["/g"])
