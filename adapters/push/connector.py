@@ -40,6 +40,15 @@ __all__ = ["PushConnector"]
 
 log = logging.getLogger("shmbus.push")
 Undelivered = tuple[int, Registration, str, str]
+_COUNTER_HELP = (
+    ("sent", "sent", "Pushes the push services accepted."),
+    ("failed", "failed", "Pushes refused by a push service or given up after retries."),
+    ("retried", "retried", "Pushes sent again after a 429, a 5xx or a network error."),
+    ("expired", "expired", "Subscriptions removed after a 404 or 410."),
+    ("dropped", "dropped", "Pushes dropped because their push service's queue was full and stalled."),
+    ("missed_messages", "missed", "Messages gone from the bus before the sender read them."),
+    ("unroutable_messages", "unroutable", "Group-targeted messages with no group lookup to route them."),
+)
 
 
 class _Tracker:
@@ -200,6 +209,26 @@ class PushConnector:
         state = self.store.load()
         return {**state.counters, "cursor": state.cursor, "queue_depth": state.queue_depth, "leader": state.leader,
                 "term": state.term, "updated": state.updated, "leading_here": self.leading}  # fmt: skip
+
+    def metric_families(self) -> list[Any]:
+        """The push figures for :mod:`shmbus.adapters.metrics` (``MetricsApp(..., extra=[c.metric_families])``):
+        the store's, so every worker of every host reports the same cluster-wide totals."""
+        from ..metrics import Family
+
+        st = self.store.load()
+        labels = {"bus": self.bus.name, "namespace": self.namespace}
+        out = [
+            Family(f"shmbus_push_{name}_total", "counter", help_, [(dict(labels), float(st.counters.get(key, 0)))])
+            for name, key, help_ in _COUNTER_HELP
+        ]
+        out.append(Family("shmbus_push_queue_depth", "gauge", "Pushes queued or on the wire at the sender's last save.",
+                          [(dict(labels), float(st.queue_depth))]))  # fmt: skip
+        out.append(Family("shmbus_push_cursor", "gauge", "Global id below which every push is settled.",
+                          [(dict(labels), float(st.cursor or 0))]))  # fmt: skip
+        up = 1.0 if st.updated and time.time() - st.updated < max(5.0, 10 * self.save_interval) else 0.0
+        out.append(Family("shmbus_push_sender_up", "gauge", "1 while an elected sender saves its state.",
+                          [(dict(labels), up)]))  # fmt: skip
+        return out
 
     def _count(self, name: str, n: int = 1) -> None:
         with self._counts_lock:

@@ -5,13 +5,11 @@
 ``bus``            a fresh bus on ``bus_name`` (destroyed at teardown)
 ``connector``      factory ``connector(**options) -> PushConnector`` on ``bus`` with a FileStore in tmp_path; every
                    connector is closed at teardown
-``register``       ``register(connector, subscription, user_id, topics, site_id=None)``: stores a device as the REST
-                   app would (same parser)
+Helpers shared by the test modules are in ``push_util`` (a module: conftest names collide across folders).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,13 +19,9 @@ import pytest
 
 harness.require_module("pywebpush", "pip install -e '.[push]'")  # the push extra (skipped loudly without it)
 from harness.push_service import PushService  # noqa: E402
-from harness.wait import wait_for  # noqa: E402
 
 from shmbus import Bus  # noqa: E402
 from shmbus.adapters.push import FileStore, PushConnector, VapidKeys  # noqa: E402
-from shmbus.adapters.push.subscriptions import parse_registration  # noqa: E402
-
-LOCAL: Callable[[str], bool] = lambda url: url.startswith("http://127.0.0.1:")  # noqa: E731 - the test peer only
 
 
 @pytest.fixture
@@ -70,16 +64,3 @@ def connector(bus: Bus, vapid: VapidKeys, tmp_path: Path) -> Iterator[Callable[.
     yield make
     for c in made:
         c.close(grace=0)
-
-
-def register(
-    connector: PushConnector, subscription: dict[str, Any], user_id: Any, topics: list[str], site_id: str | None = None
-) -> None:
-    reg = parse_registration(
-        {"subscription": subscription, "topics": topics}, user_id, site_id, connector.pushes, LOCAL, time.time()
-    )
-    connector.store.add(reg)
-
-
-def wait_leading(connector: PushConnector, timeout: float = 10.0) -> None:
-    wait_for(lambda: connector.leading, timeout, "the connector to become the sender")

@@ -8,9 +8,9 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import LOCAL, wait_leading
 from harness.push_service import PushService
 from harness.wait import wait_for
+from push_util import LOCAL, wait_leading
 
 from shmbus import Bus
 from shmbus.adapters.push import MAX_PLAINTEXT, PushApp, PushConnector, PushWSGIApp, VapidKeys

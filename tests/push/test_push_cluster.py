@@ -21,9 +21,9 @@ from typing import Any
 
 import harness
 import pytest
-from conftest import LOCAL
 from harness.push_service import PushService
 from harness.wait import wait_for
+from push_util import LOCAL
 
 from shmbus import Bus
 from shmbus.adapters.push import FileStore, VapidKeys

@@ -6,9 +6,9 @@ import json
 from collections.abc import Callable
 
 import pytest
-from conftest import register, wait_leading
 from harness.push_service import PushService
 from harness.wait import wait_for
+from push_util import register, wait_leading
 
 from shmbus import Bus
 from shmbus.adapters.push import MAX_PLAINTEXT, PushConnector, PushOptions, VapidKeys, publish_push

@@ -7,9 +7,9 @@ import time
 from collections.abc import Callable
 
 import pytest
-from conftest import register, wait_leading
 from harness.push_service import PushService
 from harness.wait import wait_for
+from push_util import register, wait_leading
 
 from shmbus import Bus
 from shmbus.adapters.push import PushConnector, VapidKeys

@@ -12,8 +12,8 @@ from typing import Any
 
 import harness
 import pytest
-from conftest import LOCAL
 from harness.push_service import PushService
+from push_util import LOCAL
 
 from shmbus import Bus
 from shmbus.adapters.push import FileElector, FileStore, StaleSender, VapidKeys, store_for
