@@ -104,6 +104,46 @@
     }).catch(function (e) { $("last-post").textContent = String(e); });
   });
 
+  // "notify me": Web Push of new chat messages to this browser, as the chat name typed above (the demo has no
+  // login). Offered only when the server has the push extra (GET /push/key answers) and the browser can.
+  function base64ToBytes(b64) {
+    var raw = atob(b64.replace(/-/g, "+").replace(/_/g, "/") + "==".slice(0, (4 - b64.length % 4) % 4));
+    return Uint8Array.from(raw, function (c) { return c.charCodeAt(0); });
+  }
+
+  function notifyMe() {
+    var user = $("user").value;
+    localStorage.setItem("shmbus-demo-user", user);
+    return Notification.requestPermission().then(function (perm) {
+      if (perm !== "granted") throw new Error("notifications are blocked for this page");
+      return Promise.all([navigator.serviceWorker.register("/sw.js"), fetch("/push/key").then(function (r) {
+        return r.json();
+      })]);
+    }).then(function (both) {
+      var reg = both[0], key = both[1].publicKey;
+      return navigator.serviceWorker.ready.then(function () {
+        return reg.pushManager.subscribe({ userVisibleOnly: true, applicationServerKey: base64ToBytes(key) });
+      });
+    }).then(function (subscription) {
+      return fetch("/push/subscriptions", {
+        method: "POST",
+        headers: { "Content-Type": "application/json", "X-Demo-User": user },
+        body: JSON.stringify({ subscription: subscription.toJSON(), topics: ["/chat"] }),
+      });
+    }).then(function (r) {
+      if (!r.ok) throw new Error("/push/subscriptions: HTTP " + r.status);
+      $("notify-status").textContent = "notifications on for new chat messages (as " + user + ")";
+    }).catch(function (e) { $("notify-status").textContent = String(e); });
+  }
+
+  if ("serviceWorker" in navigator && "PushManager" in window) {
+    fetch("/push/key").then(function (r) {
+      if (!r.ok) return;  // the server runs without the push extra
+      $("notify").hidden = false;
+      $("notify").addEventListener("click", notifyMe);
+    });
+  }
+
   PAGES.forEach(function (page) {
     var b = el("button", "", "click " + page);
     b.addEventListener("click", function () { post("/click", { page: page, user: $("user").value }); });
