@@ -16,17 +16,18 @@ newest 1000) and passed to ``on_undelivered(global_id, registration, outcome, re
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from shmbus.bus import Bus
-from shmbus.errors import InvalidMessage
 from shmbus.message import Message
 
 from .election import Elector, FileElector
@@ -84,6 +85,12 @@ class _Tracker:
     @property
     def in_flight(self) -> int:
         return len(self.pending)
+
+
+def _after_fork(ref: weakref.ReferenceType[PushConnector]) -> None:
+    connector = ref()
+    if connector is not None:
+        connector._after_fork()
 
 
 def _pusher(channels: str | Iterable[str] | Callable[[str], bool]) -> Callable[[str], bool]:
@@ -159,7 +166,7 @@ class PushConnector:
         self._gone: set[str] = set()  # endpoints answered 404/410 this term (before the store reload drops them)
         self._started_in: int | None = None
         self._grace = 0.0
-        os.register_at_fork(after_in_child=self._after_fork)
+        os.register_at_fork(after_in_child=functools.partial(_after_fork, weakref.ref(self)))
 
     def _default_elector(self) -> Elector:
         from .stores import FileStore
@@ -177,6 +184,7 @@ class PushConnector:
         """Start standing for election in this process (idempotent; again by itself in a forked child)."""
         if self._thread is None or not self._thread.is_alive():
             self._stop.clear()
+            self.bus.untap(self._on_batch)  # after a fork the tap came along
             self.bus.tap(self._on_batch)
             self._thread = threading.Thread(target=self._run, name="shmbus-push", daemon=True)
             self._started_in = os.getpid()
@@ -186,6 +194,7 @@ class PushConnector:
     def close(self, grace: float = 2.0) -> None:
         """Stop (a sender first finishes its in-flight pushes for up to ``grace`` seconds and saves its cursor)."""
         self._grace = grace
+        self._started_in = None  # a child forked from now on does not start again
         self._stop.set()
         self._wake.set()
         if self._thread is not None and self._thread.ident != threading.get_ident():
@@ -282,17 +291,18 @@ class PushConnector:
                 self._wake.clear()
         except StaleSender:
             log.warning("shmbus push: %s lost its term to another sender; stopping", me)
-            sender.stop()
+            sender.stop()  # its pushes in flight finish; nothing more is saved
             return
         finally:
             self.leading = False
-        left = sender.stop(grace=self._grace if self._stop.is_set() else 0.0)
-        if left:
-            log.warning("shmbus push: %d push(es) left unsent for the next sender (above the cursor)", left)
-        try:
-            self._save(state, tracker, sender)
-        except StaleSender:
-            pass
+            if not sender.stopped:  # stopped, lost the election, or failed (the store): stop sending, then save
+                left = sender.stop(grace=self._grace if self._stop.is_set() else 0.0)
+                if left:
+                    log.warning("shmbus push: %d push(es) left unsent for the next sender (above the cursor)", left)
+                try:
+                    self._save(state, tracker, sender)
+                except Exception:  # StaleSender, or the store is down: the next sender starts from the last save
+                    log.warning("shmbus push: %s could not save its last cursor", me, exc_info=True)
 
     def _save(self, state: SenderState, tracker: _Tracker, sender: Sender) -> None:
         with self._counts_lock:
@@ -323,10 +333,16 @@ class PushConnector:
 
     def _dispatch(self, msg: Message, tracker: _Tracker, recipients: Recipients, sender: Sender) -> None:
         gid = msg.global_id
-        if not self.pushes(msg.channel):
+        try:
+            if not self.pushes(msg.channel):
+                tracker.skip(gid)
+                return
+            devices = [r for r in recipients.devices(msg) if r.endpoint not in self._gone]
+        except Exception:  # the app's callables (channels, group_ids_for, a client filter), or undecodable data
+            log.exception("shmbus push: cannot route global id %d on %r; not pushed", gid, msg.channel)
+            self._count("unroutable")
             tracker.skip(gid)
             return
-        devices = [r for r in recipients.devices(msg) if r.endpoint not in self._gone]
         if not devices:
             if msg.group_ids and not msg.user_ids and self.group_ids_for is None:
                 self._count("unroutable")
@@ -338,7 +354,7 @@ class PushConnector:
                 data = message_options(msg, self.default_options)[1]
             else:
                 opts, data = message_options(msg, self.default_options)
-        except (InvalidMessage, TypeError, ValueError) as exc:
+        except Exception as exc:  # malformed __push__ options, or options_for failed
             for reg in devices:
                 self._report(gid, reg, Outcome.FAILED, f"bad push options: {exc}"[:200])
             self._count("failed", len(devices))

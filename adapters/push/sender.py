@@ -125,6 +125,10 @@ class Sender:
         self._lock = threading.Lock()
         self._stop = threading.Event()
 
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
     def queue_depth(self) -> int:
         return sum(len(lane.queue) + lane.busy for lane in list(self._lanes.values()))
 

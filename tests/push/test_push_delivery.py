@@ -94,3 +94,28 @@ def test_push_options_validated(bus: Bus) -> None:
         "Topic": "a_b-1",
     }
     assert json.dumps(PushOptions().headers())
+
+
+def test_bad_input_never_stops_the_sender(
+    bus: Bus, push_service: PushService, connector: Callable[..., PushConnector], vapid: VapidKeys
+) -> None:
+    """Malformed push options in a plain publish, a group lookup that raises: that message is reported and not
+    pushed; the next one is."""
+
+    def groups(user_id: object) -> list[int]:
+        raise RuntimeError("directory down")
+
+    c = connector(channels="/", group_ids_for=groups).start()
+    dev = push_service.subscribe(vapid.public_key)
+    register(c, dev, 1, ["/b"])
+    wait_leading(c)
+    bus.publish("/b", {"text": "bad", "__push__": {"ttl": "soon"}})
+    bus.publish("/b", "for a group", group_ids=[3])
+    bus.publish("/b", {"text": "good"})
+    (got,) = wait_for(lambda: push_service.received(dev), what="the good push")
+    assert got.payload["data"] == {"text": "good"}
+    wait_for(lambda: c.stats()["cursor"] == bus.segment.global_id(), what="settled")
+    st = c.stats()
+    assert (st["sent"], st["failed"], st["unroutable"]) == (1, 1, 1)
+    ((_gid, reg, outcome, why),) = c.undelivered
+    assert (reg.endpoint, outcome) == (dev["endpoint"], "failed") and "bad push options" in why
