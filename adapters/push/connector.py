@@ -3,8 +3,9 @@
 The sender reads the bus's global log after its cursor (``Bus.global_backlog``), keeps the messages on pushing
 channels, finds each one's devices (:class:`~.subscriptions.Recipients`) and hands one job per device to the
 lanes (:mod:`.sender`). The cursor is the newest global id below which every message is *settled* (each of its
-pushes sent, failed, expired or dropped); it is saved at most every ``save_interval`` seconds, under the
-sender's term (:class:`~.stores.StaleSender` ends a sender that lost its election without noticing).
+pushes sent, failed, expired or dropped); it is saved at most every ``save_interval`` seconds when it moved (and
+every ``HEARTBEAT`` seconds anyway), under the sender's term (:class:`~.stores.StaleSender` ends a sender that
+lost its election without noticing).
 
 What the cursor admits (the duplicate window): a sender killed at any point is replaced by one that starts after
 the last saved cursor, so the pushes it resends are those of messages above it: at most ``max_in_flight``
@@ -41,6 +42,7 @@ __all__ = ["PushConnector"]
 
 log = logging.getLogger("shmbus.push")
 Undelivered = tuple[int, Registration, str, str]
+HEARTBEAT = 5.0  # seconds between saves of an idle sender (its state's ``updated``: shmbus_push_sender_up)
 _COUNTER_HELP = (
     ("sent", "sent", "Pushes the push services accepted."),
     ("failed", "failed", "Pushes refused by a push service or given up after retries."),
@@ -166,6 +168,7 @@ class PushConnector:
         self._gone: set[str] = set()  # endpoints answered 404/410 this term (before the store reload drops them)
         self._started_in: int | None = None
         self._grace = 0.0
+        self._saved_counters: dict[str, int] = {}
         os.register_at_fork(after_in_child=functools.partial(_after_fork, weakref.ref(self)))
 
     def _default_elector(self) -> Elector:
@@ -234,7 +237,7 @@ class PushConnector:
                           [(dict(labels), float(st.queue_depth))]))  # fmt: skip
         out.append(Family("shmbus_push_cursor", "gauge", "Global id below which every push is settled.",
                           [(dict(labels), float(st.cursor or 0))]))  # fmt: skip
-        up = 1.0 if st.updated and time.time() - st.updated < max(5.0, 10 * self.save_interval) else 0.0
+        up = 1.0 if st.updated and time.time() - st.updated < 3 * HEARTBEAT else 0.0
         out.append(Family("shmbus_push_sender_up", "gauge", "1 while an elected sender saves its state.",
                           [(dict(labels), up)]))  # fmt: skip
         return out
@@ -284,10 +287,12 @@ class PushConnector:
                     self._gone.clear()
                 recipients.new_batch()
                 self._read(tracker, recipients, sender)
-                if time.monotonic() - saved >= self.save_interval:
+                now = time.monotonic()
+                if now - saved >= HEARTBEAT or (now - saved >= self.save_interval and self._changed(state, tracker)):
                     self._save(state, tracker, sender)
-                    saved = time.monotonic()
-                self._wake.wait(self.save_interval)
+                    saved = now
+                # idle: wake on the next message (the tap) or a heartbeat; busy: on settles, and save on time
+                self._wake.wait(self.save_interval if tracker.in_flight or self._changed(state, tracker) else 1.0)
                 self._wake.clear()
         except StaleSender:
             log.warning("shmbus push: %s lost its term to another sender; stopping", me)
@@ -304,11 +309,17 @@ class PushConnector:
                 except Exception:  # StaleSender, or the store is down: the next sender starts from the last save
                     log.warning("shmbus push: %s could not save its last cursor", me, exc_info=True)
 
+    def _changed(self, state: SenderState, tracker: _Tracker) -> bool:
+        """Anything to save since the last save (the cursor or a counter)?"""
+        with self._counts_lock:
+            return tracker.cursor != state.cursor or state.counters != self._saved_counters
+
     def _save(self, state: SenderState, tracker: _Tracker, sender: Sender) -> None:
         with self._counts_lock:
             state.cursor = tracker.cursor
             state.queue_depth = sender.queue_depth()
             state.updated = time.time()
+            self._saved_counters = dict(state.counters)
             snapshot = SenderState(state.cursor, state.term, dict(state.counters), state.queue_depth, state.leader,
                                    state.updated)  # fmt: skip
         self.store.save(snapshot)
