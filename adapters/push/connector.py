@@ -138,6 +138,7 @@ class PushConnector:
         max_in_flight: int = 256,
         save_interval: float = 0.1,
         election_interval: float = 0.5,
+        catch_up: float = 10.0,
         on_undelivered: Callable[[int, Registration, str, str], None] | None = None,
     ) -> None:
         self.bus = bus
@@ -156,6 +157,7 @@ class PushConnector:
         self.max_in_flight = max_in_flight
         self.save_interval = save_interval
         self.election_interval = election_interval
+        self.catch_up = catch_up
         self.on_undelivered = on_undelivered
         self.undelivered: deque[Undelivered] = deque(maxlen=1000)
         self.leading = False
@@ -263,11 +265,19 @@ class PushConnector:
     def _lead(self) -> None:
         me = f"{socket.gethostname()}:{os.getpid()}"
         state = self.store.take_over(me)
+        # A cursor past this segment's head is usually another host's, and this host's relay is catching up:
+        # wait for it (restarting at the head would push those messages again); past ``catch_up`` the bus was
+        # reset (or is new), and the cursor restarts at its head.
+        deadline = time.monotonic() + self.catch_up
+        while (state.cursor or 0) > self.bus.segment.global_id() and time.monotonic() < deadline:
+            if self._stop.wait(0.05) or not self.elector.held():
+                return
         head = self.bus.segment.global_id()
         if state.cursor is None or state.cursor > head:
             if state.cursor is not None:
                 log.warning("shmbus push: cursor %d is past the bus (reset?); starting at %d", state.cursor, head)
             state.cursor = head
+        epoch = self.bus.epoch
         log.info("shmbus push: %s sends from global id %d (term %d)", me, state.cursor, state.term)
         tracker = _Tracker(state.cursor)
         sender = Sender(self.vapid, on_event=self._count, **self.sender_options)
@@ -280,6 +290,9 @@ class PushConnector:
         saved = 0.0
         try:
             while not self._stop.is_set() and self.elector.held():
+                if self.bus.epoch != epoch:  # reset: every message of the new epoch is new
+                    log.warning("shmbus push: the bus was reset; sending its new messages from the start")
+                    epoch, tracker = self.bus.epoch, _Tracker(0)
                 v = self.store.version()
                 if v != version:
                     version = v

@@ -119,3 +119,41 @@ def test_bad_input_never_stops_the_sender(
     assert (st["sent"], st["failed"], st["unroutable"]) == (1, 1, 1)
     ((_gid, reg, outcome, why),) = c.undelivered
     assert (reg.endpoint, outcome) == (dev["endpoint"], "failed") and "bad push options" in why
+
+
+def test_a_cursor_ahead_of_this_segment_is_waited_for(
+    bus: Bus, push_service: PushService, connector: Callable[..., PushConnector], vapid: VapidKeys
+) -> None:
+    """A sender taking over on a host whose relay is behind the saved cursor waits for the segment to reach it
+    instead of restarting at its own head (which would push those messages a second time)."""
+    c = connector(channels="/")
+    dev = push_service.subscribe(vapid.public_key)
+    register(c, dev, 1, ["/a"])
+    head = bus.segment.global_id()
+    state = c.store.take_over("other-host:1")
+    state.cursor = head + 2  # another host's sender pushed two messages this segment has not got yet
+    c.store.save(state)
+    c.start()
+    wait_for(lambda: c.stats()["term"] == state.term + 1, what="the new sender's term (it waits, not leading yet)")
+    assert not c.leading
+    for i in range(4):
+        bus.publish("/a", i)  # the "relay" catches up: ids head+1..head+4
+    wait_leading(c)
+    wait_for(lambda: c.stats()["cursor"] == bus.segment.global_id(), what="settled")
+    assert sorted(d.payload["data"] for d in push_service.received(dev)) == [2, 3]
+
+
+def test_bus_reset_while_sending(
+    bus: Bus, push_service: PushService, connector: Callable[..., PushConnector], vapid: VapidKeys
+) -> None:
+    c = connector(channels="/").start()
+    dev = push_service.subscribe(vapid.public_key)
+    register(c, dev, 1, ["/r"])
+    wait_leading(c)
+    for i in range(3):
+        bus.publish("/r", f"old{i}")
+    wait_for(lambda: len(push_service.received(dev)) == 3, what="before the reset")
+    bus.reset()
+    bus.publish("/r", "new0")  # global id 1 again, in a new epoch
+    wait_for(lambda: len(push_service.received(dev)) == 4, what="after the reset")
+    assert push_service.received(dev)[-1].payload["data"] == "new0"
