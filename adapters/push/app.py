@@ -11,7 +11,9 @@ Routes under ``prefix`` (default ``/push/``); bodies and answers are JSON:
 * ``GET message?channel=<c>&id=<message id>`` -> the message's push payload with its data: what a service worker
   fetches after a *fetch notice* (a message too large to push); 404 unless this user may receive it.
 
-No user (``user_id_lookup`` returns None) is 403 everywhere but ``key``. Bad input is a 4xx with a reason; the
+No user (``user_id_lookup`` returns None) is 403 everywhere but ``key``. ``POST`` and ``DELETE`` need
+``Content-Type: application/json`` (415 otherwise): no cross-site form can send it, which keeps another site from
+registering its endpoint for a signed-in user. Bad input is a 4xx with a reason; the
 store's failures are 503. Lookups are the middleware's (``user_id_lookup``, ``group_ids_lookup``,
 ``site_id_lookup``), called with the scope or environ.
 """
@@ -147,6 +149,15 @@ def _parse_json(body: bytes) -> Any:
         raise ProtocolError(400, "body must be JSON") from None
 
 
+def _check_json_type(method: str, content_type: str | None) -> None:
+    """Changes need ``Content-Type: application/json``: a type no cross-site form can send, so a browser asks the
+    server first (CORS) and another site cannot register its own endpoint for a signed-in user (CSRF)."""
+    if method in ("POST", "DELETE"):
+        ctype = (content_type or "").split(";")[0].strip().lower()
+        if ctype != "application/json":
+            raise ProtocolError(415, "send the body as Content-Type: application/json")
+
+
 def _content_length(value: Any) -> None:
     if value in (None, ""):
         return
@@ -172,6 +183,8 @@ class PushApp(_PushRoutes):
             headers = {k.lower(): v for k, v in scope.get("headers") or ()}
             cl = headers.get(b"content-length")
             _content_length(cl.decode("latin-1") if cl is not None else None)
+            ctype = headers.get(b"content-type")
+            _check_json_type(method, ctype.decode("latin-1") if ctype is not None else None)
             body = await self._body(receive) if method in ("POST", "DELETE") else b""
             who = await self.lookups.identity(scope, {})
             query = scope.get("query_string", b"").decode("latin-1")
@@ -214,6 +227,7 @@ class PushWSGIApp(_PushRoutes):
                     return result
                 raise ProtocolError(404, "not found")
             _content_length(environ.get("CONTENT_LENGTH"))
+            _check_json_type(method, environ.get("CONTENT_TYPE"))
             body = b""
             if method in ("POST", "DELETE") and environ.get("wsgi.input") is not None:
                 body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0) or MAX_BODY + 1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -98,6 +99,7 @@ def test_register_list_remove(
         (5, {"topics": ["/chat"], "endpoint": "https://10.0.0.1/x"}, 403, "not an allowed push service"),
         (5, {"topics": ["/chat"], "endpoint": "ftp://h/x"}, 400, "http(s) URL"),
         (5, "not json", 400, "JSON"),
+        (5, "form", 415, "application/json"),
     ],
 )
 def test_refusals(
@@ -118,8 +120,17 @@ def test_refusals(
         if "endpoint" in body:
             sub["endpoint"] = body.pop("endpoint")
         r = call("POST", "/push/subscriptions", user=user, json={"subscription": sub, **body})
+    elif body == "form":  # what a cross-site form can send: text/plain with a JSON-looking body (CSRF)
+        data = json.dumps({"subscription": sub, "topics": ["/chat"]}).encode()
+        r = call("POST", "/push/subscriptions", user=user, content=data, headers={"content-type": "text/plain"})
     else:
-        r = call("POST", "/push/subscriptions", user=user, content=body.encode())
+        r = call(
+            "POST",
+            "/push/subscriptions",
+            user=user,
+            content=body.encode(),
+            headers={"content-type": "application/json"},
+        )
     assert (r.status_code, reason in r.text) == (status, True), r.text
     assert c.store.all() == []
 
@@ -129,6 +140,7 @@ def test_routes_and_sizes(client: tuple[Client, PushConnector]) -> None:
     assert call("GET", "/push/nope", user=1).status_code == 404
     assert call("PUT", "/push/subscriptions", user=1).status_code == 405
     assert call("POST", "/push/subscriptions", user=1, content=b"x" * 20000).status_code == 413
+    assert call("DELETE", "/push/subscriptions", user=1, content=b"{}").status_code == 415
     assert call("GET", "/elsewhere").status_code == 404
     assert call("GET", "/push/message?channel=/chat/1&id=x", user=1).status_code == 400
 
