@@ -284,6 +284,7 @@ class PushConnector:
         with self._counts_lock:
             self._state, self._sender = state, sender
         self._gone.clear()
+        self._save(state, tracker, sender)  # where this term starts, durably (a first start: the bus's head)
         self.leading = True
         version: Any = object()
         recipients = Recipients(())

@@ -91,7 +91,7 @@ class Lane:
     origin: str
     queue: deque[Job] = field(default_factory=deque)
     paused_until: float = 0.0
-    progress: float = field(default_factory=time.monotonic)  # when a push to it last settled
+    progress: float = field(default_factory=time.monotonic)  # its last final answer, or when it stopped being idle
     busy: int = 0
     cond: threading.Condition = field(default_factory=threading.Condition)
     threads: list[threading.Thread] = field(default_factory=list)
@@ -139,7 +139,7 @@ class Sender:
         lane = self._lane(job.reg.origin)
         with lane.cond:
             while len(lane.queue) >= self.max_queue:
-                if self._stop.is_set() or time.monotonic() - lane.progress > self.stall_after:
+                if self._stop.is_set() or self._stalled(lane, time.monotonic()):
                     break
                 lane.cond.wait(0.05)
             else:
@@ -167,6 +167,11 @@ class Sender:
                 t.join(timeout=self.timeout + 1)
         return left
 
+    def _stalled(self, lane: Lane, now: float) -> bool:
+        """Its workers have waited ``stall_after`` for a final answer, or it is paused for longer than that (a
+        ``Retry-After``). A lane whose workers are idle is not stalled: they are about to take the queue."""
+        return bool(lane.busy and now - lane.progress > self.stall_after) or lane.paused_until - now > self.stall_after
+
     def _lane(self, origin: str) -> Lane:
         lane = self._lanes.get(origin)
         if lane is not None:
@@ -187,6 +192,8 @@ class Sender:
             while not self._stop.is_set():
                 wait = lane.paused_until - time.monotonic()
                 if wait <= 0 and lane.queue:
+                    if not lane.busy:  # an idle lane starts its clock now: idleness is no stall
+                        lane.progress = time.monotonic()
                     lane.busy += 1
                     return lane.queue.popleft()
                 lane.cond.wait(timeout=wait if wait > 0 else None)

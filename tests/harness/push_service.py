@@ -10,8 +10,8 @@ library), ``aud`` equal to this service's origin, ``exp`` in the future and at m
 with the subscription's private key. Every accepted push is recorded as a :class:`Delivery`; every refusal too.
 
 Behaviours per subscription (``set_mode``): ``gone`` (404 or 410), ``throttle`` (429 with ``Retry-After`` for
-the first n pushes), ``error`` (500 for the first n), ``hang`` (never answer until the service stops), ``slow``
-(answer after a delay). ``verify=False`` (benchmarks) accepts without decrypting, counting only.
+the first n pushes), ``error`` (500 for the first n), ``hang`` (held unanswered until :meth:`release_hung` or
+:meth:`stop`), ``slow`` (answer after a delay). ``verify=False`` (benchmarks) accepts without decrypting, counting only.
 """
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ class PushService:
     def __post_init__(self) -> None:
         self._subs: dict[str, _Sub] = {}
         self._lock = threading.Lock()
-        self._released = threading.Event()
+        self._unhang = threading.Event()
+        self.hanging = 0  # requests held open by "hang" right now
         self._server: ThreadingHTTPServer | None = None
 
     # ------------------------------------------------------------------ control
@@ -104,8 +105,12 @@ class PushService:
         threading.Thread(target=self._server.serve_forever, name="push-service", daemon=True).start()
         return self
 
+    def release_hung(self) -> None:
+        """Cut every request held by ``hang`` (and those that arrive later) without an answer."""
+        self._unhang.set()
+
     def stop(self) -> None:
-        self._released.set()
+        self._unhang.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -168,8 +173,13 @@ class PushService:
         if mode == "gone":
             self._answer(req, token, int(sub.arg or 410), "gone")
             return
-        if mode == "hang":
-            self._released.wait()
+        if mode == "hang":  # hold the request until release_hung() (or stop), then cut the connection unanswered
+            with self._lock:
+                self.hanging += 1
+            self._unhang.wait()
+            with self._lock:
+                self.hanging -= 1
+            req.close_connection = True
             return
         if mode == "throttle":
             self._answer(req, token, 429, "slow down", {"Retry-After": str(int(sub.arg))})

@@ -86,7 +86,7 @@ def test_one_push_per_device_across_two_hosts_and_a_takeover(
         subs = _register(store, push_service, vapid, [1, 1, 2, 3])
         for host in hosts:
             _workers(procs, 4, {"bus": host.name, "dsn": pg_dsn, "notify_channel": channel, "vapid_pem": str(pem)})
-        wait_for(lambda: _leader_pid(store), what="a sender elected")
+        wait_for(lambda: _leader_pid(store) and store.load().updated, what="a sender started")
         # the leader is one of the eight workers (on either host), and only one process ever sends per term
         expected: dict[str, set[str]] = {s["endpoint"]: set() for s in subs}
 
@@ -135,7 +135,7 @@ def test_sender_killed_mid_batch_resumes_within_the_cursor_window(
         push_service.set_mode(sub, "slow", arg=0.02)  # 20 ms per push: the batch takes seconds
     cfg = {"bus": bus.name, "store": store.base, "vapid_pem": str(pem), "workers_per_service": 2, "max_in_flight": 8}
     (first,) = _workers(procs, 1, cfg)
-    wait_for(lambda: _leader_pid(store) == first.pid, what="the first sender elected")
+    wait_for(lambda: _leader_pid(store) == first.pid and store.load().updated, what="the first sender started")
     n = 40
     for i in range(n):
         bus.publish(f"/c/{i % 3}", i)

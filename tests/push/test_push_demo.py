@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 from harness import REPO_ROOT
-from push_util import wait_leading
+from harness.wait import wait_for
 
 from shmbus import Bus
 
@@ -33,7 +33,8 @@ def test_demo_push_routes(notify: Any, bus: Bus, tmp_path: Path) -> None:
     app, connector = notify.wrap(None, bus, "/chat")
     _again, other = notify.wrap(None, bus, "/chat")  # a second worker: the same key
     try:
-        wait_leading(connector)
+        wait_for(lambda: connector.leading or other.leading, what="one of the two workers sending")
+        assert not (connector.leading and other.leading)
 
         async def go() -> list[httpx.Response]:
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as c:
