@@ -24,11 +24,12 @@
   // ?report=N: log the first N chat messages to the console ("SHMBUS:" lines, then "SHMBUS:DONE"), which is
   // what the automated browser test (tests/e2e/test_demo.py) reads. Nothing changes for a person.
   var report = /[?&]report=(\d+)/.exec(location.search), reported = 0;
+  var pushAvailable = false;  // set once GET /push/key answers (the server has the push extra)
 
   // Chat: the last 20 messages first (lastId -21 = look-behind), then live.
   MB.subscribe("/chat", function (m, globalId, messageId) {
     if (report && reported < +report[1]) {
-      console.log("SHMBUS:" + JSON.stringify({ id: messageId, pid: m.pid, text: m.text }));
+      console.log("SHMBUS:" + JSON.stringify({ id: messageId, pid: m.pid, text: m.text, notify: pushAvailable }));
       if (++reported === +report[1]) console.log("SHMBUS:DONE");
     }
     var li = el("li", m.user === $("user").value ? "mine" : "");
@@ -36,6 +37,12 @@
     li.appendChild(el("b", "", m.user + ": "));
     li.appendChild(el("span", "", m.text + " "));
     li.appendChild(el("span", "pid", "published by worker " + m.pid));
+    if (pushAvailable) {  // "notify me": push the next chat messages to this browser, even with the page closed
+      var bell = el("a", "notify", " notify me");
+      bell.href = "#";
+      bell.addEventListener("click", function (ev) { ev.preventDefault(); notifyMe(); });
+      li.appendChild(bell);
+    }
     li.title = "message id " + messageId + ", global id " + globalId;
     $("chat").appendChild(li);
     $("chat").scrollTop = $("chat").scrollHeight;
@@ -139,6 +146,7 @@
   if ("serviceWorker" in navigator && "PushManager" in window) {
     fetch("/push/key").then(function (r) {
       if (!r.ok) return;  // the server runs without the push extra
+      pushAvailable = true;
       $("notify").hidden = false;
       $("notify").addEventListener("click", notifyMe);
     });
