@@ -3,9 +3,10 @@ connections; RFC 8291 encryption in the workers; retries that honour ``Retry-Aft
 
 Why lanes: a push service that is slow or hangs must not hold up the others, and nothing in the bus waits for
 any of them (the sender reads the segment on its own thread). Each lane's queue is bounded (``max_queue`` jobs):
-while the service keeps answering, a full queue is waited for (a burst is paced, not lost); once it has given no
-final answer for ``stall_after`` seconds (default ``timeout``), new jobs for it are dropped at once and counted,
-so a hung service costs the others at most that one wait. A ``429`` or a ``5xx`` (or a timeout, or a cut
+while the service keeps answering, a full queue is waited for (a burst is paced, not lost); once it is stalled
+(:meth:`Sender._stalled`: busy workers without a final answer for ``stall_after`` seconds, default ``timeout``, or
+a longer ``Retry-After`` pause), new jobs for it are dropped at once and counted, so a hung service costs the
+others at most that one wait. A ``429`` or a ``5xx`` (or a timeout, or a cut
 connection) pauses the lane until ``Retry-After`` (or an exponential backoff: 0.5 s doubling to 60 s) and puts
 the job back at the front, up to ``max_attempts`` sends; a ``Retry-After`` beyond ``max_retry_after`` gives up.
 ``404``/``410`` mean the subscription is gone (``expired``: the caller removes it); any other answer is a failure.
@@ -134,8 +135,8 @@ class Sender:
 
     def submit(self, job: Job) -> None:
         """Queue ``job``. A full queue of a lane that is making progress is waited for (this holds up only the
-        caller, the sender's reader); a full queue of a lane that has settled nothing for ``stall_after`` seconds
-        (a hung or throttled service) drops the job at once, with ``done(DROPPED)``."""
+        caller, the sender's reader); a full queue of a stalled lane (a hung or throttled service) drops the job
+        at once, with ``done(DROPPED)``."""
         lane = self._lane(job.reg.origin)
         with lane.cond:
             while len(lane.queue) >= self.max_queue:
