@@ -3,6 +3,7 @@
 ``push_service``   a started :class:`~harness.push_service.PushService` (stopped at teardown)
 ``vapid``          fresh VAPID keys
 ``bus``            a fresh bus on ``bus_name`` (destroyed at teardown)
+``pg_dsn``         a DSN whose ``search_path`` is a schema of this test's own (dropped afterwards)
 ``connector``      factory ``connector(**options) -> PushConnector`` on ``bus`` with a FileStore in tmp_path; every
                    connector is closed at teardown
 Helpers shared by the test modules are in ``push_util`` (a module: conftest names collide across folders).
@@ -10,6 +11,7 @@ Helpers shared by the test modules are in ``push_util`` (a module: conftest name
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -64,3 +66,19 @@ def connector(bus: Bus, vapid: VapidKeys, tmp_path: Path) -> Iterator[Callable[.
     yield make
     for c in made:
         c.close(grace=0)
+
+
+@pytest.fixture
+def pg_dsn(database_url: str, bus_name: str) -> Any:
+    psycopg = harness.require_module("psycopg")
+    sys.path.insert(0, str(Path(__file__).parents[1] / "postgres"))
+    from pg_util import dsn_for
+
+    schema = f"s_{bus_name}".lower()
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    try:
+        yield dsn_for(database_url, schema)
+    finally:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")

@@ -19,8 +19,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import harness
-import pytest
 from harness.push_service import PushService
 from harness.wait import wait_for
 from push_util import LOCAL
@@ -51,22 +49,6 @@ def _register(store: Any, push_service: PushService, vapid: VapidKeys, users: li
 
 def _leader_pid(store: Any) -> int:
     return int(store.load().leader.rsplit(":", 1)[1]) if store.load().leader else 0
-
-
-@pytest.fixture
-def pg_dsn(database_url: str, bus_name: str) -> Any:
-    psycopg = harness.require_module("psycopg")
-    sys.path.insert(0, str(Path(__file__).parents[1] / "postgres"))
-    from pg_util import dsn_for
-
-    schema = f"s_{bus_name}".lower()
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    try:
-        yield dsn_for(database_url, schema)
-    finally:
-        with psycopg.connect(database_url, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
 def test_one_push_per_device_across_two_hosts_and_a_takeover(

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import harness
 import pytest
 from harness.push_service import PushService
 from push_util import LOCAL
@@ -92,17 +90,10 @@ def test_file_elector_one_holder_released_on_death(procs: Any, tmp_path: Path) -
     assert not mine.held()
 
 
-def test_postgres_store_and_elector(database_url: str, bus_name: str, push_service: PushService) -> None:
-    psycopg = harness.require_module("psycopg")
+def test_postgres_store_and_elector(pg_dsn: str, push_service: PushService) -> None:
     from shmbus.adapters.push.pgstore import PostgresElector, PostgresStore
 
-    sys.path.insert(0, str(Path(__file__).parents[1] / "postgres"))
-    from pg_util import dsn_for
-
-    schema = f"s_{bus_name}".lower()
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    dsn = dsn_for(database_url, schema)
+    dsn = pg_dsn
     store, other = PostgresStore(dsn), PostgresStore(dsn, "other-app")
     a, b = PostgresElector(dsn), PostgresElector(dsn)
     try:
@@ -128,5 +119,3 @@ def test_postgres_store_and_elector(database_url: str, bus_name: str, push_servi
     finally:
         for closer in (a.release, b.release, store.close, other.close):
             closer()
-        with psycopg.connect(database_url, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
