@@ -99,8 +99,8 @@ class Lane:
 
 
 class Sender:
-    """Lanes created on first use; ``submit`` never blocks. ``on_event(name)`` counts ``retried`` (the outcomes
-    go to each job's ``done``)."""
+    """Lanes created on first use; ``submit`` waits only while a lane that is answering has a full queue.
+    ``on_event(name)`` counts ``retried`` (the outcomes go to each job's ``done``)."""
 
     def __init__(
         self,
