@@ -27,7 +27,16 @@ from shmbus.metrics import Snapshot, read_snapshot
 if TYPE_CHECKING:
     from shmbus import Bus
 
-__all__ = ["CONTENT_TYPE", "BusCollector", "Family", "MetricsApp", "MetricsWSGIApp", "families", "render"]
+__all__ = [
+    "CONTENT_TYPE",
+    "BusCollector",
+    "Family",
+    "FamilySource",
+    "MetricsApp",
+    "MetricsWSGIApp",
+    "families",
+    "render",
+]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -157,10 +166,21 @@ def _number(value: float) -> str:
     return str(int(value)) if value == int(value) and abs(value) < 1 << 53 else repr(float(value))
 
 
-def render(bus: Bus) -> str:
-    """The Prometheus text exposition (format 0.0.4) of ``bus``'s host-wide figures."""
+#: Extra figures beside the bus's own: a callable returning metric families, e.g. ``PushConnector.metric_families``.
+FamilySource = Callable[[], list[Family]]
+
+
+def _all_families(bus: Bus, extra: Iterable[FamilySource]) -> list[Family]:
+    out = families(read_snapshot(bus, channels=False))
+    for source in extra:
+        out.extend(source())
+    return out
+
+
+def render(bus: Bus, extra: Iterable[FamilySource] = ()) -> str:
+    """The Prometheus text exposition (format 0.0.4) of ``bus``'s host-wide figures, plus those of ``extra``."""
     lines: list[str] = []
-    for fam in families(read_snapshot(bus, channels=False)):
+    for fam in _all_families(bus, extra):
         lines.append(f"# HELP {fam.name} {fam.help}")
         lines.append(f"# TYPE {fam.name} {fam.kind}")
         for labels, value in fam.samples:
@@ -170,10 +190,12 @@ def render(bus: Bus) -> str:
 
 
 class BusCollector:
-    """A ``prometheus_client`` collector of ``bus``'s figures (``REGISTRY.register(BusCollector(bus))``)."""
+    """A ``prometheus_client`` collector of ``bus``'s figures (``REGISTRY.register(BusCollector(bus))``), plus
+    those of ``extra`` (e.g. ``[connector.metric_families]`` for Web Push)."""
 
-    def __init__(self, bus: Bus) -> None:
+    def __init__(self, bus: Bus, extra: Iterable[FamilySource] = ()) -> None:
         self.bus = bus
+        self.extra = list(extra)
 
     def describe(self) -> list[Any]:
         return []  # figures are read at scrape time; nothing to check at registration
@@ -181,7 +203,7 @@ class BusCollector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        for fam in families(read_snapshot(self.bus, channels=False)):
+        for fam in _all_families(self.bus, self.extra):
             names = list(fam.samples[0][0]) if fam.samples else ["bus"]
             if fam.kind == "counter":
                 out: Any = CounterMetricFamily(fam.name.removesuffix("_total"), fam.help, labels=names)
@@ -199,6 +221,7 @@ class MetricsApp:
     """ASGI: ``GET {path}`` answers the metrics; other requests go to ``app`` (404 without one).
 
     Protect it like any internal endpoint (a network policy, or ``allow(scope) -> bool``: refused with 403).
+    ``extra``: more metric families, each a callable read at scrape time (``[connector.metric_families]``).
     """
 
     def __init__(
@@ -208,11 +231,13 @@ class MetricsApp:
         bus: Bus,
         path: str = "/metrics",
         allow: Callable[[Scope], bool] | None = None,
+        extra: Iterable[FamilySource] = (),
     ) -> None:
         self.app = app
         self.bus = bus
         self.path = path
         self.allow = allow
+        self.extra = list(extra)
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope.get("path") != self.path:
@@ -229,7 +254,7 @@ class MetricsApp:
             await _answer(send, 403, b"forbidden\n", b"text/plain")
         else:
             # in a thread: a scrape reads the segment's stats under its lock, which must never stall the event loop
-            body = await asyncio.to_thread(render, self.bus)
+            body = await asyncio.to_thread(render, self.bus, self.extra)
             await _answer(send, 200, body.encode(), CONTENT_TYPE.encode())
 
 
@@ -258,11 +283,13 @@ class MetricsWSGIApp:
         bus: Bus,
         path: str = "/metrics",
         allow: Callable[[dict[str, Any]], bool] | None = None,
+        extra: Iterable[FamilySource] = (),
     ) -> None:
         self.app = app
         self.bus = bus
         self.path = path
         self.allow = allow
+        self.extra = list(extra)
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         if environ.get("PATH_INFO") != self.path:
@@ -274,7 +301,7 @@ class MetricsWSGIApp:
             return _wsgi_answer(start_response, "405 Method Not Allowed", b"GET only\n", "text/plain")
         if self.allow is not None and not self.allow(environ):
             return _wsgi_answer(start_response, "403 Forbidden", b"forbidden\n", "text/plain")
-        return _wsgi_answer(start_response, "200 OK", render(self.bus).encode(), CONTENT_TYPE)
+        return _wsgi_answer(start_response, "200 OK", render(self.bus, self.extra).encode(), CONTENT_TYPE)
 
 
 def _wsgi_answer(start_response: Callable[..., Any], status: str, body: bytes, content_type: str) -> list[bytes]:

@@ -75,7 +75,13 @@ class _Admin:
     """What both shells share: options, the sampler, routing to a reply."""
 
     def __init__(
-        self, bus: Bus, is_admin_lookup: Callable[[Any], Any], path: str, interval: float, tail_default: str | None
+        self,
+        bus: Bus,
+        is_admin_lookup: Callable[[Any], Any],
+        path: str,
+        interval: float,
+        tail_default: str | None,
+        panels: dict[str, Callable[[], dict[str, Any]]] | None = None,
     ) -> None:
         if not callable(is_admin_lookup):
             raise TypeError(
@@ -91,6 +97,7 @@ class _Admin:
         self.path = path
         self.interval = interval
         self.tail_default = tail_default
+        self.panels = dict(panels or {})
         self.sampler = Sampler(bus, min_interval=interval * 0.9)
         # The user id the event stream gives its clients and the samples are targeted at: random per app, so no
         # user id any other transport's lookup returns can equal it.
@@ -111,6 +118,8 @@ class _Admin:
         """One feed message (the sample, plus the tail when one is asked for) and the tail's new position."""
         channel, after, site = tail
         body: dict[str, Any] = {"sample": self.sampler.sample()}
+        if self.panels:
+            body["panels"] = {name: _panel(fn) for name, fn in self.panels.items()}
         if channel:
             body["tail"] = read_tail(self.bus, channel, after, site)
             after = body["tail"]["last_id"]
@@ -155,6 +164,14 @@ class _Admin:
         return page.replace("{{CONFIG}}", html.escape(config, quote=True)).encode()
 
 
+def _panel(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """One extra panel's figures; a panel that fails shows its error instead of breaking the page."""
+    try:
+        return {k: v if isinstance(v, (int, float, str, bool)) or v is None else str(v) for k, v in fn().items()}
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"[:200]}
+
+
 def parse_view(query: dict[str, list[str]]) -> tuple[str, Tail]:
     """``?view=<id>&tail=..`` of the event stream -> (the view's channel, the tail); ValueError with a reason."""
     view = (query.get("view") or [""])[-1]
@@ -178,7 +195,8 @@ class AdminApp(_Admin):
     """ASGI: the admin page under ``path``; other requests go to ``app`` (404 without one).
 
     ``is_admin_lookup(scope)`` (may be async) decides who sees it — the same lookup the message-bus middleware
-    takes; anyone else gets 403. ``tail`` names a channel the page tails when it opens.
+    takes; anyone else gets 403. ``tail`` names a channel the page tails when it opens. ``panels`` adds named
+    tables of figures, each a callable read with every sample (``{"push": connector.stats}``).
     """
 
     def __init__(
@@ -190,8 +208,9 @@ class AdminApp(_Admin):
         path: str = "/admin",
         interval: float = 1.0,
         tail: str | None = None,
+        panels: dict[str, Callable[[], dict[str, Any]]] | None = None,
     ) -> None:
-        super().__init__(bus, is_admin_lookup, path, interval, tail)
+        super().__init__(bus, is_admin_lookup, path, interval, tail, panels)
         self.app = app
         self.events = SSEApp(
             bus=bus,
@@ -293,8 +312,9 @@ class AdminWSGIApp(_Admin):
         path: str = "/admin",
         interval: float = 1.0,
         tail: str | None = None,
+        panels: dict[str, Callable[[], dict[str, Any]]] | None = None,
     ) -> None:
-        super().__init__(bus, is_admin_lookup, path, interval, tail)
+        super().__init__(bus, is_admin_lookup, path, interval, tail, panels)
         self.app = app
         self.events = SSEWSGIApp(
             bus=bus,

@@ -10,7 +10,8 @@ published by whichever worker accepted that connection (the reply says which pid
 connection, so successive posts spread over the workers) and reaches every browser through whichever worker
 holds its poll. Each worker also publishes its own figures to ``/dashboard/workers`` every 2 s. The dashboard
 subscribes to ``/dashboard/clicks``, which the Spark example pipeline (``examples/spark_pipeline``,
-docs/spark.md) fills from the ``/events/clicks`` this page's click buttons publish.
+docs/spark.md) fills from the ``/events/clicks`` this page's click buttons publish. With the ``[push]`` extra, the
+page's "notify me" button subscribes the browser to Web Push notifications of new chat messages (``notify.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 
 import falcon
 import falcon.asgi
+import notify
 
 from shmbus import Bus
 from shmbus.adapters.admin import AdminApp
@@ -128,6 +130,15 @@ class Favicon:
         resp.cache_control = ["max-age=86400"]
 
 
+class ServiceWorker:
+    """``/sw.js``, at the root: a service worker receives pushes for the pages below its own path."""
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        resp.content_type = STATIC_TYPES[".js"]
+        resp.data = (STATIC / "sw.js").read_bytes()
+        resp.cache_control = ["no-cache"]
+
+
 class Static:
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str) -> None:
         path = (STATIC / name).resolve()
@@ -180,6 +191,7 @@ api.add_route("/favicon.ico", Favicon())
 api.add_route("/chat", Chat())
 api.add_route("/click", Click())
 api.add_route("/whoami", WhoAmI())
+api.add_route("/sw.js", ServiceWorker())
 
 # The message bus answers /message-bus/... before Falcon sees the request. Streaming and long polls park as
 # coroutines (no thread each); 10,000 per worker is far below what a worker can hold.
@@ -198,6 +210,9 @@ def _guble_user(scope: Any) -> str | None:
 # sends are allowed under /guble/ only, so guble clients cannot write into the chat's or the dashboard's channels.
 app = GubleApp(app, bus=bus, user_id_lookup=_guble_user, allow_send=lambda scope, path: path.startswith("/guble/"))
 
+# "notify me": Web Push of new chat messages (/push/ routes, one elected sender); skipped without the [push] extra.
+app, push = notify.wrap(app, bus, CHAT)
+
 
 def _local_admin(scope: Any) -> bool:
     """The demo has no login: a browser on this machine is the admin (the demo binds 127.0.0.1 by default).
@@ -208,5 +223,5 @@ def _local_admin(scope: Any) -> bool:
 
 # The live admin page at /admin (plots of every worker, ring, lag, busiest channels, a tail of /chat) and the
 # Prometheus metrics at /metrics: both read the host-wide figures from the segment, so any worker answers.
-app = AdminApp(app, bus=bus, is_admin_lookup=_local_admin, tail="/chat")
-app = MetricsApp(app, bus=bus, allow=_local_admin)
+app = AdminApp(app, bus=bus, is_admin_lookup=_local_admin, tail="/chat", panels={"push": push.stats} if push else None)
+app = MetricsApp(app, bus=bus, allow=_local_admin, extra=[push.metric_families] if push else [])

@@ -131,6 +131,13 @@ def test_scripts_demo(bus_name: str, procs: Any) -> None:
     metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10, trust_env=False).text
     assert "shmbus_published_messages_total" in metrics
 
+    # "notify me": the push routes and the service worker (the push extra is in '.[all]'); no user: 403
+    key = httpx.get(f"http://127.0.0.1:{port}/push/key", timeout=10, trust_env=False)
+    assert key.status_code == 200 and len(key.json()["publicKey"]) == 87
+    sw = httpx.get(f"http://127.0.0.1:{port}/sw.js", timeout=10, trust_env=False)
+    assert sw.status_code == 200 and "showNotification" in sw.text
+    assert httpx.get(f"http://127.0.0.1:{port}/push/subscriptions", timeout=10, trust_env=False).status_code == 403
+
     # Ctrl-C: SIGINT to the whole process group, as a terminal does
     os.killpg(proc.pid, signal.SIGINT)
     assert_stopped_cleanly(proc, bus_name)
@@ -161,6 +168,8 @@ def test_scripts_demo_in_chromium_then_sigterm_leaves_nothing(bus_name: str, pro
     ids = [m["id"] for m in run.messages]
     assert ids == list(range(ids[0], ids[0] + want)), f"lost, duplicated or out of order: {ids}"
     assert len({m["pid"] for m in run.messages}) == 2, "the browser did not get chats from both workers"
+    # with the push extra (installed by scripts/test), the page offers "notify me" on the chat messages
+    assert run.messages[-1]["notify"] is True, "the page did not find the push routes (GET /push/key)"
 
     # kill <pid>: SIGTERM to the script alone (not its group): it must stop gunicorn, then remove the bus
     os.kill(proc.pid, signal.SIGTERM)

@@ -253,12 +253,25 @@
     return out;
   }
 
+  function showPanels(panels) {
+    // extra figures an app passes (AdminApp(panels={"push": connector.stats})): one line per panel
+    const box = document.getElementById('panels');
+    box.textContent = '';
+    for (const [name, figures] of Object.entries(panels)) {
+      const d = el('div');
+      d.append(el('span', `${name} `));
+      for (const [k, v] of Object.entries(figures)) d.append(el('span', ` ${k} `), el('b', v === null ? '-' : String(v)));
+      box.append(d);
+    }
+  }
+
   function onSample(body) {
     const status = document.getElementById('status');
     status.className = '';
     status.textContent = `updated ${new Date(body.sample.time * 1000).toLocaleTimeString()}`;
     record(body.sample);
     draw(body.sample);
+    showPanels(body.panels || {});
     showTail(body.tail);
     samples += 1;
     if (reportAfter && samples === reportAfter) {

@@ -24,11 +24,12 @@
   // ?report=N: log the first N chat messages to the console ("SHMBUS:" lines, then "SHMBUS:DONE"), which is
   // what the automated browser test (tests/e2e/test_demo.py) reads. Nothing changes for a person.
   var report = /[?&]report=(\d+)/.exec(location.search), reported = 0;
+  var pushAvailable = false;  // set once GET /push/key answers (the server has the push extra)
 
   // Chat: the last 20 messages first (lastId -21 = look-behind), then live.
   MB.subscribe("/chat", function (m, globalId, messageId) {
     if (report && reported < +report[1]) {
-      console.log("SHMBUS:" + JSON.stringify({ id: messageId, pid: m.pid, text: m.text }));
+      console.log("SHMBUS:" + JSON.stringify({ id: messageId, pid: m.pid, text: m.text, notify: pushAvailable }));
       if (++reported === +report[1]) console.log("SHMBUS:DONE");
     }
     var li = el("li", m.user === $("user").value ? "mine" : "");
@@ -36,6 +37,12 @@
     li.appendChild(el("b", "", m.user + ": "));
     li.appendChild(el("span", "", m.text + " "));
     li.appendChild(el("span", "pid", "published by worker " + m.pid));
+    if (pushAvailable) {  // "notify me": push the next chat messages to this browser, even with the page closed
+      var bell = el("a", "notify", " notify me");
+      bell.href = "#";
+      bell.addEventListener("click", function (ev) { ev.preventDefault(); notifyMe(); });
+      li.appendChild(bell);
+    }
     li.title = "message id " + messageId + ", global id " + globalId;
     $("chat").appendChild(li);
     $("chat").scrollTop = $("chat").scrollHeight;
@@ -103,6 +110,47 @@
       $("text").value = "";
     }).catch(function (e) { $("last-post").textContent = String(e); });
   });
+
+  // "notify me": Web Push of new chat messages to this browser, as the chat name typed above (the demo has no
+  // login). Offered only when the server has the push extra (GET /push/key answers) and the browser can.
+  function base64ToBytes(b64) {
+    var raw = atob(b64.replace(/-/g, "+").replace(/_/g, "/") + "==".slice(0, (4 - b64.length % 4) % 4));
+    return Uint8Array.from(raw, function (c) { return c.charCodeAt(0); });
+  }
+
+  function notifyMe() {
+    var user = $("user").value;
+    localStorage.setItem("shmbus-demo-user", user);
+    return Notification.requestPermission().then(function (perm) {
+      if (perm !== "granted") throw new Error("notifications are blocked for this page");
+      return Promise.all([navigator.serviceWorker.register("/sw.js"), fetch("/push/key").then(function (r) {
+        return r.json();
+      })]);
+    }).then(function (both) {
+      var reg = both[0], key = both[1].publicKey;
+      return navigator.serviceWorker.ready.then(function () {
+        return reg.pushManager.subscribe({ userVisibleOnly: true, applicationServerKey: base64ToBytes(key) });
+      });
+    }).then(function (subscription) {
+      return fetch("/push/subscriptions", {
+        method: "POST",
+        headers: { "Content-Type": "application/json", "X-Demo-User": user },
+        body: JSON.stringify({ subscription: subscription.toJSON(), topics: ["/chat"] }),
+      });
+    }).then(function (r) {
+      if (!r.ok) throw new Error("/push/subscriptions: HTTP " + r.status);
+      $("notify-status").textContent = "notifications on for new chat messages (as " + user + ")";
+    }).catch(function (e) { $("notify-status").textContent = String(e); });
+  }
+
+  if ("serviceWorker" in navigator && "PushManager" in window) {
+    fetch("/push/key").then(function (r) {
+      if (!r.ok) return;  // the server runs without the push extra
+      pushAvailable = true;
+      $("notify").hidden = false;
+      $("notify").addEventListener("click", notifyMe);
+    });
+  }
 
   PAGES.forEach(function (page) {
     var b = el("button", "", "click " + page);

@@ -1,0 +1,34 @@
+"""Web Push (RFC 8030, 8291, 8292) for a shmbus bus: guble's push connector on today's browser standard.
+
+``PushConnector`` (in every worker; one sender is elected across workers and hosts) pushes each message on a
+pushing channel to the devices it is meant for; ``PushApp``/``PushWSGIApp`` let a signed-in browser register its
+``PushSubscription``; ``VapidKeys`` is the server's identity; ``publish_push`` publishes with TTL, Urgency and
+Topic. Needs the ``[push]`` extra. See docs/push.md.
+"""
+
+from .app import PushApp, PushWSGIApp
+from .connector import PushConnector
+from .election import Elector, FileElector
+from .options import MAX_PLAINTEXT, PushOptions, publish_push
+from .stores import FileStore, SenderState, StaleSender, Store, store_for
+from .subscriptions import Registration, default_endpoint_allowed
+from .vapid import VapidKeys
+
+__all__ = [
+    "MAX_PLAINTEXT",
+    "Elector",
+    "FileElector",
+    "FileStore",
+    "PushApp",
+    "PushConnector",
+    "PushOptions",
+    "PushWSGIApp",
+    "Registration",
+    "SenderState",
+    "StaleSender",
+    "Store",
+    "VapidKeys",
+    "default_endpoint_allowed",
+    "publish_push",
+    "store_for",
+]
