@@ -32,6 +32,7 @@ __all__ = [
     "PostgresServer",
     "RedisServer",
     "find_postgres_bindir",
+    "signal_group",
     "postgres_problem",
     "redis_ping",
     "redis_url_problem",
@@ -70,6 +71,14 @@ def redis_url_problem(url: str, timeout: float = 1.0) -> str | None:
     if reply is None:
         return f"no Redis answers PING at {host}:{port} (from {url})"
     return None
+
+
+def signal_group(proc: subprocess.Popen[Any] | None, sig: signal.Signals) -> None:
+    """Send ``sig`` to ``proc``'s whole process group (a server and every process it forked): SIGSTOP freezes a
+    server as a hung machine would, SIGCONT thaws it."""
+    if proc is not None and proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
 
 
 class RedisServer:
@@ -156,6 +165,14 @@ class RedisServer:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             kill_tree(self.proc, 1.0)
             self.proc = None
+
+    def freeze(self) -> None:
+        """SIGSTOP the server: connections stay open, nothing answers (until :meth:`thaw`)."""
+        signal_group(self.proc, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT after :meth:`freeze`."""
+        signal_group(self.proc, signal.SIGCONT)
 
     def restart(self) -> RedisServer:
         """stop() then start() on the same port."""
@@ -292,6 +309,22 @@ class PostgresServer:
             self.proc.send_signal(signal.SIGINT)
             self.proc.wait(timeout=30)
 
+    def kill(self) -> None:
+        """Crash the server: SIGKILL to the postmaster and every backend at once (its data directory stays, so
+        :meth:`restart` runs crash recovery)."""
+        if self.proc is not None:
+            signal_group(self.proc, signal.SIGCONT)  # a frozen process group dies the same, but no zombie waits
+            signal_group(self.proc, signal.SIGKILL)
+            kill_tree(self.proc, 5.0)
+
+    def freeze(self) -> None:
+        """SIGSTOP the postmaster and every backend: connections stay open, nothing answers (until :meth:`thaw`)."""
+        signal_group(self.proc, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT after :meth:`freeze`."""
+        signal_group(self.proc, signal.SIGCONT)
+
     def restart(self, timeout: float = 30.0) -> None:
         """Start the postmaster again on the same port and data (after :meth:`stop`); wait until it answers."""
         data = self.dir / "data"
@@ -310,6 +343,7 @@ class PostgresServer:
     def close(self) -> None:
         """Fast shutdown (SIGINT: disconnect clients), SIGKILL after 15 s; remove the temp dir."""
         if self.proc is not None:
+            self.thaw()  # a frozen postmaster would not act on SIGINT
             if self.proc.poll() is None:
                 self.proc.send_signal(signal.SIGINT)
                 with contextlib.suppress(subprocess.TimeoutExpired):
