@@ -30,7 +30,7 @@ def faults_pg_server() -> Iterator[PostgresServer]:
     bindir = find_postgres_bindir()
     if bindir is None:
         harness.skip_or_fail("no initdb/postgres binaries for a private PostgreSQL (apt-get install postgresql)")
-    server = PostgresServer(bindir)
+    server = PostgresServer(bindir, synchronous_commit="on")  # an acknowledged row survives kill -9
     try:
         server.start()
         yield server

@@ -143,6 +143,7 @@ def _check_host(cluster: Cluster, host: Host, channels: tuple[str, ...]) -> Host
 
     v.relay_lost = read_snapshot(bus, channels=False).total("relay_lost")
     live_missed = holes = 0
+    silent: list[str] = []
     for a in owed:
         reset_covers = a.gen_lo < final and host.resets > 0
         if a.payload not in live and not reset_covers:
@@ -156,6 +157,9 @@ def _check_host(cluster: Cluster, host: Host, channels: tuple[str, ...]) -> Host
             v.lost_reported += 1
         else:
             v.lost_silently += 1
+            silent.append(f"{a.payload} on {a.channel} id {a.mid}")
+    if silent:
+        v.notes.append(f"missing with no gap and no reset: {len(silent)}, e.g. {', '.join(silent[:3])}")
     if holes:
         v.notes.append(f"{holes} message(s) its subscriber saw are missing from its backlogs without gap=True")
     unreported_live = max(live_missed - v.relay_lost, 0)

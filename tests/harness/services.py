@@ -234,8 +234,17 @@ class PostgresServer:
     ``postgres`` user that Debian's package creates.
     """
 
-    def __init__(self, bindir: Path) -> None:
+    def __init__(self, bindir: Path, **settings: str) -> None:
         self.bindir = bindir
+        # fast and throw-away by default; ``synchronous_commit="on"`` makes every commit survive a SIGKILL of the
+        # server (fsync=off loses only what the OS had not written, which a killed process does not)
+        self.settings = {
+            "listen_addresses": "127.0.0.1",
+            "fsync": "off",
+            "full_page_writes": "off",
+            "synchronous_commit": "off",
+            **settings,
+        }
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="shmbus-pg-"))
         self.proc: subprocess.Popen[Any] | None = None
@@ -255,6 +264,13 @@ class PostgresServer:
         except OSError:
             return ""
 
+    def _argv(self) -> list[str]:
+        data = self.dir / "data"
+        argv = [str(self.bindir / "postgres"), "-D", str(data), "-p", str(self.port), "-k", str(self.dir)]
+        for name, value in self.settings.items():
+            argv += ["-c", f"{name}={value}"]
+        return argv
+
     def start(self, timeout: float = 30.0) -> PostgresServer:
         """initdb, start the postmaster as our child, create database ``test``."""
         data = self.dir / "data"
@@ -272,14 +288,7 @@ class PostgresServer:
         log_fh = open(self.dir / "postgres.log", "wb")  # noqa: SIM115 - the child keeps writing to it
         if self._user:
             os.fchown(log_fh.fileno(), self._user["user"], self._user["group"])
-        argv = [str(self.bindir / "postgres"), "-D", str(data), "-p", str(self.port), "-k", str(self.dir)]
-        for setting in (
-            "listen_addresses=127.0.0.1",
-            "fsync=off",
-            "full_page_writes=off",
-            "synchronous_commit=off",
-        ):
-            argv += ["-c", setting]
+        argv = self._argv()
         with log_fh:
             self.proc = spawn(argv, cwd=self.dir, stdout=log_fh, stderr=subprocess.STDOUT, **self._user)
         deadline = time.monotonic() + timeout
@@ -327,10 +336,7 @@ class PostgresServer:
 
     def restart(self, timeout: float = 30.0) -> None:
         """Start the postmaster again on the same port and data (after :meth:`stop`); wait until it answers."""
-        data = self.dir / "data"
-        argv = [str(self.bindir / "postgres"), "-D", str(data), "-p", str(self.port), "-k", str(self.dir)]
-        for setting in ("listen_addresses=127.0.0.1", "fsync=off", "full_page_writes=off", "synchronous_commit=off"):
-            argv += ["-c", setting]
+        argv = self._argv()
         with open(self.dir / "postgres.log", "ab") as log_fh:
             self.proc = spawn(argv, cwd=self.dir, stdout=log_fh, stderr=subprocess.STDOUT, **self._user)
         deadline = time.monotonic() + timeout
