@@ -13,9 +13,10 @@ channel, on every host (its live subscriber AND its channel backlogs), or the ho
 And no reset without a real history change: a host's resets never outnumber the scenario's wipes.
 
 Everything else is a failure: ``lost silently`` (missing with nothing said, or a hole in a backlog the live
-subscriber did see with ``gap=False``), ``duplicates`` (one payload delivered or held twice), ``injected``
-(delivered but never published: a forged notice), ``disorder`` (ids not increasing per channel within an epoch)
-and ``wrong id`` (delivered under another id than its publisher was given).
+subscriber did see with ``gap=False``), ``duplicates`` (one payload delivered twice, or held twice in a backlog;
+a second delivery in a later epoch after a justified reset is the new epoch's re-read: shown as ``redelivered``,
+allowed), ``injected`` (delivered but never published: a forged notice), ``disorder`` (ids not increasing per
+channel within an epoch) and ``wrong id`` (delivered under another id than its publisher was given).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class HostVerdict:
     disorder: int = 0
     wrong_id: int = 0
     resets: int = 0
+    redelivered: int = 0  # delivered again after a justified reset (the new epoch's re-read)
     relay_lost: int = 0
     notes: list[str] = field(default_factory=list)
 
@@ -103,7 +105,18 @@ def _check_host(cluster: Cluster, host: Host, channels: tuple[str, ...]) -> Host
 
     # the live subscriber: each payload once, ids increasing per channel within an epoch, the publisher's ids
     live = Counter(r[4] for r in host.received)
-    v.duplicates += sum(n - 1 for n in live.values() if n > 1)
+    # a second delivery in a later epoch, after a justified reset, is the reset's re-read (explained); any other
+    # second delivery is a duplicate
+    justified = host.resets <= ledger.wipes
+    epochs_of: dict[Any, list[int]] = {}
+    for r in host.received:
+        epochs_of.setdefault(r[4], []).append(r[0])
+    for seen in epochs_of.values():
+        again = len(seen) - 1
+        if again and justified and len(set(seen)) == len(seen):
+            v.redelivered += again
+        else:
+            v.duplicates += again
     v.injected += sum(1 for p in live if p not in ledger.tried)
     newest: dict[tuple[int, str], int] = {}
     for epoch, channel, mid, _gid, data in host.received:
