@@ -55,8 +55,8 @@ def test_wiped_after_a_fresh_catch_up(cluster: Cluster, backend: Backend, judge:
 
 def test_cron_job_without_the_engine(cluster: Cluster, procs: Any, judge: Callable[[], Any]) -> None:
     """Point 4: a process attaches host a's bridged bus by name without configuring the engine and publishes while
-    both hosts do. Each of its publishes either reaches every host or fails with an error that says what to
-    configure; nothing is split silently (the engine's ids and a local id must never meet)."""
+    both hosts do, and so does ``shmbus publish``. Each of their publishes either reaches every host or fails with
+    an error that says what to configure; nothing is split silently (the engine's ids and a local id never meet)."""
     a, b = cluster.host("a"), cluster.host("b")
     spec = {"bus": a.name, "channel": "/c0", "count": 30}
     with cluster.load(a, b, interval=0.003):
@@ -64,6 +64,13 @@ def test_cron_job_without_the_engine(cluster: Cluster, procs: Any, judge: Callab
         gen = cluster.ledger.gen
         job = procs.spawn([sys.executable, str(NODE), json.dumps(spec), "cron"], stdout=subprocess.PIPE, text=True)
         out, _ = job.communicate(timeout=60)
+        for i in range(5):  # the CLI's publish, as documented: `shmbus publish CHANNEL DATA --bus NAME`
+            argv = [sys.executable, "-m", "shmbus", "publish", "/c0", f"cli:{i}", "--bus", a.name, "--json"]
+            res = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+            if res.returncode == 0:
+                out += f"ACK cli:{i} {json.loads(res.stdout)['message_id']}\n"
+            else:
+                out += f"ERR cli:{i} {' '.join(res.stderr.split())[-400:]}\n"
         cluster.wait_for_acks(100)
     errors = []
     for line in out.splitlines():
