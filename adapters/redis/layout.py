@@ -211,3 +211,21 @@ def script_args(env: Envelope, codec: Codec, gsize: int, pubsub_channel: str) ->
         max(1, gsize),
         chan,
     ]
+
+
+#: The identity of the history in this Redis database (shmbus's own key: the gem never writes it). Missing after a
+#: FLUSHDB or a restart without persistence, when the next relay sets a new random one: a different value than the
+#: one a segment recorded means that segment holds another history.
+HISTORY_KEY = "__mb_shmbus_history"
+#: Get it, or set a new one; 0 (unknown) on a read-only replica that has none yet.
+HISTORY_SCRIPT = """
+local v = redis.call('GET', KEYS[1])
+if not v then
+  local ok = redis.pcall('SET', KEYS[1], ARGV[1])
+  if type(ok) == 'table' and ok.err then
+    return 0
+  end
+  v = ARGV[1]
+end
+return v
+"""
