@@ -3,8 +3,9 @@
 The promise (issue 22): every acknowledged publish (``publish`` returned an id) appears exactly once, in order per
 channel, on every host (its live subscriber AND its channel backlogs), or the host reports it lost. Reported means:
 
-- **gap**: the host's channel backlog says ``gap=True`` across the message (read from the newest message it holds
-  before it: ``backlog(channel, previous)`` has ``first_available`` beyond the message's id), and
+- **gap**: the host's channel backlog says ``gap=True`` across the message (read where a client of the host
+  stands, at the newest message before it that the host delivered: ``backlog(channel, previous)`` has
+  ``first_available`` beyond the message's id), and
 - the host's ``relay_lost`` (host-wide, from the segment's figures) counts at least what its live subscriber
   missed; or
 - **reset**: the message belongs to a history the backend no longer has (the scenario wiped it: FLUSHDB,
@@ -132,7 +133,12 @@ def _check_host(cluster: Cluster, host: Host, channels: tuple[str, ...]) -> Host
     bus = host.bus
     assert bus is not None, f"host {host.label} is down at the check"
     held: Counter[Any] = Counter()
+    seen: dict[str, list[int]] = {}  # ids the live subscriber got in the current epoch, per channel
+    for epoch, channel, mid, _gid, _data in host.received:
+        if epoch == bus.epoch:
+            seen.setdefault(channel, []).append(mid)
     gap_across: set[str] = set()
+    why: dict[str, str] = {}  # what the host's backlog said about a message it does not hold
     for channel in channels:
         backlog = bus.backlog(channel, 0)
         ids = [m.message_id for m in backlog]
@@ -144,7 +150,8 @@ def _check_host(cluster: Cluster, host: Host, channels: tuple[str, ...]) -> Host
         for a in owed:
             if a.channel != channel or a.payload in held or a.gen_lo != final:
                 continue
-            before = max((i for i in ids if i < a.mid), default=0)
+            # where a client of this host stands: the newest message before it that the host delivered
+            before = max((i for i in (*ids, *seen.get(channel, ())) if i < a.mid), default=0)
             if before not in reads:
                 reads[before] = bus.backlog(channel, before)
             part = reads[before]
@@ -152,10 +159,15 @@ def _check_host(cluster: Cluster, host: Host, channels: tuple[str, ...]) -> Host
                 held[a.payload] += 1
             elif part.gap and part.first_available > a.mid:
                 gap_across.add(a.payload)
+            else:
+                why[a.payload] = (
+                    f"backlog({channel!r}, {before}): gap={part.gap}, first_available={part.first_available}"
+                )
     v.duplicates += sum(n - 1 for n in held.values() if n > 1)
 
     v.relay_lost = read_snapshot(bus, channels=False).total("relay_lost")
-    live_missed = holes = 0
+    live_missed = 0
+    holes: list[str] = []
     silent: list[str] = []
     for a in owed:
         reset_covers = a.gen_lo < final and host.resets > 0
@@ -164,19 +176,22 @@ def _check_host(cluster: Cluster, host: Host, channels: tuple[str, ...]) -> Host
         if a.payload in live or a.payload in held:
             v.delivered += 1
             if a.payload not in held and a.gen_lo == final and a.payload not in gap_across:
-                holes += 1  # seen live, but the backlog lost it without a gap
+                holes.append(f"{a.payload} id {a.mid} ({why.get(a.payload, '-')})")  # the backlog lost it, no gap
             continue
         if reset_covers or a.payload in gap_across:
             v.lost_reported += 1
         else:
             v.lost_silently += 1
-            silent.append(f"{a.payload} on {a.channel} id {a.mid}")
+            silent.append(f"{a.payload} on {a.channel} id {a.mid} ({why.get(a.payload, '-')})")
     if silent:
         v.notes.append(f"missing with no gap and no reset: {len(silent)}, e.g. {', '.join(silent[:3])}")
     if holes:
-        v.notes.append(f"{holes} message(s) its subscriber saw are missing from its backlogs without gap=True")
+        v.notes.append(
+            f"{len(holes)} message(s) its subscriber saw are missing from its backlogs without gap=True, "
+            f"e.g. {', '.join(holes[:2])}"
+        )
     unreported_live = max(live_missed - v.relay_lost, 0)
-    if unreported_live > v.lost_silently + holes:
+    if unreported_live > v.lost_silently + len(holes):
         v.notes.append(f"its live subscriber missed {live_missed} but relay_lost says {v.relay_lost}")
-    v.lost_silently = max(v.lost_silently + holes, unreported_live)
+    v.lost_silently = max(v.lost_silently + len(holes), unreported_live)
     return v
