@@ -64,6 +64,9 @@ class Backend(Protocol):
     sparse_ids: bool
     #: exceptions that mean "the backend is unreachable or refused": the relay reconnects without a traceback.
     errors: tuple[type[BaseException], ...]
+    #: those of them that mean "unreachable" (refused, reset, timed out): the relay's failure then makes
+    #: ``health()`` say so even when nothing is being published.
+    unreachable: tuple[type[BaseException], ...]
 
     def record(self) -> BridgeRecord:
         """What the segment records: the kind, the URL without its password, whether one is needed, and the options

@@ -71,6 +71,7 @@ class Relay:
         self.thread: threading.Thread | None = None
         self._bell: Doorbell | None = None
         self._active: dict[str, int] = {}  # channel -> newest id stored since the last maintain()
+        self._marked_unreachable = False  # the publish state says unreachable because of the relay
         self._mark = 0  # the segment's newest id when the backend's history was last confirmed (see check_history)
 
     # ------------------------------------------------------------------ thread
@@ -130,6 +131,9 @@ class Relay:
                 self.check_history()
                 self.catch_up()
                 self.status.set_relay_state("relaying")
+                if self._marked_unreachable and self.status.state == "unreachable":
+                    self.status.set_state("ok")  # the relay's own failure said so; it is reachable again
+                self._marked_unreachable = False
                 self._flush_metrics()
                 backoff = 0.05
                 self._pump(self._bell)
@@ -138,6 +142,9 @@ class Relay:
                     return
                 if not isinstance(exc, (*self.backend.errors, OSError, ValueError)):
                     self.log.exception("shmbus %s bridge: relay error", self.status.kind)
+                if isinstance(exc, self.backend.unreachable) and self.status.state in ("ok", "unknown"):
+                    self.status.set_state("unreachable", exc)  # health() must not say ok while it is down
+                    self._marked_unreachable = True
                 self.status.set_relay_state("reconnecting", exc)
                 self._flush_metrics()
                 stop.wait(backoff)

@@ -97,6 +97,7 @@ class PostgresBackend:
     kind = "postgres"
     sparse_ids = True
     errors: tuple[type[BaseException], ...] = (psycopg.Error, PostgresBridgeError)
+    unreachable: tuple[type[BaseException], ...] = (psycopg.OperationalError,)
 
     def __init__(
         self,

@@ -88,6 +88,7 @@ class RedisBackend:
     kind = "redis"
     sparse_ids = False
     errors: tuple[type[BaseException], ...] = (redis.exceptions.RedisError,)
+    unreachable: tuple[type[BaseException], ...] = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
     def __init__(
         self, url: str, pubsub_channel: str, status: BridgeStatus, socket_timeout: float, connect_timeout: float
