@@ -318,21 +318,48 @@ class PostgresServer:
             self.proc.send_signal(signal.SIGINT)
             self.proc.wait(timeout=30)
 
+    def processes(self) -> list[int]:
+        """The postmaster and every process it started (backends call setsid(): they are not in its group)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return []
+        root = self.proc.pid
+        pids = [root]
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as fh:
+                    stat = fh.read()
+            except OSError:
+                continue
+            fields = stat[stat.rfind(b")") + 2 :].split()  # state ppid ...
+            if len(fields) > 1 and int(fields[1]) == root:
+                pids.append(int(entry.name))
+        return pids
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Send ``sig`` to the postmaster and every backend and auxiliary process."""
+        for pid in self.processes():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
     def kill(self) -> None:
         """Crash the server: SIGKILL to the postmaster and every backend at once (its data directory stays, so
         :meth:`restart` runs crash recovery)."""
         if self.proc is not None:
-            signal_group(self.proc, signal.SIGCONT)  # a frozen process group dies the same, but no zombie waits
-            signal_group(self.proc, signal.SIGKILL)
+            self.signal(signal.SIGKILL)
             kill_tree(self.proc, 5.0)
+            deadline = time.monotonic() + 10  # orphaned backends exit once they notice (none should be left)
+            while self.processes() and time.monotonic() < deadline:
+                time.sleep(0.05)
 
     def freeze(self) -> None:
         """SIGSTOP the postmaster and every backend: connections stay open, nothing answers (until :meth:`thaw`)."""
-        signal_group(self.proc, signal.SIGSTOP)
+        self.signal(signal.SIGSTOP)
 
     def thaw(self) -> None:
         """SIGCONT after :meth:`freeze`."""
-        signal_group(self.proc, signal.SIGCONT)
+        self.signal(signal.SIGCONT)
 
     def restart(self, timeout: float = 30.0) -> None:
         """Start the postmaster again on the same port and data (after :meth:`stop`); wait until it answers."""
