@@ -71,6 +71,7 @@ class Relay:
         self.thread: threading.Thread | None = None
         self._bell: Doorbell | None = None
         self._active: dict[str, int] = {}  # channel -> newest id stored since the last maintain()
+        self._named = False  # the backend named its history at the last check
         self._marked_unreachable = False  # the publish state says unreachable because of the relay
         self._mark = 0  # the segment's newest id when the backend's history was last confirmed (see check_history)
 
@@ -202,20 +203,22 @@ class Relay:
         """Reset the bus if the backend's history is another one than the segment holds; True if it did.
 
         The segment's newest id is read *before* the backend's identity: when the identity is unchanged, that
-        message belongs to the recorded history (the ``mark``; a catch-up passes the segment's newest when a read
-        came from another history). When it changed, the backend compares the message at the mark, so messages
-        of the new history stored since cannot vouch for the old one."""
+        message belongs to the recorded history (the ``mark``; every catch-up read that came from the recorded
+        history confirms one the same way). When it changed, the backend compares the message at the newest
+        confirmed mark, so messages of the new history stored since (a publisher landing its own) cannot vouch
+        for the old one."""
         seg = self.bus.segment
         newest_before = seg.global_id()
         current = self.backend.history_id()
         recorded = seg.history_id()
         self.status.backend_newest = max(self.status.backend_newest, self.backend.newest_id())
+        self._named = current != 0
         if current == 0:  # the backend cannot name its history now (a replica without one): nothing to decide
             return False
         if current == recorded:
             self._mark = newest_before
             return False
-        mark = mark or self._mark or newest_before
+        mark = self._mark or mark or newest_before
         reset = bool(seg.global_id()) and not self.backend.history_continues(seg, bool(recorded), mark)
         if reset:
             self.status.resets += 1
@@ -244,15 +247,24 @@ class Relay:
         pos = max(self.status.position, seg.global_id())
         settled = pos  # missing ids at or below this one were waited for
         timed_out = 0  # missing ids at or below this one had a writer that outlived the timeout: lost
+        rereads = 0
         while not self.stop.is_set():
+            newest_before = seg.global_id()
             page = self.backend.read_after(pos, PAGE)
-            if page.history and page.history != seg.history_id():
-                # another history's messages: decide (every message stored so far came from the recorded one)
-                if self.check_history(mark=seg.global_id()):
+            if page.history and page.history == seg.history_id():
+                self._mark = newest_before  # stored before a read that came from the recorded history: its own
+            elif page.rows:
+                # messages of another (or an unnamed) history: decide before storing any of them; every message
+                # stored so far came from the recorded history, so the segment's newest is the mark
+                if self.check_history(mark=newest_before):
                     pos = settled = timed_out = 0
-                elif page.history != seg.history_id():
-                    break  # it changed again meanwhile: the next ring reads again
-                continue
+                    continue
+                if self._named:
+                    rereads += 1
+                    if rereads > 3:
+                        break  # it keeps changing: the next ring reads again
+                    continue  # the backend names its history now: read again, the page carries the name
+                # else the backend cannot name it (a replica that has none): go by the ids
             rows = page.rows
             waited = False
             for row in rows:

@@ -371,9 +371,8 @@ class PostgresBackend:
             conn.execute("SET LOCAL enable_seqscan = off")  # the added_at index: never a scan of dead rows
             conn.execute(sql.TRIM_EXPIRE, (max(1, math.ceil(bus.max_backlog_age)),), prepare=True)
         noticed, self.noticed = self.noticed, set()
-        for chan in noticed.union(active):
-            newest = active.get(chan, position)
-            conn.execute(sql.TRIM_CHANNEL, (chan, chan, newest, bus.max_backlog_size), prepare=True)
+        for chan in noticed.union(active):  # up to the relay's position: every id at or below it is settled
+            conn.execute(sql.TRIM_CHANNEL, (chan, chan, position, bus.max_backlog_size), prepare=True)
 
     def fill_backlog(self, bus: Bus, gap: BacklogGap) -> Backlog | None:
         try:
