@@ -64,7 +64,12 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.when == "call":
-        _FAULT_ROWS.extend(value for name, value in report.user_properties if name == "faults_row")
+        result = "xfail (known bug)" if hasattr(report, "wasxfail") else report.outcome
+        _FAULT_ROWS.extend(
+            {**value, "result": result}  # type: ignore[dict-item]
+            for name, value in report.user_properties
+            if name == "faults_row"
+        )
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

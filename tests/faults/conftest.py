@@ -54,9 +54,11 @@ def backend(request: pytest.FixtureRequest, bus_name: str) -> Iterator[Backend]:
     schema = f"s_{bus_name}".lower()
     with psycopg.connect(server.url, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {schema}")
+    pg_backend = PostgresBackend(server, schema, channel)
     try:
-        yield PostgresBackend(server, schema, channel)
+        yield pg_backend
     finally:
+        pg_backend.close()
         server.thaw()
         with psycopg.connect(server.url, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")

@@ -138,6 +138,7 @@ class PostgresBackend(Backend):
         self.channel = channel
         self._psycopg = psycopg
         self.dsn = str(psycopg.conninfo.make_conninfo(server.url, options=f"-c search_path={schema}"))
+        self._ringer: Any = None
 
     def spec(self) -> dict[str, Any]:
         return {"kind": "postgres", "url": self.dsn, "channel": self.channel}
@@ -176,7 +177,9 @@ class PostgresBackend(Backend):
         return int(rows[0][0])
 
     def ring(self, line: str) -> None:
-        self.run("SELECT pg_notify(%s, %s)", self.channel, line)
+        if self._ringer is None or self._ringer.closed:
+            self._ringer = self.connect()  # one connection for a storm of notices
+        self._ringer.execute("SELECT pg_notify(%s, %s)", (self.channel, line))
 
     def newest_lines(self, count: int) -> list[str]:
         rows = self.run("SELECT id, channel, value FROM message_bus ORDER BY id DESC LIMIT %s", count)
@@ -188,6 +191,10 @@ class PostgresBackend(Backend):
             "SELECT nextval(pg_get_serial_sequence('message_bus', 'id')) FROM generate_series(1, %s)", count
         )
         return [int(r[0]) for r in rows]
+
+    def close(self) -> None:
+        if self._ringer is not None:
+            self._ringer.close()
 
     def hold_row(self, channel: str, data_json: str) -> tuple[Any, int]:
         """A writer as the gem's (or any SQL client): INSERT a row and keep the transaction open. Returns the
