@@ -263,42 +263,26 @@ class RedisBackend:
             return True
 
     def read_after(self, after: int, limit: int) -> Page:
-        """The history key and the newest id (read first: every id up to it that the pointers miss is gone), the
-        global backlog's pointers after ``after``, then each channel's lines for them: one command per channel,
-        pipelined. (A missing history key reads as 0, unknown: the next history check sets one.)"""
-        r = self.client
-        pipe = r.pipeline(transaction=False)
-        pipe.get(layout.HISTORY_KEY)
-        pipe.get(layout.GLOBAL_ID_KEY)
-        pipe.zrangebyscore(layout.GLOBAL_BACKLOG_KEY, after + 1, "+inf", start=0, num=limit, withscores=True)
-        history, newest, ptrs = pipe.execute()
-        self._newest = int(newest or 0)
-        if not ptrs:
-            self._gone = self._newest
-            return Page(0, [])
-        wanted: list[tuple[int, int, str]] = []
-        spans: dict[str, list[int]] = {}
-        for member, score in ptrs:
-            cid, chan = layout.parse_pointer(member)
-            wanted.append((int(score), cid, chan))
-            span = spans.setdefault(chan, [cid, cid])
-            span[0], span[1] = min(span[0], cid), max(span[1], cid)
-        pipe = r.pipeline(transaction=False)
-        for chan, (lo, hi) in spans.items():
-            pipe.zrangebyscore(layout.backlog_key(chan), lo, hi, withscores=True)
-        lines: dict[tuple[str, int], bytes] = {}
-        for chan, got in zip(spans, pipe.execute(), strict=True):
-            for line, score in got:
-                lines[(chan, int(score))] = line
+        """One script run (:data:`~.layout.READ_AFTER_SCRIPT`): the history key and the newest id (read first:
+        every id up to it that the global backlog misses is gone), then each entry after ``after`` with its
+        channel's line. (A missing history key reads as 0, unknown: the next history check sets one.)"""
+        args = (3, layout.HISTORY_KEY, layout.GLOBAL_ID_KEY, layout.GLOBAL_BACKLOG_KEY, after, limit)
+        try:
+            got = self.client.execute_command("EVALSHA", layout.READ_AFTER_SHA, *args, layout.BACKLOG_KEY_PREFIX)
+        except redis.exceptions.NoScriptError:
+            self.client.script_load(layout.READ_AFTER_SCRIPT)
+            got = self.client.execute_command("EVALSHA", layout.READ_AFTER_SHA, *args, layout.BACKLOG_KEY_PREFIX)
+        history, self._newest = int(got[0] or 0), int(got[1] or 0)
         rows = []
-        for gid, cid, chan in wanted:
-            line = lines.get((chan, cid))
-            d = layout.parse_line(line) if line is not None else None
-            if d is not None and d.global_id != gid:  # the channel's id now names another message (its ids restarted)
+        for i in range(2, len(got), 3):
+            gid = int(got[i])
+            cid, chan = layout.parse_pointer(got[i + 1])
+            d = layout.parse_line(got[i + 2]) if got[i + 2] else None
+            if d is not None and d.global_id != gid:  # the channel's id now names another message (ids restarted)
                 d = None
             rows.append(Row(gid, cid, chan, bytes(d.envelope) if d is not None else None))
-        self._gone = max(self._newest, rows[-1].global_id)
-        return Page(int(history or 0), rows)
+        self._gone = max(self._newest, rows[-1].global_id) if rows else self._newest
+        return Page(history, rows)
 
     def gone_upto(self) -> int:
         return self._gone
