@@ -84,6 +84,15 @@ class Relay:
         self.thread = t
         t.start()
 
+    def after_fork(self) -> None:
+        """In a forked child: the parent's thread is gone and its doorbell is the parent's (closing our copy would
+        shut the parent's socket down), so forget both."""
+        self.thread = None
+        self._bell = None
+        self._active = {}
+        self._mark = 0
+        self._named = self._marked_unreachable = False
+
     def close(self, join: bool) -> None:
         self.stop.set()
         bell = self._bell
