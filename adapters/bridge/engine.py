@@ -131,7 +131,7 @@ class BridgeEngine(Engine):
         if self.queue is not None:
             self.queue.after_fork()
         if self.relayer is not None:
-            self.relayer.thread = None
+            self.relayer.after_fork()
         started, self._started = self._started, False
         if started and not self._closed:
             self.start()

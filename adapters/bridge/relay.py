@@ -84,6 +84,15 @@ class Relay:
         self.thread = t
         t.start()
 
+    def after_fork(self) -> None:
+        """In a forked child: the parent's thread is gone and its doorbell is the parent's (closing our copy would
+        shut the parent's socket down), so forget both."""
+        self.thread = None
+        self._bell = None
+        self._active = {}
+        self._mark = 0
+        self._named = self._marked_unreachable = False
+
     def close(self, join: bool) -> None:
         self.stop.set()
         bell = self._bell
@@ -240,9 +249,10 @@ class Relay:
     def catch_up(self) -> None:
         """Store every message after the segment's newest, in id order, from the backend's history.
 
-        A missing id is lost when the backend says it is gone (:meth:`Backend.gone_upto`), else possibly in flight:
-        the read waits once for the backend's writers (:meth:`Backend.settle`) and reads again; what is still
-        missing then never existed (rolled back), or counts as lost if a writer outlived the timeout."""
+        A missing id may be in flight: the read waits once for the backend's writers (:meth:`Backend.settle`) and
+        reads again. What is still missing then is lost when the backend says it is gone (at or below
+        :meth:`Backend.gone_upto`: trimmed before this host read it) or a writer outlived the timeout; otherwise it
+        never was a message (rolled back)."""
         seg = self.bus.segment
         pos = max(self.status.position, seg.global_id())
         settled = pos  # missing ids at or below this one were waited for
@@ -272,11 +282,10 @@ class Relay:
                 if gid <= pos:
                     continue
                 if gid != pos + 1:
-                    gone = self.backend.gone_upto()
-                    if gid - 1 > max(settled, gone, timed_out):
+                    if gid - 1 > max(settled, timed_out):
                         waited = True  # a hole that may still fill: wait for its writers, then read again
                         break
-                    self._lose(pos + 1, gid - 1, max(gone, timed_out))
+                    self._lose(pos + 1, gid - 1, max(self.backend.gone_upto(), timed_out))
                 self._store(row)
                 pos = gid
             if waited:

@@ -102,6 +102,27 @@ def test_a_host_down_past_the_trim_counts_the_loss_and_shows_a_gap(make_host: Ca
     assert [m.message_id for m in back] == c0
 
 
+def test_a_channel_trim_past_a_down_host_is_counted_too(make_host: Callable[..., Bus], sql: Any) -> None:
+    """Only the channel trim bites (one busy channel, a large global limit): the 80 rows it deleted before host b
+    read them count as lost and b's client of that channel gets gap=True (by count alone the segment would hold
+    exactly max_backlog_size newer messages and say nothing)."""
+    limits = {"max_backlog_size": 20, "max_global_backlog_size": 100_000}
+    a = make_host("a", trim_interval=0.05, bus_options=limits)
+    b = make_host("b", bus_options=limits)
+    wait_relaying(a, b)
+    seen = a.publish("/busy", "first")
+    wait_for(lambda: b.last_id("/busy") == seen, what="b up to date")
+    b.close()
+    sent = [a.publish("/busy", i) for i in range(100)]
+    wait_for(lambda: sql.execute("SELECT count(*) FROM message_bus").fetchone()[0] == 20, what="the channel trim")
+    b2 = make_host("b", bus_options=limits)
+    wait_relaying(b2)
+    wait_for(lambda: b2.last_id("/busy") == sent[-1], what="b caught up")
+    assert b2.default.health()["relay_lost"] == 80
+    back = b2.backlog("/busy", seen)
+    assert back.gap and [m.message_id for m in back] == sent[-20:]
+
+
 def test_stale_and_repeated_notices_during_local_publishing_never_reset(
     make_host: Callable[..., Bus], sql: Any, pg: Any
 ) -> None:
