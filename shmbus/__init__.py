@@ -19,6 +19,7 @@ from .cache import DistributedCache
 from .codecs import Codec, JsonCodec, MsgpackCodec
 from .engines import Engine, Envelope, PubSubEngine, SharedMemoryEngine
 from .errors import (
+    BusBridged,
     BusClosed,
     BusDestroyed,
     BusLockTimeout,
@@ -44,6 +45,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Backlog",
     "Bus",
+    "BusBridged",
     "BusClosed",
     "BusDestroyed",
     "BusLockTimeout",

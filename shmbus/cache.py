@@ -5,11 +5,15 @@ Writes publish an operation (``set``/``delete``/``clear``) on a channel of its o
 operation in the bus's id order, its own included, so all copies converge on the same value even when two
 processes write one key at the same moment (the gem applies by arrival order and can diverge).
 
-Unlike the gem, a process that starts late sees the current values: it replays the channel's backlog. To keep
-that replay short and within the backlog limit, every ``snapshot_every``-th operation is followed by a snapshot of
-the whole cache, published by the process that wrote that operation once its listener has applied it (so the
-snapshot holds exactly the operations up to that id); a late starter begins at the newest snapshot and applies the
-operations after it. A process whose history starts mid-way without a snapshot logs a warning.
+Unlike the gem, a process that starts late sees the current values: it replays the channel's backlog. Whether
+that replay is the whole history is the bus's answer, not a guess from ids: the backlog read from the start
+reports a gap when older operations were trimmed (on every engine: contiguous ids, or the sparse ids of the
+PostgreSQL bridge, where the first id is never 1). To keep the replay short and within the backlog limit, every
+``snapshot_every``-th operation (counted in bus order, the same in every process) is followed by a snapshot of the
+whole cache, published by the process that wrote that operation once its listener has applied it (so the snapshot
+holds exactly the operations up to that id); a late starter begins at the newest snapshot that covers what it
+missed and applies the operations after it. Until then it keeps at most ``history`` operations in memory. A
+process whose history starts mid-way logs a warning until a snapshot completes it.
 """
 
 from __future__ import annotations
@@ -33,6 +37,13 @@ CHANNEL_PREFIX = "/__shmbus_cache/"
 HIDDEN = [-1]  # user id no HTTP client has: the gem's way of keeping internal traffic off the wire
 _FOREVER = 10 * 365 * 86400.0  # the cache's history must not expire like an idle channel's
 _DELETED: Any = object()
+
+
+def _prev(msg: Message) -> int:
+    """The ``prev`` an operation carries (0: none, or written by a process that had applied none)."""
+    op = msg.data
+    prev = op.get("prev") if isinstance(op, dict) else None
+    return prev if isinstance(prev, int) and not isinstance(prev, bool) else 0
 
 
 class DistributedCache(MutableMapping[str, Any]):
@@ -73,17 +84,27 @@ class DistributedCache(MutableMapping[str, Any]):
         self.channel = CHANNEL_PREFIX + name
         self._data: dict[str, dict[str, Any]] = {}
         self._lock = threading.RLock()
-        self._recent: list[Message] = []  # operations applied lately (re-applied on top of a snapshot)
+        self._recent: list[Message] = []  # operations applied while incomplete (re-applied on top of a snapshot)
         self._mine: dict[tuple[str, str], tuple[int, Any]] = {}
         self._mine_clear: dict[str, int] = {}
         self._applied_id = 0
-        self._first_id = 0
-        self._complete = True
-        self._sub = bus.subscribe(self.channel, self._on_message, last_id=0, site_id="")
+        self._since_snapshot = 0  # operations since the last due snapshot, in bus order
+        # The replay: the channel's backlog from its start says whether it is the whole history: the bus reports a
+        # gap when older operations were trimmed, and so does an operation whose writer had applied one the backlog
+        # no longer holds (``prev``: ids that are not contiguous, as the PostgreSQL bridge's, carry no other sign).
+        # A snapshot as of at least the id before the oldest one held then completes it.
+        with self._lock:
+            backlog = bus.backlog(self.channel, 0, site_id="")
+            oldest = backlog[0].message_id if backlog else backlog.first_available
+            self._complete = not backlog.gap and not any(0 < _prev(m) < oldest for m in backlog)
+            self._need_as_of = oldest - 1
+            for msg in backlog:
+                self._on_message(msg)
+            self._sub = bus.subscribe(self.channel, self._on_message, last_id=self._applied_id, site_id="")
         if not self._complete:
             log.warning(
                 "shmbus: DistributedCache %r started from an incomplete history (the bus no longer holds "
-                "its older operations); values written before then are missing",
+                "its older operations); values written before then are missing until a snapshot arrives",
                 name,
             )
 
@@ -174,6 +195,7 @@ class DistributedCache(MutableMapping[str, Any]):
 
     def _publish(self, op: dict[str, Any]) -> int:
         op["origin"] = self.identity
+        op["prev"] = self._applied_id  # the newest operation this process had applied: a late starter's evidence
         if self.app_version is not None:
             op["v"] = self.app_version
         mid = self.bus.publish(
@@ -186,6 +208,7 @@ class DistributedCache(MutableMapping[str, Any]):
         snap: dict[str, Any] = {
             "op": "snapshot",
             "as_of": as_of,
+            "prev": as_of,
             "origin": self.identity,
             "data": {site: dict(d) for site, d in self._data.items()},
         }
@@ -207,28 +230,18 @@ class DistributedCache(MutableMapping[str, Any]):
             return
         snapshot_due = False
         with self._lock:
-            kind = op.get("op")
-            if self._first_id == 0:
-                self._first_id = msg.message_id
-                # History starting mid-way (older operations trimmed) is only complete from a snapshot on.
-                self._complete = msg.message_id == 1
-            if kind == "snapshot":
-                as_of = int(op.get("as_of", 0))
-                data = op.get("data")
-                # Only a process missing the start of the history needs a snapshot, and only one that covers
-                # everything it missed (its as_of reaches back to the first operation this process saw).
-                if not self._complete and isinstance(data, dict) and as_of >= self._first_id - 1:
-                    self._data = {str(s): dict(d) for s, d in data.items() if isinstance(d, dict)}
-                    for m in self._recent:
-                        if m.message_id > as_of:
-                            self._apply(m.data)
-                    self._recent = []
-                    self._complete = True
+            if op.get("op") == "snapshot":
+                self._take_snapshot(op)
             else:
                 self._apply(op)
                 if not self._complete:
                     self._recent.append(msg)
-                snapshot_due = op.get("origin") == self.identity and msg.message_id % self.snapshot_every == 0
+                    if len(self._recent) > self.history:  # bounded: a snapshot must now cover the dropped one
+                        self._need_as_of = max(self._need_as_of, self._recent.pop(0).message_id)
+                self._since_snapshot += 1
+                if self._since_snapshot >= self.snapshot_every:
+                    self._since_snapshot = 0
+                    snapshot_due = op.get("origin") == self.identity
             self._applied_id = msg.message_id
             if self._mine:
                 self._mine = {k: v for k, v in self._mine.items() if v[0] > msg.message_id}
@@ -236,6 +249,21 @@ class DistributedCache(MutableMapping[str, Any]):
                 self._mine_clear = {k: v for k, v in self._mine_clear.items() if v > msg.message_id}
             if snapshot_due and self._complete:
                 self._publish_snapshot(msg.message_id)
+
+    def _take_snapshot(self, op: dict[str, Any]) -> None:
+        """Only a process missing the start of the history needs a snapshot, and only one that covers everything it
+        missed (as of an operation at or after the newest one it could not read)."""
+        as_of = int(op.get("as_of", 0))
+        data = op.get("data")
+        if self._complete or not isinstance(data, dict) or as_of < self._need_as_of:
+            return
+        self._data = {str(s): dict(d) for s, d in data.items() if isinstance(d, dict)}
+        for m in self._recent:
+            if m.message_id > as_of:
+                self._apply(m.data)
+        self._recent = []
+        self._complete = True
+        log.info("shmbus: DistributedCache %r is complete from a snapshot as of operation %d", self.name, as_of)
 
     def _apply(self, op: dict[str, Any]) -> None:
         site = op.get("site") or "default"

@@ -19,6 +19,7 @@ from typing import Any
 from .bus import Bus
 from .buses import bus_names, describe, not_found_message, removal_problem
 from .channels import check_bus_name, split_backend_name
+from .errors import EngineError
 from .segment import Segment, segment_path
 
 
@@ -112,9 +113,12 @@ def _stats_once(args: argparse.Namespace) -> int:
             "sleeping_listeners": st.sleepers,
             "channels": channels,
         }
+        rec = seg.bridge()
+        if rec is not None:
+            out["bridge"] = {"kind": rec.kind, "url": rec.url, "history": seg.history_id()}
         redis_url = args.redis or os.environ.get("SHMBUS_REDIS_URL")
         if redis_url:
-            out["redis"] = _redis_view(redis_url, seg.path, st.global_id)
+            out["redis"] = _redis_view(redis_url, seg.path, st.global_id, seg.history_id())
     finally:
         seg.close()
     if args.json:
@@ -133,6 +137,8 @@ def _stats_once(args: argparse.Namespace) -> int:
     print(f"  history          {out['history_seconds']:.1f} s held in the ring")
     print(f"  processes        {len(out['processes'])} attached: {' '.join(map(str, out['processes']))}")
     print(f"  channels         {out['channel_count']} of {out['max_channels']}")
+    if "bridge" in out:
+        print(f"  bridged          {out['bridge']['kind']} {out['bridge']['url']}")
     if "redis" in out:
         rv = out["redis"]
         if "error" in rv:
@@ -140,7 +146,7 @@ def _stats_once(args: argparse.Namespace) -> int:
         else:
             print(
                 f"  redis            {rv['url']} role={rv['role']} global_id={rv['global_id']} "
-                f"(segment lags by {rv['lag']}), relay {'active' if rv['relay_active'] else 'NOT RUNNING'}"
+                f"({rv['standing']}), relay {'active' if rv['relay_active'] else 'NOT RUNNING'}"
             )
     if channels:
         width = max(len(c["channel"]) for c in channels)
@@ -153,23 +159,33 @@ def _stats_once(args: argparse.Namespace) -> int:
     return 0
 
 
-def _redis_view(url: str, seg_path: str, seg_global_id: int) -> dict[str, Any]:
-    """How this host's segment stands against the Redis it is bridged to (for the bridge's health)."""
+def _redis_view(url: str, seg_path: str, seg_global_id: int, seg_history: int) -> dict[str, Any]:
+    """How this host's segment stands against the Redis it is bridged to (for the bridge's health). The lag is a
+    difference of ids only when both hold the same history (Redis's history key is the one the segment recorded):
+    after a FLUSHDB or a restart without persistence the ids are not comparable, and the view says so."""
     try:
         import redis
 
         from shmbus.adapters.redis import redact_url, relay_active
-        from shmbus.adapters.redis.layout import GLOBAL_ID_KEY
+        from shmbus.adapters.redis.layout import GLOBAL_ID_KEY, HISTORY_KEY
     except ImportError as exc:
         return {"url": url, "error": f"the redis extra is not installed ({exc})"}
     view: dict[str, Any] = {"url": redact_url(url), "relay_active": relay_active(seg_path)}
     try:
         r = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
         gid = int(r.get(GLOBAL_ID_KEY) or 0)
-        view.update(role=r.execute_command("ROLE")[0].decode(), global_id=gid, lag=max(gid - seg_global_id, 0))
+        history = int(r.get(HISTORY_KEY) or 0)
+        view.update(role=r.execute_command("ROLE")[0].decode(), global_id=gid, history=history)
         r.close()
     except Exception as exc:
         view["error"] = str(exc)
+        return view
+    if seg_history and history != seg_history:
+        view.update(lag=None, standing="another history: Redis was flushed or restarted; the relay resets the bus")
+    elif gid < seg_global_id:
+        view.update(lag=None, standing=f"the segment is AHEAD of Redis by {seg_global_id - gid}: not this Redis?")
+    else:
+        view.update(lag=gid - seg_global_id, standing=f"segment lags by {gid - seg_global_id}")
     return view
 
 
@@ -236,14 +252,17 @@ def cmd_publish(args: argparse.Namespace) -> int:
     except FileNotFoundError:
         sys.exit(_no_such_bus(args) + " (pass --create to create it)")
     try:
-        mid = bus.publish(
-            args.channel,
-            data,
-            site_id=args.site,
-            user_ids=args.user_id or None,
-            group_ids=args.group_id or None,
-            client_ids=args.client_id or None,
-        )
+        try:  # a bridged bus publishes through its engine (SHMBUS_ENGINE_URL or the segment's record)
+            mid = bus.publish(
+                args.channel,
+                data,
+                site_id=args.site,
+                user_ids=args.user_id or None,
+                group_ids=args.group_id or None,
+                client_ids=args.client_id or None,
+            )
+        except EngineError as exc:  # BusBridged among them: it says what to configure
+            sys.exit(f"shmbus: {exc}")
     finally:
         bus.close()
     print(json.dumps({"channel": args.channel, "message_id": mid}) if args.json else f"published #{mid}")
@@ -411,7 +430,9 @@ def main(argv: list[str] | None = None) -> int:
     pb = add(
         "publish",
         "publish one message",
-        "Publish DATA on CHANNEL and print its message id. The bus must exist unless --create is given.",
+        "Publish DATA on CHANNEL and print its message id. The bus must exist unless --create is given. On a "
+        "bridged bus the message goes through the bus's engine: SHMBUS_ENGINE_URL, or the backend URL the segment "
+        "records when it needs no password (else it stops and says what to set).",
         [common],
     )
     pb.add_argument("channel", help="the channel, e.g. /chat")

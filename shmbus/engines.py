@@ -27,7 +27,17 @@ from .errors import EngineError, InvalidMessage
 if TYPE_CHECKING:
     from .bus import Backlog, Bus
 
-__all__ = ["BacklogGap", "Engine", "EngineLike", "Envelope", "PubSubEngine", "SharedMemoryEngine", "as_engine"]
+__all__ = [
+    "BacklogGap",
+    "Engine",
+    "EngineLike",
+    "Envelope",
+    "PubSubEngine",
+    "RelayFigures",
+    "SharedMemoryEngine",
+    "as_engine",
+    "engine_from_url",
+]
 
 
 class Envelope(NamedTuple):
@@ -50,6 +60,16 @@ class BacklogGap(NamedTuple):
     upto: int | None
     limit: int | None
     partial: Backlog
+
+
+class RelayFigures(NamedTuple):
+    """What a bridge engine reports about its relay in this process (the host metrics, the admin page and
+    ``shmbus top`` read it through :meth:`Engine.relay_figures`)."""
+
+    relaying: bool  #: this process holds the host's relay election
+    state: str  #: ``standby``, ``connecting``, ``relaying``, ``reconnecting`` or ``off``
+    backend_newest: int  #: the backend's newest global id as the relay knows it (the lag is it minus the segment's)
+    lost: int  #: messages this process's relay found gone from the backend before it read them (cumulative)
 
 
 class Engine:
@@ -88,6 +108,10 @@ class Engine:
 
     def health(self) -> dict[str, Any] | None:
         """What an operator should know about the engine (shown by ``Bus.health()`` and ``shmbus stats``)."""
+        return None
+
+    def relay_figures(self) -> RelayFigures | None:
+        """A bridge's relay figures for the host metrics; None: the engine relays nothing (the default)."""
         return None
 
     def after_fork(self, bus: Bus) -> None:
@@ -166,6 +190,28 @@ class _DraftEngine(Engine):
 
     def __repr__(self) -> str:
         return f"_DraftEngine({self.draft!r})"
+
+
+def engine_from_url(
+    url: str, *, kind: str | None = None, options: dict[str, str] | None = None, relay: bool = False
+) -> Engine:
+    """A bridge engine for a backend URL (``redis://``, ``rediss://``, ``unix://``: Redis; ``postgres://``,
+    ``postgresql://``: PostgreSQL), as a process attaching a bridged bus builds it (``SHMBUS_ENGINE_URL`` or the
+    segment's record). ``options``: the recorded options (the notify or pub/sub channel). ``relay=False``: the
+    process publishes through it and leaves relaying to the host's workers."""
+    scheme = url.split(":", 1)[0].lower() if "://" in url else ""
+    opts = dict(options or {})
+    if kind is None and "=" in url and not scheme:
+        kind = "postgres"  # a libpq key=value string
+    if kind == "redis" or (kind is None and scheme in ("redis", "rediss", "unix")):
+        from shmbus.adapters.redis import RedisBridge
+
+        return RedisBridge(url, relay=relay, pubsub_channel=opts.get("pubsub_channel"))
+    if kind == "postgres" or (kind is None and scheme in ("postgres", "postgresql")):
+        from shmbus.adapters.postgres import PostgresBridge
+
+        return PostgresBridge(url, relay=relay, notify_channel=opts.get("notify_channel"))
+    raise ValueError(f"no bridge engine for URL scheme {scheme!r} (redis://, rediss://, unix://, postgresql://)")
 
 
 def as_engine(engine: EngineLike) -> Engine:

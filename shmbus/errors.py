@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "BusBridged",
     "BusClosed",
     "BusDestroyed",
     "BusLockTimeout",
@@ -101,6 +102,12 @@ class ChannelTableFull(ShmbusError):
 
 class EngineError(ShmbusError):
     """An engine (e.g. the Redis bridge) could not carry out a publish; the message was not stored."""
+
+
+class BusBridged(EngineError):
+    """The bus is bridged (Redis, PostgreSQL: the segment records which) and this process publishes without that
+    engine: a local id would be one the backend later gives another message, splitting the bus. Configure the
+    engine (``engine=`` or ``SHMBUS_ENGINE_URL``); the message says which."""
 
 
 class UnsupportedPlatform(ShmbusError):

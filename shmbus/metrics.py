@@ -79,7 +79,7 @@ class Metrics:
 
     def _engines_relay_lost(self) -> int:
         bus = self.bus
-        return sum(int(getattr(e, "relay_lost", 0) or 0) for e in [bus._default_engine, *bus._engines])
+        return sum(f.lost for e in [bus._default_engine, *bus._engines] if (f := e.relay_figures()) is not None)
 
     def maybe_flush(self) -> None:
         now = time.monotonic()
@@ -108,16 +108,14 @@ class Metrics:
             "relay_lost": max(self._engines_relay_lost() - self._relay_lost_base, 0),
         }
         for engine in [bus._default_engine, *bus._engines]:
-            state = getattr(engine, "relay_state", None)
-            if state is None:
+            fig = engine.relay_figures()  # the engine contract's written figures (shmbus.engines.RelayFigures)
+            if fig is None:
                 continue
-            if state in RELAY_STATES:
-                values["relay_state"] = RELAY_STATES.index(state)
-            if getattr(engine, "_is_relay", False):
+            if fig.state in RELAY_STATES:
+                values["relay_state"] = RELAY_STATES.index(fig.state)
+            if fig.relaying:
                 values["relay"] = 1
-                # the backend's newest id as the relay knows it (not what it stored: lag = it - the segment's)
-                newest = getattr(engine, "backend_newest", None)
-                values["relay_highest"] = int((newest if newest is not None else getattr(engine, "_highest", 0)) or 0)
+                values["relay_highest"] = fig.backend_newest  # stored or not: lag = it - the segment's newest
         try:
             return seg.write_metrics(values)
         except (ValueError, TypeError):  # the segment was closed under us

@@ -42,6 +42,7 @@ from harness.services import (
     redis_url_problem,
 )
 from harness.shm import SHM_DIR, bus_prefix, files_for_bus, shm_files
+from harness.table import format_table
 
 _REDIS_HOW = "apt-get install redis-server (or run scripts/test), or set REDIS_URL"
 _PG_HOW = (
@@ -51,11 +52,32 @@ _PG_HOW = (
 
 # (nodeid, files) of buses that still had segments when their test ended.
 _LEFTOVERS: list[tuple[str, list[str]]] = []
+# Rows of the fault suite's table (tests/faults: each scenario records one as a user property; under xdist the
+# reports carry them to the controller, which prints them in the terminal summary).
+_FAULT_ROWS: list[dict[str, object]] = []
 
 
 def pytest_report_header(config: pytest.Config) -> str:
     mode = "missing services FAIL tests" if require_all() else "missing services skip tests"
     return f"shmbus harness: SHMBUS_REQUIRE_ALL={os.environ.get('SHMBUS_REQUIRE_ALL', '')!r} ({mode})"
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call":
+        result = "xfail (known bug)" if hasattr(report, "wasxfail") else report.outcome
+        _FAULT_ROWS.extend(
+            {**value, "result": result}  # type: ignore[dict-item]
+            for name, value in report.user_properties
+            if name == "faults_row"
+        )
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _FAULT_ROWS:
+        return
+    terminalreporter.write_sep("=", "fault scenarios: every acknowledged publish delivered, or its loss reported")
+    for line in format_table(sorted(_FAULT_ROWS, key=lambda r: str(r["scenario"]))):
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .bridge import PostgresBridge, PostgresBridgeError, PostgresReadOnly, PostgresUnavailable
+    from .bridge import PostgresBridge
+    from .errors import PostgresBridgeError, PostgresReadOnly, PostgresUnavailable
 
 __all__ = ["PostgresBridge", "PostgresBridgeError", "PostgresReadOnly", "PostgresUnavailable"]
 

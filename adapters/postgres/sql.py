@@ -13,11 +13,15 @@ __all__ = [
     "CREATE_MANY_PROCEDURE",
     "CREATE_PROCEDURE",
     "CREATE_TABLE",
+    "CREATE_TRIMMED",
+    "SELECT_GONE_UPTO",
+    "SELECT_HISTORY",
     "DEFAULT_NOTIFY_CHANNEL",
     "NOTIFY_LIMIT",
     "PUBLISH",
     "PUBLISH_MANY",
     "SELECT_AFTER",
+    "SELECT_PAGE",
     "SELECT_CHANNEL_NEWEST",
     "SELECT_HELD",
     "SELECT_REWRITE",
@@ -99,17 +103,55 @@ $fn$
 # every ``trim_interval`` instead of inside every publish: after each pass the table holds what the gem's
 # per-publish trims leave. The global one takes a lower bound (the previous pass's) so it never walks the index
 # entries of rows deleted before; the others are the gem's statements as they are.
-TRIM_GLOBAL = "DELETE FROM message_bus WHERE (id <= %s) AND (id > %s)"
-TRIM_EXPIRE = "DELETE FROM message_bus WHERE added_at < CURRENT_TIMESTAMP - (%s::text || ' seconds')::interval"
-TRIM_CHANNEL = (
+#
+# Each trim records the newest id it deleted in ``shmbus_trimmed`` (one row, with the table's history identity), so
+# a relay that finds an id missing at or below it knows the message existed and is gone: lost for a host that had
+# not read it, never mistaken for a rolled-back id. (The gem's own trims, from a Ruby app, do not record.)
+#: The table's history identity: its oid and storage file (TRUNCATE, a recreated table change it; publishes never).
+HISTORY_EXPR = (
+    "(SELECT ((c.oid::bigint << 31) # pg_relation_filenode(c.oid)::bigint) & 9223372036854775807 "
+    "FROM pg_class c WHERE c.oid = 'message_bus'::regclass)"
+)
+CREATE_TRIMMED = (
+    "CREATE TABLE IF NOT EXISTS shmbus_trimmed (one boolean PRIMARY KEY DEFAULT true CHECK (one), "
+    "upto bigint NOT NULL, history bigint NOT NULL)"
+)
+
+
+def _recording(delete: str) -> str:
+    return (
+        f"WITH d AS ({delete} RETURNING id) INSERT INTO shmbus_trimmed (one, upto, history) "
+        f"SELECT true, max(id), {HISTORY_EXPR} FROM d HAVING max(id) IS NOT NULL "
+        "ON CONFLICT (one) DO UPDATE SET upto = CASE WHEN shmbus_trimmed.history = EXCLUDED.history "
+        "THEN GREATEST(shmbus_trimmed.upto, EXCLUDED.upto) ELSE EXCLUDED.upto END, history = EXCLUDED.history"
+    )
+
+
+TRIM_GLOBAL = _recording("DELETE FROM message_bus WHERE (id <= %s) AND (id > %s)")
+TRIM_EXPIRE = _recording(
+    "DELETE FROM message_bus WHERE added_at < CURRENT_TIMESTAMP - (%s::text || ' seconds')::interval"
+)
+TRIM_CHANNEL = _recording(
     "DELETE FROM message_bus WHERE ((channel = %s) AND (id <= (SELECT id FROM message_bus "
     "WHERE ((channel = %s) AND (id <= %s)) ORDER BY id DESC LIMIT 1 OFFSET %s)))"
+)
+#: The newest id a trim deleted from this history of the table (0: none recorded).
+SELECT_GONE_UPTO = f"SELECT coalesce((SELECT upto FROM shmbus_trimmed WHERE history = {HISTORY_EXPR}), 0)"
+#: The history identity, the newest id (a backward probe of the primary key), and the server's role.
+SELECT_HISTORY = (
+    f"SELECT {HISTORY_EXPR}, (SELECT max(id) FROM message_bus), pg_is_in_recovery(), "
+    "current_setting('transaction_read_only') = 'on'"
 )
 
 PUBLISH = "CALL shmbus_send(%s, %s, %s, %s)"
 PUBLISH_MANY = "CALL shmbus_send_many(%s, %s, %s, %s)"
 # The gem's global_backlog / channel_backlog statements, bounded (a relay reads in pages).
 SELECT_AFTER = "SELECT id, channel, value FROM message_bus WHERE (id > %s) ORDER BY id LIMIT %s"
+# The relay's read: the same rows, with the table's history identity (one InitPlan; TRUNCATE takes an ACCESS
+# EXCLUSIVE lock, so the rows and the identity a statement returns always belong together).
+SELECT_PAGE = (
+    f"SELECT id, channel, value, {HISTORY_EXPR} AS history FROM message_bus WHERE (id > %s) ORDER BY id LIMIT %s"
+)
 # A channel's newest rows in a range (gap fills), and whether a row at or before a client's position remains.
 SELECT_CHANNEL_NEWEST = (
     "SELECT id, value FROM message_bus WHERE ((channel = %s) AND (id > %s) AND (id <= %s)) ORDER BY id DESC LIMIT %s"

@@ -38,7 +38,8 @@ from .election import relay_active
 from .urls import redact_url
 
 if TYPE_CHECKING:
-    from .bridge import RedisBridge, RedisBridgeError, RedisReadOnly, RedisUnavailable
+    from .bridge import RedisBridge
+    from .errors import RedisBridgeError, RedisReadOnly, RedisUnavailable
 
 __all__ = ["RedisBridge", "RedisBridgeError", "RedisReadOnly", "RedisUnavailable", "redact_url", "relay_active"]
 _BRIDGE = frozenset({"RedisBridge", "RedisBridgeError", "RedisReadOnly", "RedisUnavailable"})

@@ -116,7 +116,7 @@ _DATA_HEAD = b'{"data":'
 
 
 def backlog_key(chan: str) -> str:
-    return f"__mb_backlog_n_{chan}"
+    return f"{BACKLOG_KEY_PREFIX}{chan}"
 
 
 def backlog_id_key(chan: str) -> str:
@@ -211,3 +211,41 @@ def script_args(env: Envelope, codec: Codec, gsize: int, pubsub_channel: str) ->
         max(1, gsize),
         chan,
     ]
+
+
+#: The identity of the history in this Redis database (shmbus's own key: the gem never writes it). Missing after a
+#: FLUSHDB or a restart without persistence, when the next relay sets a new random one: a different value than the
+#: one a segment recorded means that segment holds another history.
+HISTORY_KEY = "__mb_shmbus_history"
+#: Get it, or set a new one; 0 (unknown) on a read-only replica that has none yet.
+HISTORY_SCRIPT = """
+local v = redis.call('GET', KEYS[1])
+if not v then
+  local ok = redis.pcall('SET', KEYS[1], ARGV[1])
+  if type(ok) == 'table' and ok.err then
+    return 0
+  end
+  v = ARGV[1]
+end
+return v
+"""
+
+#: The relay's read, in one round trip: the history key, the newest id, then for up to ARGV[2] global backlog
+#: entries after ARGV[1]: the global id, the pointer (``cid|chan``) and the channel's line (nil once trimmed from
+#: the channel). Read-only; the channel keys are derived from the pointers, as the gem's own reads do.
+READ_AFTER_SCRIPT = """
+local out = {redis.call('GET', KEYS[1]) or '', redis.call('GET', KEYS[2]) or '0'}
+local ptrs = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. ARGV[1], '+inf', 'WITHSCORES', 'LIMIT', 0, ARGV[2])
+for i = 1, #ptrs, 2 do
+  local p = ptrs[i]
+  local bar = string.find(p, '|', 1, true)
+  local cid = string.sub(p, 1, bar - 1)
+  local line = redis.call('ZRANGEBYSCORE', ARGV[3] .. string.sub(p, bar + 1), cid, cid)
+  out[#out + 1] = ptrs[i + 1]
+  out[#out + 1] = p
+  out[#out + 1] = line[1] or ''
+end
+return out
+"""
+READ_AFTER_SHA = hashlib.sha1(READ_AFTER_SCRIPT.encode()).hexdigest()
+BACKLOG_KEY_PREFIX = "__mb_backlog_n_"

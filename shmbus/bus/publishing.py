@@ -74,6 +74,8 @@ class Publishing(BusState):
     def _publish_payload(self, channel: str, payload: bytes, options: PublishOptions) -> int | None:
         if self._destroyed:
             raise BusDestroyed(f"bus {self.name!r} was destroyed; call on() to use it again")
+        if self._seg is None:
+            self._attach()  # first: attaching a bridged segment may set the default engine (see _adopt_bridge)
         try:
             channel_key = self._channel_cache[channel]
         except (KeyError, TypeError):  # not seen yet, or not even hashable: validate (typed errors)

@@ -136,7 +136,33 @@ class BusState:
                 self._epoch = seg.epoch
                 self._seg = seg
                 self._pid = os.getpid()
+                if seg.bridged:
+                    self._adopt_bridge(seg)
             return self._seg
+
+    def _adopt_bridge(self, seg: Segment) -> None:
+        """The segment is bridged and this process was given no engine (a cron job, a Celery worker, ``shmbus
+        publish``): build the workers' engine from ``SHMBUS_ENGINE_URL`` or the segment's record (when its URL
+        needs no password), publishing only (the host's workers relay). Otherwise stay as is: a publish then
+        raises :class:`~shmbus.errors.BusBridged` saying what to configure (the segment refuses local ids)."""
+        from ..engines import engine_from_url
+
+        if self._default_engine is not self._shm_engine:
+            return
+        rec = seg.bridge()
+        url = os.environ.get("SHMBUS_ENGINE_URL") or (rec.url if rec is not None and not rec.secret else None)
+        if not url:
+            return
+        try:
+            engine = engine_from_url(url, kind=rec.kind if rec else None, options=rec.options if rec else None)
+        except (ImportError, ValueError) as exc:
+            log.warning(
+                "shmbus: bus %r is bridged but its engine cannot be built (%s); publishes will fail", self.name, exc
+            )
+            return
+        log.info("shmbus: bus %r is bridged: publishing through %r", self.name, engine)
+        self._default_engine = engine
+        engine.attached(self._as_bus())
 
     @property
     def epoch(self) -> int:

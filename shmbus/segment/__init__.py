@@ -48,6 +48,7 @@ the walk checks ``tail`` before trusting a record and refuses a chain that does 
 
 from __future__ import annotations
 
+from .bridging import BridgeRecord
 from .core import Segment
 from .layout import (
     DEFAULT_LOCK_TIMEOUT,
@@ -63,6 +64,7 @@ from .layout import (
 )
 
 __all__ = [
+    "BridgeRecord",
     "DEFAULT_LOCK_TIMEOUT",
     "LAYOUT_VERSION",
     "MAX_KEY_BYTES",

@@ -22,6 +22,7 @@ from ..errors import (
     UnsupportedPlatform,
 )
 from . import layout
+from .bridging import Bridging
 from .channels import ChannelTable
 from .layout import (
     _I_CHANNELS,
@@ -32,6 +33,7 @@ from .layout import (
     _OFF_MUTEX,
     _OFF_PROCS,
     _OFF_READY,
+    _Q_CHAIN_BARRIER,
     _Q_EPOCH,
     _Q_GID,
     _Q_HEAD,
@@ -66,7 +68,7 @@ from .ring import Ring
 _H_STATIC, _U32 = layout._H_STATIC, layout._U32
 
 
-class Segment(Ring, ChannelTable, Processes, Locking):
+class Segment(Ring, ChannelTable, Processes, Bridging, Locking):
     """One attached segment. Create or attach with :meth:`open`; all methods are thread-safe."""
 
     # ------------------------------------------------------------------ lifecycle
@@ -286,6 +288,7 @@ class Segment(Ring, ChannelTable, Processes, Locking):
             u64[_Q_EPOCH] = epoch
             u64[_Q_OVERWRITTEN] = 0
             u64[_Q_REPAIRS] = 0
+            u64[_Q_CHAIN_BARRIER] = 0  # the flags, the bridge record and the history identity stay
             u32[_I_CHANNELS] = 0
             self._buf[self.table_off : self.ring_off] = bytes(self.ring_off - self.table_off)
             self._slot_cache.clear()

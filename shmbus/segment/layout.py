@@ -48,6 +48,10 @@ _OFF_SLEEPERS = 260
 _OFF_CHANNELS = 264
 _OFF_BOOT = 280  # 16 bytes of the boot id: kernel objects (mutex, futex) must be re-made after a reboot
 _OFF_FLAGS = 296  # u64 of FLAG_* bits; zero in segments made before it existed
+_OFF_HISTORY = 304  # u64: the bridge backend's history identity the segment holds (0: none recorded)
+_OFF_CHAIN_BARRIER = 312  # u64: with sparse ids, a channel whose last id is at or below it starts a new chain
+_OFF_BRIDGE = 3072  # the bridge record (after the process table): u32 length, then UTF-8 JSON; zero: none
+_BRIDGE_MAX = HEADER_SIZE - _OFF_BRIDGE - 4
 _OFF_PROCS = 512  # MAX_PROCS x 16: pid u32, sleeping u32, attached_at f64
 _PROC_SIZE = 16
 
@@ -60,6 +64,8 @@ _Q_TABLE_GEN = _OFF_TABLE_GEN >> 3
 _Q_OVERWRITTEN = _OFF_OVERWRITTEN >> 3
 _Q_REPAIRS = _OFF_REPAIRS >> 3
 _Q_FLAGS = _OFF_FLAGS >> 3
+_Q_HISTORY = _OFF_HISTORY >> 3
+_Q_CHAIN_BARRIER = _OFF_CHAIN_BARRIER >> 3
 
 #: Message ids are the engine's global ids (PostgreSQL): a channel's ids have gaps, and its backlog limit is a
 #: count of messages, not a window of ids. Set by such an engine; survives resets.
@@ -67,6 +73,10 @@ FLAG_SPARSE_IDS = 1
 #: The segment ends with a metrics area (``METRICS_SIZE`` bytes after the ring): per-process counters that any
 #: process may read (:mod:`shmbus.metrics`). Segments made before it existed have no such area and no figures.
 FLAG_METRICS = 2
+#: A bridge engine (Redis, PostgreSQL) assigns this segment's ids: an append without imposed ids would take an id
+#: the backend later gives another message, so the segment refuses it (:class:`~shmbus.errors.BusBridged`). The
+#: bridge record (``_OFF_BRIDGE``) says which engine and backend, without secrets. Set by the bridge; survives resets.
+FLAG_BRIDGED = 4
 
 # The metrics area: a header of retired totals (the counters of processes whose slot was taken over), then one
 # slot per process-table entry. Every field is one aligned u64 (f64 bits for times), written only by the slot's
@@ -114,7 +124,8 @@ _U32 = struct.Struct("<I")
 _STATE = struct.Struct("<QQQQ")  # head, global_id, tail, table_gen: read in bulk only under the lock
 # The same four and the flags word (_OFF_FLAGS), in one unpack: the append needs the flags too, and a separate
 # typed-view load of them costs more than the whole unpack.
-_APPEND_STATE = struct.Struct(f"<QQQQ{_OFF_FLAGS - _OFF_HEAD - 32}xQ")
+# The chain barrier (right after the history word) comes with them, for the same reason.
+_APPEND_STATE = struct.Struct(f"<QQQQ{_OFF_FLAGS - _OFF_HEAD - 32}xQ8xQ")
 _WAKE = struct.Struct("<II")  # futex word, sleeper count: likewise
 _ZEROS = [bytes(n) for n in range(ALIGN)]
 

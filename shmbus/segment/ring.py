@@ -11,6 +11,7 @@ from typing import Any
 
 from .. import _native
 from ..errors import (
+    BusBridged,
     PayloadTooLarge,
     SegmentCorrupt,
 )
@@ -30,6 +31,7 @@ from .layout import (
     _Q_TAIL,
     _ZEROS,
     ALIGN,
+    FLAG_BRIDGED,
     FLAG_SPARSE_IDS,
     KIND_MSG,
     KIND_PAD,
@@ -84,10 +86,7 @@ class Ring(SegmentState):
         total = REC_HDR + len(channel) + len(site) + len(meta) + len(payload) + 4
         rec_len = (total + 15) & ~15
         if rec_len > self.max_record:
-            raise PayloadTooLarge(
-                f"message on {channel.decode(errors='replace')!r} is {rec_len} bytes encoded; "
-                f"this bus accepts at most {self.max_record} (a quarter of ring_size={self.ring_size})"
-            )
+            raise self._too_large(channel, rec_len)
         ts = time.time() if timestamp is None else timestamp
         body_pack = _SLOT_BODY.pack
         ring = self.ring_size
@@ -98,10 +97,12 @@ class Ring(SegmentState):
             # Under the lock no other writer runs, so the fields only writers change can be read in bulk with
             # struct; every store below that a reader may race with is a single typed-view store.
             mm, u64, buf = self.mm, self._u64, self._buf
-            head, gid, tail, table_gen, flags = _APPEND_STATE.unpack_from(mm, _OFF_HEAD)
+            head, gid, tail, table_gen, flags, barrier = _APPEND_STATE.unpack_from(mm, _OFF_HEAD)
             if expect_global_id is not None and gid != expect_global_id:
                 return 0, 0
             if global_id is None:
+                if flags & FLAG_BRIDGED:  # a local id here would be one the backend gives another message
+                    raise BusBridged(self.bridge_refusal())
                 new_gid = gid + 1
             elif global_id <= gid:
                 return 0, 0
@@ -120,7 +121,9 @@ class Ring(SegmentState):
                 last_id = newest = trim_below = 0
             new_mid = last_id + 1 if message_id is None else message_id
             sparse = flags & FLAG_SPARSE_IDS
-            if last_id == 0 or (new_mid != last_id + 1 and not (sparse and new_mid > last_id)):
+            # with sparse ids a chain goes on across a forward jump, unless the bridge lost messages since the
+            # channel's last one (the barrier): then the next read across it must report a gap
+            if last_id == 0 or (new_mid != last_id + 1 and not (sparse and new_mid > last_id > barrier)):
                 since_gid = new_gid
                 newest = 0
                 trim_below = max(new_mid - 1, 0) if message_id is not None else 0
@@ -197,6 +200,19 @@ class Ring(SegmentState):
         if dropped:
             self._u64[_Q_OVERWRITTEN] += dropped
         return tail
+
+    def check_fits(self, channel: bytes, site: bytes, payload: bytes, meta: bytes = b"") -> None:
+        """Raise :class:`PayloadTooLarge` as :meth:`append` would: for an engine, before its backend takes a
+        message no segment could store (it would be acknowledged and stored nowhere)."""
+        rec_len = (REC_HDR + len(channel) + len(site) + len(meta) + len(payload) + 4 + 15) & ~15
+        if rec_len > self.max_record:
+            raise self._too_large(channel, rec_len)
+
+    def _too_large(self, channel: bytes, rec_len: int) -> PayloadTooLarge:
+        return PayloadTooLarge(
+            f"message on {channel.decode(errors='replace')!r} is {rec_len} bytes encoded; "
+            f"this bus accepts at most {self.max_record} (a quarter of ring_size={self.ring_size})"
+        )
 
     # ------------------------------------------------------------------ reading (lock-free)
     def head(self) -> int:

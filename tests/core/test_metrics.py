@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 import shmbus
+from shmbus.engines import RelayFigures
 from shmbus.metrics import read_snapshot
 from shmbus.segment import Segment
 
@@ -162,7 +163,8 @@ def test_forked_child_starts_its_counts_at_zero(make_bus: Callable[..., shmbus.B
     bus.publish("/f", 0)
     bus._lost = 7  # as the parent's listener counted them
     bus.metrics.deliveries = 5
-    bus._default_engine.relay_lost = 4  # type: ignore[attr-defined]  # a bridge's counters survive fork
+    figures = RelayFigures(relaying=False, state="", backend_newest=0, lost=4)  # the engine contract's report
+    bus._default_engine.relay_figures = lambda: figures  # type: ignore[method-assign]  # a bridge's counters survive fork
     bus.metrics.flush()
     pid = os.fork()
     if pid == 0:

@@ -32,6 +32,7 @@ __all__ = [
     "PostgresServer",
     "RedisServer",
     "find_postgres_bindir",
+    "signal_group",
     "postgres_problem",
     "redis_ping",
     "redis_url_problem",
@@ -70,6 +71,14 @@ def redis_url_problem(url: str, timeout: float = 1.0) -> str | None:
     if reply is None:
         return f"no Redis answers PING at {host}:{port} (from {url})"
     return None
+
+
+def signal_group(proc: subprocess.Popen[Any] | None, sig: signal.Signals) -> None:
+    """Send ``sig`` to ``proc``'s whole process group (a server and every process it forked): SIGSTOP freezes a
+    server as a hung machine would, SIGCONT thaws it."""
+    if proc is not None and proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
 
 
 class RedisServer:
@@ -157,6 +166,14 @@ class RedisServer:
             kill_tree(self.proc, 1.0)
             self.proc = None
 
+    def freeze(self) -> None:
+        """SIGSTOP the server: connections stay open, nothing answers (until :meth:`thaw`)."""
+        signal_group(self.proc, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT after :meth:`freeze`."""
+        signal_group(self.proc, signal.SIGCONT)
+
     def restart(self) -> RedisServer:
         """stop() then start() on the same port."""
         self.stop()
@@ -217,8 +234,17 @@ class PostgresServer:
     ``postgres`` user that Debian's package creates.
     """
 
-    def __init__(self, bindir: Path) -> None:
+    def __init__(self, bindir: Path, **settings: str) -> None:
         self.bindir = bindir
+        # fast and throw-away by default; ``synchronous_commit="on"`` makes every commit survive a SIGKILL of the
+        # server (fsync=off loses only what the OS had not written, which a killed process does not)
+        self.settings = {
+            "listen_addresses": "127.0.0.1",
+            "fsync": "off",
+            "full_page_writes": "off",
+            "synchronous_commit": "off",
+            **settings,
+        }
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="shmbus-pg-"))
         self.proc: subprocess.Popen[Any] | None = None
@@ -238,6 +264,13 @@ class PostgresServer:
         except OSError:
             return ""
 
+    def _argv(self) -> list[str]:
+        data = self.dir / "data"
+        argv = [str(self.bindir / "postgres"), "-D", str(data), "-p", str(self.port), "-k", str(self.dir)]
+        for name, value in self.settings.items():
+            argv += ["-c", f"{name}={value}"]
+        return argv
+
     def start(self, timeout: float = 30.0) -> PostgresServer:
         """initdb, start the postmaster as our child, create database ``test``."""
         data = self.dir / "data"
@@ -255,14 +288,7 @@ class PostgresServer:
         log_fh = open(self.dir / "postgres.log", "wb")  # noqa: SIM115 - the child keeps writing to it
         if self._user:
             os.fchown(log_fh.fileno(), self._user["user"], self._user["group"])
-        argv = [str(self.bindir / "postgres"), "-D", str(data), "-p", str(self.port), "-k", str(self.dir)]
-        for setting in (
-            "listen_addresses=127.0.0.1",
-            "fsync=off",
-            "full_page_writes=off",
-            "synchronous_commit=off",
-        ):
-            argv += ["-c", setting]
+        argv = self._argv()
         with log_fh:
             self.proc = spawn(argv, cwd=self.dir, stdout=log_fh, stderr=subprocess.STDOUT, **self._user)
         deadline = time.monotonic() + timeout
@@ -292,12 +318,52 @@ class PostgresServer:
             self.proc.send_signal(signal.SIGINT)
             self.proc.wait(timeout=30)
 
+    def processes(self) -> list[int]:
+        """The postmaster and every process it started (backends call setsid(): they are not in its group)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return []
+        root = self.proc.pid
+        pids = [root]
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as fh:
+                    stat = fh.read()
+            except OSError:
+                continue
+            fields = stat[stat.rfind(b")") + 2 :].split()  # state ppid ...
+            if len(fields) > 1 and int(fields[1]) == root:
+                pids.append(int(entry.name))
+        return pids
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Send ``sig`` to the postmaster and every backend and auxiliary process."""
+        for pid in self.processes():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+    def kill(self) -> None:
+        """Crash the server: SIGKILL to the postmaster and every backend at once (its data directory stays, so
+        :meth:`restart` runs crash recovery)."""
+        if self.proc is not None:
+            self.signal(signal.SIGKILL)
+            kill_tree(self.proc, 5.0)
+            deadline = time.monotonic() + 10  # orphaned backends exit once they notice (none should be left)
+            while self.processes() and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+    def freeze(self) -> None:
+        """SIGSTOP the postmaster and every backend: connections stay open, nothing answers (until :meth:`thaw`)."""
+        self.signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT after :meth:`freeze`."""
+        self.signal(signal.SIGCONT)
+
     def restart(self, timeout: float = 30.0) -> None:
         """Start the postmaster again on the same port and data (after :meth:`stop`); wait until it answers."""
-        data = self.dir / "data"
-        argv = [str(self.bindir / "postgres"), "-D", str(data), "-p", str(self.port), "-k", str(self.dir)]
-        for setting in ("listen_addresses=127.0.0.1", "fsync=off", "full_page_writes=off", "synchronous_commit=off"):
-            argv += ["-c", setting]
+        argv = self._argv()
         with open(self.dir / "postgres.log", "ab") as log_fh:
             self.proc = spawn(argv, cwd=self.dir, stdout=log_fh, stderr=subprocess.STDOUT, **self._user)
         deadline = time.monotonic() + timeout
@@ -310,6 +376,7 @@ class PostgresServer:
     def close(self) -> None:
         """Fast shutdown (SIGINT: disconnect clients), SIGKILL after 15 s; remove the temp dir."""
         if self.proc is not None:
+            self.thaw()  # a frozen postmaster would not act on SIGINT
             if self.proc.poll() is None:
                 self.proc.send_signal(signal.SIGINT)
                 with contextlib.suppress(subprocess.TimeoutExpired):

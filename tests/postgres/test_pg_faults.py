@@ -161,7 +161,7 @@ def test_server_restart_under_load_errors_clearly_and_recovers(make_host: Callab
         wait_for(lambda: b.segment.global_id() >= ok[-1], timeout=30, what="host b caught up after the restart")
         held = {r.global_id for r in b.segment.global_backlog(0)}
         assert set(ok) <= held  # every publish that returned an id reached the other host
-        assert b.default.health()["relay_state"] == "relaying"
+        wait_for(lambda: b.default.health()["relay_state"] == "relaying", what=f"b relaying {b.default.health()}")
     finally:
         server.close()
 

@@ -331,7 +331,7 @@ def test_relay_lag_shows_the_backlog_while_the_relay_is_behind(
     (not the 1 it had in hand), and 0 once it has stored them."""
     import threading
 
-    from shmbus.adapters.redis import RedisBridge
+    from shmbus.adapters.bridge import Relay, Row
     from shmbus.metrics import read_snapshot
 
     a = make_host("a", redis_server.url)
@@ -340,15 +340,15 @@ def test_relay_lag_shows_the_backlog_while_the_relay_is_behind(
         a.publish("/m", i)
     late = f"{a.name[:-1]}b"
     held, release = threading.Event(), threading.Event()
-    store = RedisBridge._store
+    store = Relay._store
 
-    def held_store(self: Any, line: bytes, gid: int) -> None:
-        if self._bus_of(None).name == late and not release.is_set():
+    def held_store(self: Relay, row: Row) -> None:
+        if self.bus.name == late and not release.is_set():
             held.set()
             release.wait(30)  # the late host's relay stops at its first store, Redis holding 12
-        store(self, line, gid)
+        store(self, row)
 
-    monkeypatch.setattr(RedisBridge, "_store", held_store)
+    monkeypatch.setattr(Relay, "_store", held_store)
     b = make_host("b", redis_server.url)
     try:
         assert held.wait(30), "the late host's relay never started its catch-up"

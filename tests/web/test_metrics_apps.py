@@ -12,6 +12,7 @@ import pytest
 
 from shmbus import Bus
 from shmbus.adapters.metrics import MetricsApp
+from shmbus.engines import RelayFigures
 
 
 @pytest.fixture
@@ -79,7 +80,8 @@ def test_bus_collector_exposes_what_render_does(bus: Bus) -> None:
     source = Source()
     bus.metrics.add_source(source)
     bus.metrics.deliveries += 3
-    bus._default_engine.relay_lost = 2  # type: ignore[attr-defined]  # as a bridge's relay counts them
+    figures = RelayFigures(relaying=False, state="", backend_newest=0, lost=2)  # the engine contract's report
+    bus._default_engine.relay_figures = lambda: figures  # type: ignore[method-assign]  # as a bridge's relay counts them
     registry = CollectorRegistry()
     registry.register(BusCollector(bus))
 

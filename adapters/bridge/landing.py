@@ -1,0 +1,57 @@
+"""Landing a host's own writes: a publish returns once its message is readable on this host (read-your-writes)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from .election import RelayElection
+
+if TYPE_CHECKING:
+    from shmbus.bus import Bus
+    from shmbus.engines import Envelope
+
+__all__ = ["Landing"]
+
+
+class Landing:
+    """A message that directly follows the segment's newest is appended by its publisher (checked under the
+    segment's lock: ``expect_global_id``), so the segment stays contiguous and the relay finds it there. Otherwise
+    another message sits in between: the publisher waits up to ``local_wait`` for the relay, which stores them in
+    order (not at all when no process of the host relays)."""
+
+    def __init__(self, election: RelayElection, local_wait: float, log: logging.Logger) -> None:
+        self.election = election
+        self.local_wait = local_wait
+        self.log = log
+
+    def land(self, bus: Bus, items: list[tuple[Envelope, int, int]]) -> None:
+        """``items``: ``(envelope, global id, message id)`` in id order, just acknowledged by the backend."""
+        seg = bus.segment
+        for env, gid, mid in items:
+            if seg.global_id() >= gid:
+                continue
+            try:
+                if bus.store(env, global_id=gid, message_id=mid, expect_global_id=gid - 1):
+                    continue
+            except Exception:
+                self.log.exception("shmbus bridge: storing published message %d locally failed", gid)
+            self.wait(bus, items[-1][1])
+            return
+
+    def wait(self, bus: Bus, gid: int) -> None:
+        """Wait until the segment holds ``gid`` (or was reset), at most ``local_wait``, if a relay runs."""
+        if self.local_wait <= 0 or not self.election.running():
+            return
+        seg = bus.segment
+        deadline = time.monotonic() + self.local_wait
+        epoch = seg.read_epoch()
+        while True:
+            word = seg.futex_word()
+            if seg.global_id() >= gid or seg.read_epoch() != epoch:
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            seg.wait(word, min(left, 0.05))

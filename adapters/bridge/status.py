@@ -1,0 +1,92 @@
+"""What a bridge reports: one object per bridge, written by the kit and the backend, read by ``health()``, the
+metrics (``Engine.relay_figures``), the admin page and ``shmbus top``; nothing reaches into private attributes."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from shmbus.engines import RelayFigures
+
+__all__ = ["BridgeStatus", "PublishState", "RelayState"]
+
+#: The publish side's state, as ``health()`` reports it.
+PublishState = Literal["unknown", "ok", "unreachable", "readonly", "error"]
+#: The relay side's state in this process (``shmbus.segment.layout.RELAY_STATES``).
+RelayState = Literal["standby", "connecting", "relaying", "reconnecting", "off"]
+
+
+@dataclass
+class BridgeStatus:
+    """A bridge's states and counters. Counters describe the bridge, so they survive fork; ``relaying``,
+    ``position`` and ``backend_newest`` describe this process's relay and are cleared in the child."""
+
+    kind: str
+    where: str  #: the backend without secrets (for log lines)
+    log: logging.Logger = field(repr=False)
+    state: PublishState = "unknown"
+    relay_state: RelayState = "standby"
+    relaying: bool = False  #: this process holds the host's relay election
+    last_error: str | None = None
+    last_error_at: float | None = None
+    published: int = 0
+    relayed: int = 0
+    relay_lost: int = 0  #: ids the backend no longer held when this process's relay read after them
+    unrelayable: int = 0  #: messages read that could not be stored (undecodable)
+    resets: int = 0
+    takeovers: int = 0
+    position: int = 0  #: the newest global id the relay has handled (stored, skipped, or counted lost)
+    backend_newest: int = 0  #: the backend's newest global id as the relay last read it
+
+    def set_state(self, state: PublishState, error: BaseException | None = None) -> None:
+        self._record(error)
+        if state != self.state:
+            old, self.state = self.state, state
+            self._log(logging.INFO if state == "ok" else logging.WARNING, "publish", old, state, state != "ok")
+
+    def set_relay_state(self, state: RelayState, error: BaseException | None = None) -> None:
+        self._record(error)
+        if state != self.relay_state:
+            old, self.relay_state = self.relay_state, state
+            level = logging.WARNING if state == "reconnecting" else logging.INFO
+            self._log(level, f"relay (pid {os.getpid()})", old, state, error is not None)
+
+    def _record(self, error: BaseException | None) -> None:
+        if error is not None:
+            self.last_error = f"{type(error).__name__}: {error}"
+            self.last_error_at = time.time()
+
+    def _log(self, level: int, side: str, old: str, new: str, with_error: bool) -> None:
+        suffix = f" ({self.last_error})" if with_error and self.last_error else ""
+        self.log.log(level, "shmbus %s bridge %s: %s state %s -> %s%s", self.kind, self.where, side, old, new, suffix)
+
+    def figures(self) -> RelayFigures:
+        """The relay's part of the host metrics (``Engine.relay_figures``)."""
+        return RelayFigures(self.relaying, self.relay_state, self.backend_newest, self.relay_lost)
+
+    def after_fork(self) -> None:
+        self.relaying = False
+        self.relay_state = "standby"
+        self.position = self.backend_newest = 0
+
+    def health(self) -> dict[str, Any]:
+        """The kit's fields of ``health()`` (the backend adds its own)."""
+        return {
+            "state": self.state,
+            "error": self.last_error if self.state in ("readonly", "unreachable", "error") else None,
+            "relay": self.relaying,
+            "relay_state": self.relay_state,
+            "last_error": self.last_error,
+            "last_error_at": self.last_error_at,
+            "published": self.published,
+            "relayed": self.relayed,
+            "relay_highest_global_id": self.position,
+            "relay_backend_global_id": self.backend_newest,
+            "relay_lost": self.relay_lost,
+            "unrelayable": self.unrelayable,
+            "resets": self.resets,
+            "takeovers": self.takeovers,
+        }

@@ -1,0 +1,383 @@
+"""The PostgreSQL side of the bridge kit (:class:`~shmbus.adapters.bridge.backend.Backend`): the gem's table.
+
+Publishes call the ``shmbus_send`` procedures; the relay LISTENs (any role with CONNECT may ``pg_notify``, so a
+notice is only a doorbell) and reads the table after its position. Ids are drawn at INSERT and appear at COMMIT, so
+a missing id may be in flight: :meth:`PostgresBackend.settle` waits for the table's writers (``pg_locks``). Trims
+record the newest id they deleted (``shmbus_trimmed``): a missing id at or below it is a lost message, not a
+rolled-back id. Every statement has a client-side timeout (``command_timeout``): a frozen server raises
+:class:`PostgresUnavailable`, never blocks a publisher or the relay for the length of the freeze.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import threading
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import sql as pgsql
+
+from shmbus.channels import backend_name
+from shmbus.segment import BridgeRecord
+
+from ..bridge.backend import Page, Row
+from ..bridge.status import BridgeStatus
+from ..redis.layout import PIPE_ESCAPE, decode_envelope, encode_envelope
+from . import sql
+from .errors import PostgresBridgeError, PostgresReadOnly, PostgresUnavailable, redact_dsn
+from .gaps import fill_backlog
+from .writers import WriterWait
+
+if TYPE_CHECKING:
+    from shmbus.bus import Backlog, Bus
+    from shmbus.engines import BacklogGap, Envelope
+    from shmbus.segment import Segment
+
+__all__ = ["PostgresBackend"]
+
+_NOTICED_MAX = 10_000  # channels named by notices kept for one trim pass (bounds what forged notices can cost)
+_MISSING = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction)  # our objects were dropped
+
+
+class TimedConnection(psycopg.Connection[Any]):
+    """A connection whose every wait for the server ends after ``command_timeout`` seconds: the connection is then
+    closed (its state is unknown) and :class:`psycopg.OperationalError` raised. Waits given their own timeout
+    (``notifies``) keep it."""
+
+    command_timeout: float | None = None
+
+    def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
+        limit = self.command_timeout if timeout is None else timeout
+        try:
+            return super().wait(gen, interval, limit)
+        except psycopg.errors._WaitTimeout:
+            if timeout is not None:
+                raise
+            self.pgconn.finish()  # mid-statement on a server that does not answer: unusable
+            raise psycopg.OperationalError(f"the server did not answer within {limit} s") from None
+
+
+class PostgresDoorbell:
+    """The LISTEN connection: a notice's id is a hint; the relay reads the table."""
+
+    def __init__(self, backend: PostgresBackend) -> None:
+        self.backend = backend
+        self.conn = backend.connect()
+        try:
+            backend.check_server(self.conn)  # a standby refuses LISTEN: say read-only, not only "reconnecting"
+            self.conn.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(backend.notify_channel)))
+        except BaseException:
+            self.conn.close()
+            raise
+
+    def ring(self, timeout: float) -> int:
+        top = 0
+        # returns as soon as one notice arrives, with every notice received in the same read
+        noticed = self.backend.noticed
+        for n in self.conn.notifies(timeout=timeout, stop_after=1):
+            parts = n.payload.split("|", 3)
+            with contextlib.suppress(ValueError):
+                top = max(top, int(parts[0]))
+            if len(parts) == 4 and len(noticed) < _NOTICED_MAX:  # a channel to trim: the gem's rule for any channel
+                noticed.add(parts[2].replace(PIPE_ESCAPE, "|"))
+        return top
+
+    def keepalive(self) -> None:
+        self.conn.execute("SELECT 1")
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class PostgresBackend:
+    """The gem's ``message_bus`` table (see the module doc); ``status`` is the bridge's, for the publish state."""
+
+    kind = "postgres"
+    sparse_ids = True
+    errors: tuple[type[BaseException], ...] = (psycopg.Error, PostgresBridgeError)
+    unreachable: tuple[type[BaseException], ...] = (psycopg.OperationalError,)
+
+    def __init__(
+        self,
+        dsn: str,
+        notify_channel: str,
+        status: BridgeStatus,
+        *,
+        hole_timeout: float,
+        connect_timeout: float,
+        command_timeout: float,
+        synchronous_commit: bool,
+    ) -> None:
+        self.dsn = dsn
+        self.notify_channel = notify_channel
+        self.status = status
+        self.hole_timeout = hole_timeout
+        self.connect_timeout = connect_timeout
+        self.command_timeout = command_timeout
+        self.synchronous_commit = synchronous_commit
+        self.in_recovery: bool | None = None
+        self.after_fork()
+
+    def after_fork(self) -> None:
+        """What must not cross a fork: connections (the parent's are abandoned, never closed: its sockets)."""
+        self._pid = os.getpid()
+        self._tls = threading.local()
+        self._conns: list[psycopg.Connection[Any]] = []
+        self._conns_lock = threading.Lock()
+        self._ready = False  # the table and the procedures exist (checked once per process)
+        self._read_only = False
+        self._writers = WriterWait(self.hole_timeout)
+        self._trimmed_below = 0  # the global trim's previous bound (rows at or below it are gone)
+        self._newest = 0
+        self._history: int | None = None
+        self.noticed: set[str] = set()  # channels named by notices since the last trim pass (published here too)
+
+    # ------------------------------------------------------------------ connections
+    def connect(self) -> TimedConnection:
+        conn = TimedConnection.connect(
+            self.dsn, autocommit=True, connect_timeout=max(1, math.ceil(self.connect_timeout))
+        )
+        conn.command_timeout = self.command_timeout
+        if not self.synchronous_commit:
+            conn.execute("SET synchronous_commit = off")
+        if not self._ready:
+            try:
+                self._create_objects(conn)
+            except BaseException:
+                conn.close()
+                raise
+        return conn
+
+    def _create_objects(self, conn: psycopg.Connection[Any]) -> None:
+        """Create the table, its indexes, the trim record and the procedures where missing (once per process, and
+        again after a statement found one gone). On a read-only server whose table exists this only notes it."""
+        try:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext('shmbus.setup.' || current_schema()))")
+                for stmt in (*sql.CREATE_TABLE, sql.CREATE_TRIMMED):
+                    conn.execute(stmt)
+                conn.execute(sql.CREATE_PROCEDURE)
+                conn.execute(sql.CREATE_MANY_PROCEDURE)
+        except psycopg.errors.ReadOnlySqlTransaction as exc:
+            self.status.set_state("readonly", exc)
+            row = conn.execute("SELECT to_regclass('message_bus') IS NOT NULL").fetchone()
+            if not (row and row[0]):
+                raise
+            return  # _ready stays False: a writable server gets the objects on the next connection
+        self._ready = True
+
+    def conn(self) -> psycopg.Connection[Any]:
+        """This thread's command connection (publish, the relay's reads, gap reads), made on first use."""
+        if self._pid != os.getpid():
+            self.after_fork()
+        conn: psycopg.Connection[Any] | None = getattr(self._tls, "conn", None)
+        if conn is None or conn.closed:
+            conn = self.connect()
+            self._tls.conn = conn
+            with self._conns_lock:
+                self._conns.append(conn)
+        return conn
+
+    def drop_conn(self) -> None:
+        conn = getattr(self._tls, "conn", None)
+        self._tls.conn = None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def close(self) -> None:
+        if self._pid == os.getpid():
+            with self._conns_lock:
+                conns, self._conns = self._conns, []
+            for c in conns:
+                with contextlib.suppress(Exception):
+                    c.close()
+        self._tls = threading.local()
+        self._ready = False
+
+    def record(self) -> BridgeRecord:
+        try:
+            secret = bool(psycopg.conninfo.conninfo_to_dict(self.dsn).get("password"))
+        except psycopg.ProgrammingError:
+            secret = True
+        public = redact_dsn(self.dsn) if secret else self.dsn
+        return BridgeRecord(self.kind, public, secret, {"notify_channel": self.notify_channel})
+
+    def check(self, bus: Bus) -> None:
+        if not bus.codec.is_json:
+            raise ValueError("the PostgreSQL bridge stores values as text (the gem's format): use the json codec")
+        self._codec = bus.codec
+
+    def describe(self) -> dict[str, Any]:
+        return {"dsn": redact_dsn(self.dsn), "notify_channel": self.notify_channel, "in_recovery": self.in_recovery}
+
+    # ------------------------------------------------------------------ publish
+    def publish(self, bus: Bus, envelopes: list[Envelope]) -> list[tuple[int, int]]:
+        rows = []
+        for env in envelopes:
+            chan = backend_name(env.channel, env.site_id)
+            rows.append(
+                (chan, encode_envelope(bus.codec, env.payload, env.meta).decode(), chan.replace("|", PIPE_ESCAPE))
+            )
+        try:
+            if len(rows) == 1:
+                row = self._execute(sql.PUBLISH, (rows[0][0], rows[0][1], self.notify_channel, rows[0][2])).fetchone()
+                ids = [int(row[0])] if row is not None else []
+            else:
+                params = ([r[0] for r in rows], [r[1] for r in rows], self.notify_channel, [r[2] for r in rows])
+                row = self._execute(sql.PUBLISH_MANY, params).fetchone()
+                ids = [int(i) for i in (row[0] if row is not None else None) or ()]
+        except Exception as exc:
+            raise self._publish_error(exc) from exc
+        return [(g, g) for g in ids]
+
+    def _execute(self, query: str, params: tuple[Any, ...]) -> psycopg.Cursor[Any]:
+        """Run a publish statement; when the table or a procedure is gone (a plain ``DROP TABLE message_bus``)
+        recreate them and run it once more (the failed statement changed nothing)."""
+        conn = self.conn()
+        try:
+            return conn.execute(query, params, prepare=True)
+        except _MISSING:
+            self._ready = False
+            self._create_objects(conn)
+            return conn.execute(query, params, prepare=True)
+
+    def _publish_error(self, exc: BaseException) -> PostgresBridgeError:
+        if isinstance(exc, PostgresBridgeError):
+            return exc
+        where = redact_dsn(self.dsn)
+        if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
+            self.status.set_state("readonly", exc)
+            return PostgresReadOnly(f"PostgreSQL at {where} is read-only (a standby?); message not published: {exc}")
+        self.drop_conn()
+        if isinstance(exc, (psycopg.OperationalError, OSError)):
+            self.status.set_state("unreachable", exc)
+            return PostgresUnavailable(
+                f"PostgreSQL at {where} is unreachable; message not published (or, if the connection broke "
+                f"mid-reply, outcome unknown): {exc}"
+            )
+        self.status.set_state("error", exc)
+        return PostgresBridgeError(f"PostgreSQL at {where} refused the publish: {exc}")
+
+    # ------------------------------------------------------------------ the server's role
+    def check_server(self, conn: psycopg.Connection[Any]) -> None:
+        """Note whether the server is a standby or read-only; raise :class:`PostgresReadOnly` for a standby, where
+        LISTEN is refused (the relay retries with backoff; ``health()`` says ``readonly``)."""
+        row = conn.execute("SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'").fetchone()
+        assert row is not None
+        self._note_server(bool(row[0]), bool(row[1]))
+        if self.in_recovery:
+            raise PostgresReadOnly(
+                f"PostgreSQL at {redact_dsn(self.dsn)} is in recovery (a standby): it refuses LISTEN and writes"
+            )
+
+    def _note_server(self, in_recovery: bool, read_only: bool) -> None:
+        was = self._read_only
+        self.in_recovery = in_recovery
+        self._read_only = in_recovery or read_only
+        if self._read_only and self.status.state != "readonly":
+            what = "in recovery (a standby)" if in_recovery else "read-only (transaction_read_only is on)"
+            self.status.set_state("readonly", PostgresReadOnly(f"the server is {what}"))
+        elif was and not self._read_only and self.status.state == "readonly":
+            self.status.set_state("unknown")  # writable again (e.g. failed back): the next publish tells
+
+    # ------------------------------------------------------------------ the relay's reads
+    def open_doorbell(self) -> PostgresDoorbell:
+        return PostgresDoorbell(self)
+
+    def _relay_query(self, query: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        try:
+            return self.conn().execute(query, params, prepare=True).fetchall()
+        except _MISSING:
+            self._ready = False  # the table or a procedure was dropped: recreate on the next connection
+            self.drop_conn()
+            raise
+        except psycopg.OperationalError:
+            self.drop_conn()
+            raise
+
+    def history_id(self) -> int:
+        (history, newest, in_recovery, read_only) = self._relay_query(sql.SELECT_HISTORY)[0]
+        self._newest = int(newest or 0)
+        self._note_server(bool(in_recovery), bool(read_only))
+        if history != self._history:
+            self._history, self._trimmed_below = history, 0  # another table (or file): trims start over
+        return int(history or 0)
+
+    def history_continues(self, seg: Segment, changed: bool, mark: int) -> bool:
+        """The segment's message at ``mark`` against the table's row of that id: the same channel and data means the
+        same history (VACUUM FULL or CLUSTER change the identity and keep the rows). No such row: after an identity
+        change (TRUNCATE, a recreated table) another history (also, wrongly, after a VACUUM FULL that followed a
+        trim of the mark: the host was that far behind); with none recorded (an older segment), another history
+        only if the table's ids went back below the mark."""
+        recs = seg.global_backlog(mark - 1, limit=1)
+        rows = self._relay_query("SELECT channel, value FROM message_bus WHERE id = %s", (mark,))
+        if not rows:
+            return not changed and self._newest >= mark
+        if not recs or recs[0].global_id != mark:
+            return True  # the ring no longer holds it: the row's presence is all there is to go by
+        rec = recs[0]
+        chan, value = rows[0]
+        if chan != backend_name(rec.channel.decode(), rec.site.decode() or None):
+            return False
+        try:  # a recreated table's row may have the same id and channel: compare the data too
+            return bool(decode_envelope(self._codec, value.encode())[0] == rec.payload)
+        except (ValueError, TypeError):
+            return True
+
+    def read_after(self, after: int, limit: int) -> Page:
+        rows = self._relay_query(sql.SELECT_PAGE, (after, limit))
+        out = [Row(int(gid), int(gid), chan, value.encode()) for gid, chan, value, _ in rows]
+        if out:
+            self._newest = max(self._newest, out[-1].global_id)
+        return Page(int(rows[0][3] or 0) if rows else 0, out)
+
+    def gone_upto(self) -> int:
+        return int(self._relay_query(sql.SELECT_GONE_UPTO)[0][0])
+
+    def settle(self, stop: threading.Event) -> bool:
+        """Wait until every transaction that may hold a missing id has ended; False after ``hole_timeout``. A
+        transaction that drew a missing id took RowExclusiveLock on the table before drawing it and holds it until
+        it ends: if it had not ended when the read's snapshot was taken, it is among the holders listed now."""
+        if self._writers.settle(self.conn(), pause=stop.wait, stopped=stop.is_set):
+            return True
+        if self._writers.outlived:
+            self.status.log.warning(
+                "shmbus postgres bridge: %d transaction(s) writing to message_bus still open after hole_timeout "
+                "(%.1f s); the ids missing below the newest read count as lost",
+                len(self._writers.outlived),
+                self.hole_timeout,
+            )
+        return False
+
+    def newest_id(self) -> int:
+        return self._newest
+
+    def maintain(self, bus: Bus, position: int, active: dict[str, int]) -> None:
+        """The gem's trims: the global backlog (above the previous pass's bound), rows older than
+        ``max_backlog_age`` (through the added_at index), and each channel seen since the last pass (stored by the
+        relay, or named by a notice: its publisher may have stored it) down to its newest ``max_backlog_size`` rows;
+        each records the newest id it deleted."""
+        if self._read_only:
+            return  # a read-only server refuses DELETE; its primary's relays trim
+        conn = self.conn()
+        keep = bus.max_global_backlog_size
+        if position > keep and position - keep > self._trimmed_below:
+            conn.execute(sql.TRIM_GLOBAL, (position - keep, self._trimmed_below), prepare=True)
+            self._trimmed_below = position - keep
+        with conn.transaction():
+            conn.execute("SET LOCAL enable_seqscan = off")  # the added_at index: never a scan of dead rows
+            conn.execute(sql.TRIM_EXPIRE, (max(1, math.ceil(bus.max_backlog_age)),), prepare=True)
+        noticed, self.noticed = self.noticed, set()
+        for chan in noticed.union(active):  # up to the relay's position: every id at or below it is settled
+            conn.execute(sql.TRIM_CHANNEL, (chan, chan, position, bus.max_backlog_size), prepare=True)
+
+    def fill_backlog(self, bus: Bus, gap: BacklogGap) -> Backlog | None:
+        try:
+            return fill_backlog(self.conn(), bus, gap)
+        except psycopg.Error as exc:
+            self.status.log.warning("shmbus postgres bridge: could not read the older backlog of %r: %s", gap[0], exc)
+            self.drop_conn()
+            return None

@@ -1,0 +1,51 @@
+"""Channel backlogs older than the segment holds, completed from the table (``Engine.backlog``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from shmbus.bus import Backlog
+from shmbus.channels import backend_name
+from shmbus.message import Message
+
+from ..redis.layout import decode_envelope
+from . import sql
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from shmbus.bus import Bus
+    from shmbus.engines import BacklogGap
+
+__all__ = ["fill_backlog"]
+
+
+def fill_backlog(conn: psycopg.Connection[Any], bus: Bus, gap: BacklogGap) -> Backlog | None:
+    """The union of the table's rows and the segment's records after ``after_id``, limited to the newest
+    ``max_backlog_size``. It has no gap when the table still holds a row of the channel at or before the client's
+    position (trims remove a channel's oldest rows first, so nothing after it is gone) or the client starts from
+    0; otherwise the loss is reported. Raises psycopg's errors (the caller keeps the segment's answer)."""
+    channel, site_id, after_id, upto, limit, partial = gap
+    chan = backend_name(channel, site_id)
+    hi = partial.last_id if upto is None else min(upto, partial.last_id)
+    keep = bus.max_backlog_size
+    rows = conn.execute(sql.SELECT_CHANNEL_NEWEST, (chan, after_id, hi, keep + 1), prepare=True).fetchall()
+    held = after_id == 0 or conn.execute(sql.SELECT_HELD, (chan, after_id), prepare=True).fetchone() is not None
+    epoch = bus.segment.read_epoch()
+    by_id = {m.message_id: m for m in partial}
+    for gid, value in rows:
+        gid = int(gid)
+        if gid not in by_id:
+            payload, meta = decode_envelope(bus.codec, value.encode())
+            by_id[gid] = Message(gid, gid, channel, payload, bus.codec, site_id=site_id, meta=meta, epoch=epoch)
+    merged = [by_id[k] for k in sorted(by_id)]
+    if len(merged) > keep:  # beyond the backlog limit: the oldest count as trimmed
+        first = merged[-keep - 1].message_id + 1
+        merged = merged[-keep:]
+    elif held:
+        first = after_id + 1
+    else:
+        first = merged[0].message_id if merged else partial.first_available
+    if limit is not None:
+        del merged[limit:]
+    return Backlog(merged, after_id=after_id, last_id=partial.last_id, first_available=first)

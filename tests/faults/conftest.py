@@ -1,0 +1,90 @@
+"""Fixtures of the fault suite: PRIVATE servers it may kill, and a cluster of hosts per scenario.
+
+``backend`` is parametrized over ``redis`` and ``postgres`` (a scenario for one backend only overrides it with
+``@pytest.mark.parametrize("backend", ["postgres"], indirect=True)``). Redis: a private ``redis-server`` per test
+(the root conftest's ``redis_server``). PostgreSQL: one private cluster per xdist worker, a schema and notify
+channel per test; a scenario that kills it restarts it, and a frozen one is thawed at teardown. Never the
+machine's own servers: they are shared.
+
+``judge()`` ends a scenario: settle, run THE checker (faults_checker.py), put the scenario's row in the table the
+terminal summary prints, and fail on any silent loss, duplicate, injection, disorder or unjustified reset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import harness
+import pytest
+from faults_backends import Backend, PostgresBackend, RedisBackend
+from faults_checker import Verdict, check
+from faults_hosts import Cluster
+from harness.services import PostgresServer, find_postgres_bindir
+
+
+@pytest.fixture(scope="session")
+def faults_pg_server() -> Iterator[PostgresServer]:
+    """A private PostgreSQL cluster for this worker's fault scenarios (they kill, freeze and restart it)."""
+    harness.require_module("psycopg")
+    bindir = find_postgres_bindir()
+    if bindir is None:
+        harness.skip_or_fail("no initdb/postgres binaries for a private PostgreSQL (apt-get install postgresql)")
+    server = PostgresServer(bindir, synchronous_commit="on")  # an acknowledged row survives kill -9
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(params=["redis", "postgres"])
+def backend(request: pytest.FixtureRequest, bus_name: str) -> Iterator[Backend]:
+    channel = f"_mb_{bus_name}"
+    if request.param == "redis":
+        harness.require_module("redis")
+        redis_backend = RedisBackend(request.getfixturevalue("redis_server"), channel)
+        try:
+            yield redis_backend
+        finally:
+            redis_backend.close()
+        return
+    server: PostgresServer = request.getfixturevalue("faults_pg_server")
+    psycopg = harness.require_module("psycopg")
+    schema = f"s_{bus_name}".lower()
+    with psycopg.connect(server.url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    pg_backend = PostgresBackend(server, schema, channel)
+    try:
+        yield pg_backend
+    finally:
+        pg_backend.close()
+        server.thaw()
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+@pytest.fixture
+def cluster(backend: Backend, bus_name: str, procs: Any) -> Iterator[Cluster]:
+    c = Cluster(backend, bus_name, procs)
+    try:
+        yield c
+    finally:
+        backend.thaw()
+        c.close()
+
+
+@pytest.fixture
+def judge(request: pytest.FixtureRequest, cluster: Cluster) -> Callable[[], Verdict]:
+    """Settle the cluster, check it, record the table row, fail on any problem. Returns the verdict."""
+
+    def run() -> Verdict:
+        cluster.settle()
+        name = request.node.name.removeprefix("test_")
+        verdict = check(cluster, name)
+        request.node.user_properties.append(("faults_row", verdict.row()))
+        problems = verdict.problems()
+        assert not problems, f"{name}: " + "; ".join(problems) + f" (publish errors: {verdict.errors})"
+        return verdict
+
+    return run

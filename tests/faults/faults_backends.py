@@ -1,0 +1,218 @@
+"""The two backends of the fault suite, behind one small interface the scenarios drive.
+
+A :class:`Backend` is a PRIVATE server the suite started (never the machine's own): it makes engines for hosts
+(``spec()`` is the same recipe as plain data, for child processes), and it breaks: crash and restart, freeze,
+wipe the history, kill every client connection, ring the notification doorbell with a line of its own.
+
+:func:`make_engine` is the only code child processes import from here (it needs shmbus and the driver, nothing
+of the test harness).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["Backend", "PostgresBackend", "RedisBackend", "make_engine"]
+
+
+def make_engine(spec: dict[str, Any], **options: Any) -> Any:
+    """A bridge engine from ``spec`` (``{"kind": "redis"|"postgres", "url": ..., "channel": ...}``)."""
+    options.setdefault("election_interval", 0.05)
+    if spec["kind"] == "redis":
+        from shmbus.adapters.redis import RedisBridge
+
+        return RedisBridge(spec["url"], pubsub_channel=spec["channel"], **options)
+    from shmbus.adapters.postgres import PostgresBridge
+
+    return PostgresBridge(spec["url"], notify_channel=spec["channel"], connect_timeout=2, **options)
+
+
+class Backend:
+    """What a scenario may do to the backend every host shares."""
+
+    kind = ""
+
+    def spec(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def engine(self, **options: Any) -> Any:
+        return make_engine(self.spec(), **options)
+
+    def crash_and_restart(self) -> bool:
+        """SIGKILL the server and start it again; True when its history is gone (a reset is then justified)."""
+        raise NotImplementedError
+
+    def freeze(self) -> None:
+        raise NotImplementedError
+
+    def thaw(self) -> None:
+        raise NotImplementedError
+
+    def wipe(self, restart_ids: bool = False) -> None:
+        """Empty the history under the hosts' feet (FLUSHDB; TRUNCATE, with RESTART IDENTITY when asked: the
+        gem's ``reset!``): a real history change."""
+        raise NotImplementedError
+
+    def retained(self) -> int:
+        """How many messages the backend's global backlog holds now."""
+        raise NotImplementedError
+
+    def kill_connections(self) -> int:
+        """Close every client connection but our own (the relays' included); how many."""
+        raise NotImplementedError
+
+    def ring(self, line: str) -> None:
+        """Send ``line`` on the notification channel (a PUBLISH; a pg_notify) as any client could."""
+        raise NotImplementedError
+
+    def newest_lines(self, count: int) -> list[str]:
+        """Up to ``count`` of the newest real lines, as the backend announced them (for stale repeats)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Give back what this object opened (the server itself belongs to its fixture)."""
+
+
+def _envelope(data_json: str) -> str:
+    return '{"data":' + data_json + ',"user_ids":null,"group_ids":null,"client_ids":null}'
+
+
+class RedisBackend(Backend):
+    kind = "redis"
+
+    def __init__(self, server: Any, channel: str) -> None:
+        import redis
+
+        self.server = server
+        self.channel = channel
+        self._redis = redis
+        self.client = redis.Redis.from_url(server.url, protocol=2, socket_timeout=5)
+
+    def spec(self) -> dict[str, Any]:
+        return {"kind": "redis", "url": self.server.url, "channel": self.channel}
+
+    def crash_and_restart(self) -> bool:
+        self.server.kill()
+        self.server.start()  # no persistence: it comes back empty
+        self.client = self._redis.Redis.from_url(self.server.url, protocol=2, socket_timeout=5)
+        return True
+
+    def freeze(self) -> None:
+        self.server.freeze()
+
+    def thaw(self) -> None:
+        self.server.thaw()
+
+    def wipe(self, restart_ids: bool = False) -> None:
+        self.client.flushdb()  # ids restart either way
+
+    def retained(self) -> int:
+        return int(self.client.zcard("__mb_global_backlog_n"))
+
+    def kill_connections(self) -> int:
+        n = int(self.client.execute_command("CLIENT", "KILL", "TYPE", "pubsub"))
+        return n + int(self.client.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"))
+
+    def ring(self, line: str) -> None:
+        self.client.publish(self.channel, line)
+
+    def newest_lines(self, count: int) -> list[str]:
+        lines = []
+        for member in self.client.zrange("__mb_global_backlog_n", -count, -1):  # "<channel id>|<channel>"
+            mid, _, chan = member.decode().partition("|")
+            lines += [raw.decode() for raw in self.client.zrangebyscore(f"__mb_backlog_n_{chan}", mid, mid)]
+        return lines
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class PostgresBackend(Backend):
+    kind = "postgres"
+
+    def __init__(self, server: Any, schema: str, channel: str) -> None:
+        import psycopg
+
+        self.server = server
+        self.schema = schema
+        self.channel = channel
+        self._psycopg = psycopg
+        self.dsn = str(psycopg.conninfo.make_conninfo(server.url, options=f"-c search_path={schema}"))
+        self._ringer: Any = None
+
+    def spec(self) -> dict[str, Any]:
+        return {"kind": "postgres", "url": self.dsn, "channel": self.channel}
+
+    def connect(self) -> Any:
+        return self._psycopg.connect(self.dsn, autocommit=True, connect_timeout=5)
+
+    def run(self, statement: str, *params: Any) -> list[tuple[Any, ...]]:
+        with self.connect() as conn:
+            cur = conn.execute(statement, params or None)
+            return list(cur.fetchall()) if cur.description else []
+
+    def crash_and_restart(self) -> bool:
+        self.server.kill()
+        self.server.restart()  # crash recovery: every committed row is still there
+        return False
+
+    def freeze(self) -> None:
+        self.server.freeze()
+
+    def thaw(self) -> None:
+        self.server.thaw()
+
+    def wipe(self, restart_ids: bool = False) -> None:
+        # without RESTART IDENTITY ids go on: only the storage changes (the harder case to notice)
+        self.run("TRUNCATE message_bus" + (" RESTART IDENTITY" if restart_ids else ""))
+
+    def retained(self) -> int:
+        return int(self.run("SELECT count(*) FROM message_bus")[0][0])
+
+    def kill_connections(self) -> int:
+        rows = self.run(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE pid <> pg_backend_pid() AND datname = current_database()"
+        )
+        return int(rows[0][0])
+
+    def ring(self, line: str) -> None:
+        if self._ringer is None or self._ringer.closed:
+            self._ringer = self.connect()  # one connection for a storm of notices
+        self._ringer.execute("SELECT pg_notify(%s, %s)", (self.channel, line))
+
+    def newest_lines(self, count: int) -> list[str]:
+        rows = self.run("SELECT id, channel, value FROM message_bus ORDER BY id DESC LIMIT %s", count)
+        return [f"{i}|{i}|{chan}|{value}" for i, chan, value in reversed(rows)]
+
+    def skip_ids(self, count: int) -> list[int]:
+        """Take ``count`` ids from the table's sequence that no row will have (as rolled-back inserts leave)."""
+        rows = self.run(
+            "SELECT nextval(pg_get_serial_sequence('message_bus', 'id')) FROM generate_series(1, %s)", count
+        )
+        return [int(r[0]) for r in rows]
+
+    def close(self) -> None:
+        if self._ringer is not None:
+            self._ringer.close()
+
+    def hold_row(self, channel: str, data_json: str) -> tuple[Any, int]:
+        """A writer as the gem's (or any SQL client): INSERT a row and keep the transaction open. Returns the
+        connection (``commit`` it, then :meth:`ring` the line) and the row's id."""
+        conn = self._psycopg.connect(self.dsn, connect_timeout=5)
+        row = conn.execute(
+            "INSERT INTO message_bus (channel, value) VALUES (%s, %s) RETURNING id", (channel, _envelope(data_json))
+        ).fetchone()
+        return conn, int(row[0])
+
+
+def forged_line(gid: int, channel: str, text: str) -> str:
+    """A line in the gem's format (``gid|id|channel|envelope``) announcing a message no publisher wrote."""
+    import json
+
+    return f"{gid}|{gid}|{channel}|{_envelope(json.dumps(text))}"
+
+
+def line_for(gid: int, channel: str, data_json: str) -> str:
+    """The line the gem's publisher sends for a row it committed."""
+    return f"{gid}|{gid}|{channel}|{_envelope(data_json)}"

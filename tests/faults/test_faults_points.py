@@ -1,0 +1,176 @@
+"""Issue 22's points 2-7 as fault scenarios (point 1 is in test_faults_load.py, point 8 in test_faults_cache.py),
+each judged by THE checker (``judge``, see faults_checker.py) plus what the point itself demands."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from faults_backends import Backend, PostgresBackend, forged_line, line_for
+from faults_hosts import NODE, Cluster, until
+
+from shmbus import EngineError, PayloadTooLarge
+
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
+
+
+def test_stale_notices_during_local_publishing(cluster: Cluster, backend: Backend, judge: Callable[[], Any]) -> None:
+    """Point 2: 300 repeated old lines on the notification channel while both hosts publish. A notice is a
+    doorbell: no reset, no duplicate (PostgreSQL: 42 resets and 112,651 deliveries of about 8,000 messages)."""
+    a, b = cluster.host("a"), cluster.host("b")
+    with cluster.load(a, b, interval=0.001):
+        cluster.wait_for_acks(200)
+        stale = backend.newest_lines(50)
+        assert stale
+        if isinstance(backend, PostgresBackend):  # ids no row will ever have, at or below the relays' position
+            stale += [
+                f"{gid}|{gid}|{line.split('|', 3)[2]}|{line.split('|', 3)[3]}"
+                for gid, line in zip(backend.skip_ids(50), stale, strict=False)
+            ]
+        for i in range(300):
+            backend.ring(stale[i % len(stale)])
+            time.sleep(0.005)
+        cluster.wait_for_acks(200)
+    judge()
+
+
+def test_wiped_after_a_fresh_catch_up(cluster: Cluster, backend: Backend, judge: Callable[[], Any]) -> None:
+    """Point 3: host b starts on a fresh segment and catches up; the backend is then wiped with its ids restarting
+    (FLUSHDB; TRUNCATE ... RESTART IDENTITY, the gem's reset!). What follows must reach b (Redis: 0 of 500)."""
+    a = cluster.host("a")
+    cluster.publish_many(a, 300)
+    b = cluster.host("b")
+    until(lambda: len(b.received) >= 300, 30, "host b caught up from a fresh segment")
+    with cluster.ledger.history_change():
+        backend.wipe(restart_ids=True)
+    cluster.publish_many(a, 500)
+    judge()
+
+
+def test_cron_job_without_the_engine(cluster: Cluster, procs: Any, judge: Callable[[], Any]) -> None:
+    """Point 4: a process attaches host a's bridged bus by name without configuring the engine and publishes while
+    both hosts do, and so does ``shmbus publish``. Each of their publishes either reaches every host or fails with
+    an error that says what to configure; nothing is split silently (the engine's ids and a local id never meet)."""
+    a, b = cluster.host("a"), cluster.host("b")
+    spec = {"bus": a.name, "channel": "/c0", "count": 30}
+    with cluster.load(a, b, interval=0.003):
+        cluster.wait_for_acks(100)
+        gen = cluster.ledger.gen
+        job = procs.spawn([sys.executable, str(NODE), json.dumps(spec), "cron"], stdout=subprocess.PIPE, text=True)
+        out, _ = job.communicate(timeout=60)
+        for i in range(2):  # the CLI's publish, as documented: `shmbus publish CHANNEL DATA --bus NAME`
+            argv = [sys.executable, "-m", "shmbus", "publish", "/c0", f"cli:{i}", "--bus", a.name, "--json"]
+            res = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+            if res.returncode == 0:
+                out += f"ACK cli:{i} {json.loads(res.stdout)['message_id']}\n"
+            else:
+                out += f"ERR cli:{i} {' '.join(res.stderr.split())[-400:]}\n"
+        cluster.wait_for_acks(100)
+    errors = []
+    for line in out.splitlines():
+        tag, payload, rest = [*line.split(" ", 2), "", ""][:3]
+        if tag == "ACK":
+            cluster.ledger.attempt(payload)
+            cluster.ledger.acked("cron", "/c0", payload, int(rest), gen)
+        elif tag == "ERR":
+            errors.append(rest)
+    verdict = judge()
+    for text in errors:
+        assert "engine" in text.lower() or "SHMBUS_ENGINE_URL" in text, f"an unclear refusal: {text}"
+    assert errors or verdict.acknowledged, out
+
+
+def test_oversized_message(cluster: Cluster, judge: Callable[[], Any]) -> None:
+    """Point 5: 9 MB through the bridge, among ordinary messages: refused with PayloadTooLarge like the plain bus
+    (nothing acknowledged), or delivered everywhere. Acknowledged and stored nowhere is the bug."""
+    a, b = cluster.host("a"), cluster.host("b")
+    with cluster.load(a, b, interval=0.005):
+        cluster.wait_for_acks(50)
+        big = "big:" + "x" * (9 << 20)
+        mid = a.publish("/c0", big)
+        cluster.wait_for_acks(50)
+    judge()
+    if mid is None:
+        assert cluster.ledger.errors.get(PayloadTooLarge.__name__) == 1, cluster.ledger.errors
+
+
+def test_forged_notices(cluster: Cluster, backend: Backend, judge: Callable[[], Any]) -> None:
+    """Point 6: anyone who can send on the notification channel announces messages with ids the backend will give
+    to real ones later. The relays read the backend's history: nothing forged is stored or delivered, the real
+    messages that get those ids arrive, nothing resets."""
+    a, b = cluster.host("a"), cluster.host("b")
+    with cluster.load(a, b, interval=0.003):
+        cluster.wait_for_acks(100)
+        newest = int(backend.newest_lines(1)[0].split("|", 1)[0])
+        for k in range(1, 40):
+            backend.ring(forged_line(newest + k, "/c0", f"<script>forged {k}</script>"))
+        cluster.wait_for_acks(300)
+    judge()
+
+
+def test_frozen_server(cluster: Cluster, backend: Backend, judge: Callable[[], Any]) -> None:
+    """Point 7: the server SIGSTOPped for 12 s. A publish during the freeze ends with the engine's typed error
+    before the server thaws (PostgreSQL blocked for the whole freeze), health says so, and everything
+    acknowledged around the freeze is delivered."""
+    a, b = cluster.host("a"), cluster.host("b")
+    outcome: list[Any] = []
+    frozen = threading.Event()
+
+    def probe() -> None:  # a publisher thread that has published before: its connection is open
+        for payload in ("a:probe-warm", "a:probe"):
+            if payload == "a:probe":
+                frozen.wait(30)
+            gen = cluster.ledger.attempt(payload)
+            try:
+                mid = a.bus.publish("/c1", payload)  # type: ignore[union-attr]
+                cluster.ledger.acked("a", "/c1", payload, mid, gen)  # type: ignore[arg-type]
+                outcome.append(mid)
+            except Exception as exc:
+                outcome.append(exc)
+        outcome.append(time.monotonic())
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    with cluster.load(a, b, interval=0.005):
+        cluster.wait_for_acks(100)
+        backend.freeze()
+        try:
+            frozen.set()
+            thread.join(12)
+            health = a.bus.default.health()  # type: ignore[union-attr]
+        finally:
+            backend.thaw()
+            thawed = time.monotonic()
+        thread.join(60)
+        cluster.wait_for_acks(100)
+    judge()
+    _, result, ended = outcome
+    assert ended < thawed, f"the publish waited for the frozen server to come back (then returned {result!r})"
+    assert isinstance(result, EngineError), result
+    assert health["state"] != "ok", health
+
+
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+def test_open_transaction_holding_a_row(cluster: Cluster, backend: PostgresBackend, judge: Callable[[], Any]) -> None:
+    """Writers as the gem's (or any SQL client) keep rows uncommitted under load, one for 2 s and one for 8 s
+    (beyond the relays' hole timeout), then commit and notify. Each arrives once and in order, or is reported
+    lost; the ids after them are never held back for good."""
+    a, b = cluster.host("a"), cluster.host("b")
+    with cluster.load(a, b, interval=0.002):
+        cluster.wait_for_acks(100)
+        for hold, payload in ((2, "sql:held-2s"), (8, "sql:held-8s")):
+            gen = cluster.ledger.attempt(payload)
+            conn, gid = backend.hold_row("/c0", json.dumps(payload))
+            time.sleep(hold)  # the fault's length: a transaction left open
+            conn.commit()
+            conn.close()
+            backend.ring(line_for(gid, "/c0", json.dumps(payload)))
+            cluster.ledger.acked("sql", "/c0", payload, gid, gen)
+        cluster.wait_for_acks(200)
+    judge()

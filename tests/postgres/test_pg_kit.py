@@ -1,0 +1,363 @@
+"""The PostgreSQL bridge on the bridge kit's rules (issue 22): loss past a trim is counted and visible, notices are
+doorbells (stale, repeated or forged ones neither reset, duplicate nor inject), the segment knows it is bridged,
+sizes are checked before the INSERT, a frozen server is a typed error within the timeout, and the relay's figures
+tell the truth. Anything that freezes the server or adds a role runs on a private cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import harness
+import pytest
+from harness.services import PostgresServer, find_postgres_bindir
+from harness.wait import wait_for
+
+from shmbus import Bus, PayloadTooLarge
+from shmbus.metrics import read_snapshot
+
+psycopg = harness.require_module("psycopg")
+from pg_util import dsn_for  # noqa: E402
+
+from shmbus.adapters.postgres import PostgresUnavailable  # noqa: E402
+
+pytestmark = pytest.mark.postgres
+
+GEM_VALUE = '{"data":%s,"user_ids":null,"group_ids":null,"client_ids":null}'
+
+
+def wait_relaying(*buses: Bus, timeout: float = 20.0) -> None:
+    for bus in buses:
+        wait_for(lambda b=bus: b.default.health()["relay_state"] == "relaying", timeout, f"relay of {bus.name}")
+
+
+@pytest.fixture
+def private_pg() -> Iterator[PostgresServer]:
+    bindir = find_postgres_bindir()
+    if bindir is None:
+        harness.skip_or_fail("no initdb/postgres binaries for a private PostgreSQL")
+    server = PostgresServer(bindir).start()
+    try:
+        yield server
+    finally:
+        _signal_cluster(server, signal.SIGCONT)  # never leave a stopped cluster behind
+        server.close()
+
+
+def _signal_cluster(server: PostgresServer, sig: int) -> None:
+    """Signal the postmaster and every process it started (backends call setsid: no common process group)."""
+    if server.proc is None or server.proc.poll() is not None:
+        return
+    root = server.proc.pid
+    pids = [root]
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == root:
+                pids.append(int(entry))
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def test_a_host_down_past_the_trim_counts_the_loss_and_shows_a_gap(make_host: Callable[..., Bus], sql: Any) -> None:
+    """Host b's only process exits, host a publishes far past the global trim, b starts again: every id the table
+    no longer holds is counted in relay_lost (none silently skipped), and a client of b that was up to date before
+    gets gap=True and exactly the rows the table kept."""
+    limits = {"max_global_backlog_size": 200}
+    a = make_host("a", trim_interval=0.05, bus_options=limits)
+    b = make_host("b", bus_options=limits)
+    wait_relaying(a, b)
+    before = [a.publish(f"/c{i % 3}", i) for i in range(30)]
+    wait_for(lambda: b.segment.global_id() == before[-1], what="b up to date")
+    seen = b.last_id("/c0")
+    b.close()  # a rolling deploy: host b's only process exits, its segment stays
+    sent = a.default.publish_many(a, [(f"/c{i % 3}", i) for i in range(1500)])
+    wait_for(lambda: sql.execute("SELECT min(id) FROM message_bus").fetchone()[0] > sent[-1] - 200 - 5, what="the trim")
+    kept = [r[0] for r in sql.execute("SELECT id FROM message_bus WHERE id > %s ORDER BY id", (before[-1],))]
+    b2 = make_host("b", bus_options=limits)  # host b starts again on its old segment
+    wait_relaying(b2)
+    wait_for(lambda: b2.segment.global_id() == sent[-1], what="b caught up")
+    held = [r.global_id for r in b2.segment.global_backlog(before[-1])]
+    assert held == kept  # every row the table still had, once, in order
+    assert b2.default.health()["relay_lost"] == len(sent) - len(kept)  # and every other acknowledged id counted
+    back = b2.backlog("/c0", seen)
+    assert back.gap, "a client of host b that missed trimmed messages must be told"
+    c0 = [
+        r[0] for r in sql.execute("SELECT id FROM message_bus WHERE channel = '/c0' AND id > %s ORDER BY id", (seen,))
+    ]
+    assert [m.message_id for m in back] == c0
+
+
+def test_a_channel_trim_past_a_down_host_is_counted_too(make_host: Callable[..., Bus], sql: Any) -> None:
+    """Only the channel trim bites (one busy channel, a large global limit): the 80 rows it deleted before host b
+    read them count as lost and b's client of that channel gets gap=True (by count alone the segment would hold
+    exactly max_backlog_size newer messages and say nothing)."""
+    limits = {"max_backlog_size": 20, "max_global_backlog_size": 100_000}
+    a = make_host("a", trim_interval=0.05, bus_options=limits)
+    b = make_host("b", bus_options=limits)
+    wait_relaying(a, b)
+    seen = a.publish("/busy", "first")
+    wait_for(lambda: b.last_id("/busy") == seen, what="b up to date")
+    b.close()
+    sent = [a.publish("/busy", i) for i in range(100)]
+    wait_for(lambda: sql.execute("SELECT count(*) FROM message_bus").fetchone()[0] == 20, what="the channel trim")
+    b2 = make_host("b", bus_options=limits)
+    wait_relaying(b2)
+    wait_for(lambda: b2.last_id("/busy") == sent[-1], what="b caught up")
+    assert b2.default.health()["relay_lost"] == 80
+    back = b2.backlog("/busy", seen)
+    assert back.gap and [m.message_id for m in back] == sent[-20:]
+
+
+def test_stale_and_repeated_notices_during_local_publishing_never_reset(
+    make_host: Callable[..., Bus], sql: Any, pg: Any
+) -> None:
+    """300 notices naming old ids (stale, repeated, trimmed: their lines are real) while host a publishes at full
+    speed: no reset on either host, every message exactly once on the other host and for a live subscriber."""
+    a, b = make_host("a"), make_host("b")
+    wait_relaying(a, b)
+    early = [a.publish("/old", i) for i in range(20)]
+    got: list[int] = []
+    b.subscribe("/load", lambda m: got.append(m.message_id))
+    sent: list[int] = []
+    stop = threading.Event()
+
+    def publish() -> None:
+        while not stop.is_set():
+            sent.append(a.publish("/load", len(sent)))  # type: ignore[arg-type]
+
+    threads = [threading.Thread(target=publish) for _ in range(2)]  # local publishers land their own messages
+    for t in threads:
+        t.start()
+    try:
+        wait_for(lambda: len(sent) > 50, what="publishing under way")
+        for i in range(300):
+            old = early[i % len(early)] if i % 3 else max(sent[-1] - 5, 1)  # stale lines, and recent repeats
+            line = f"{old}|{old}|/old|{GEM_VALUE % i}"
+            sql.execute("SELECT pg_notify(%s, %s)", (pg["channel"], line))
+            time.sleep(0.001)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    sent.sort()
+    wait_for(lambda: got and got[-1] == sent[-1], what="b's subscriber got the last message")
+    assert a.default.health()["resets"] == 0 and b.default.health()["resets"] == 0
+    assert got == sent  # exactly once, in order
+    ids = [r.global_id for r in b.segment.global_backlog(0)]
+    assert ids == sorted(set(ids)) and set(sent) <= set(ids)
+
+
+def test_a_forged_notice_from_a_connect_only_role_injects_and_resets_nothing(
+    private_pg: PostgresServer, make_host: Callable[..., Bus], bus_name: str
+) -> None:
+    """Any role with CONNECT may pg_notify. The gem stores what a notice says; the relay only reads the table
+    (which that role cannot write), so a forged line is never delivered and the real message that later gets its
+    id is delivered without a reset."""
+    dsn = dsn_for(private_pg.url, "public")
+    channel = "_message_bus_0"
+    a, b = make_host("a", dsn=dsn, notify_channel=channel), make_host("b", dsn=dsn, notify_channel=channel)
+    wait_relaying(a, b)
+    first = a.publish("/chat", "hello")
+    wait_for(lambda: b.last_id("/chat") == first, what="b has the first message")
+    with psycopg.connect(private_pg.url, autocommit=True) as admin:
+        admin.execute("CREATE ROLE mallory LOGIN")
+    mallory_url = private_pg.url.replace("postgres@", "mallory@")
+    with psycopg.connect(mallory_url, autocommit=True) as m:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            m.execute("INSERT INTO message_bus (channel, value) VALUES ('/chat', '{}')")
+        m.rollback()
+        for forged in (first + 1, first, 10**9):
+            line = f"{forged}|{forged}|/chat|{GEM_VALUE % json.dumps('<script>alert(1)</script>')}"
+            m.execute("SELECT pg_notify(%s, %s)", (channel, line))
+    time.sleep(1.0)  # the relays have rung and read (nothing)
+    real = a.publish("/chat", "the real one")
+    assert real == first + 1  # the id the forged line claimed
+    for host in (a, b):
+        wait_for(lambda h=host: h.last_id("/chat") == real, what=f"{host.name} has the real message")
+        assert [m.data for m in host.backlog("/chat")] == ["hello", "the real one"]
+        assert host.default.health()["resets"] == 0
+
+
+def test_a_frozen_server_is_a_typed_error_within_the_timeout(
+    private_pg: PostgresServer, make_host: Callable[..., Bus]
+) -> None:
+    """SIGSTOP the whole private cluster: a publish raises PostgresUnavailable after command_timeout (not after
+    the freeze), health() says unreachable, the relay notices; after SIGCONT both recover."""
+    dsn = dsn_for(private_pg.url, "public")
+    a = make_host("a", dsn=dsn, command_timeout=1.0)
+    wait_relaying(a)
+    a.publish("/f", "before")
+    _signal_cluster(private_pg, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(PostgresUnavailable, match="did not answer"):
+            a.publish("/f", "frozen")
+        assert time.monotonic() - t0 < 4.0
+        assert a.default.health()["state"] == "unreachable"
+        wait_for(lambda: a.default.health()["relay_state"] != "relaying", timeout=15, what="the relay notices")
+        assert a.default.health()["state"] == "unreachable"
+    finally:
+        _signal_cluster(private_pg, signal.SIGCONT)
+    wait_for(lambda: _publishes(a), timeout=20, what="publishing works again")
+    assert a.default.health()["state"] == "ok"
+    wait_relaying(a)
+
+
+def _publishes(bus: Bus) -> bool:
+    try:
+        bus.publish("/f", "after")
+        return True
+    except PostgresUnavailable:
+        return False
+
+
+def test_an_oversized_message_raises_before_the_insert(make_host: Callable[..., Bus], sql: Any) -> None:
+    a = make_host("a")
+    wait_relaying(a)
+    with pytest.raises(PayloadTooLarge):
+        a.publish("/big", "x" * (9 << 20))
+    with pytest.raises(PayloadTooLarge):
+        a.default.publish_many(a, [("/big", "small"), ("/big", "x" * (9 << 20))])
+    assert sql.execute("SELECT count(*) FROM message_bus").fetchone()[0] == 0  # acknowledged nothing, stored nothing
+
+
+CRON = """
+import sys
+from shmbus import Bus, BusBridged
+bus = Bus(sys.argv[1], keepalive_interval=0)
+try:
+    print("ID", bus.publish("/cron", sys.argv[2]), flush=True)
+except BusBridged as exc:
+    print("REFUSED", exc, flush=True)
+print("ENGINE", type(bus.default).__name__, flush=True)
+bus.close()
+"""
+
+
+def _cron(name: str, data: str, env: dict[str, str] | None = None) -> str:
+    full = {k: v for k, v in os.environ.items() if k != "SHMBUS_ENGINE_URL"}
+    full.update(env or {})
+    res = subprocess.run([sys.executable, "-c", CRON, name, data], capture_output=True, text=True, timeout=60, env=full)
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+def test_a_process_attaching_without_the_engine_publishes_through_it(
+    make_host: Callable[..., Bus], sql: Any, pg: Any
+) -> None:
+    """A cron job's ``Bus(name).publish(...)`` on a bridged host gets the recorded engine (the URL needs no
+    password): the id is the table's, every host sees it, the segment takes no local id. ``shmbus publish`` too."""
+    a, b = make_host("a"), make_host("b")
+    wait_relaying(a, b)
+    a.publish("/cron", "worker")
+    out = _cron(a.name, "from cron")
+    assert "ENGINE PostgresBridge" in out, out
+    mid = int(out.split("ID ")[1].split()[0])
+    assert sql.execute("SELECT value FROM message_bus WHERE id = %s", (mid,)).fetchone()[0] == GEM_VALUE % '"from cron"'
+    for host in (a, b):
+        wait_for(lambda h=host: h.last_id("/cron") == mid, what=f"{host.name} has the cron job's message")
+    res = subprocess.run(
+        [sys.executable, "-m", "shmbus", "publish", "--bus", a.name, "/cron", "from the cli", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    cli_id = json.loads(res.stdout)["message_id"]
+    assert sql.execute("SELECT channel FROM message_bus WHERE id = %s", (cli_id,)).fetchone()[0] == "/cron"
+    wait_for(lambda: b.last_id("/cron") == cli_id, what="b has the CLI's message")
+
+
+def test_without_a_usable_engine_a_publish_is_refused_and_says_what_to_set(
+    make_host: Callable[..., Bus], pg: Any, sql: Any
+) -> None:
+    """The workers' DSN carries a password (not recorded): the cron job is refused with BusBridged naming
+    SHMBUS_ENGINE_URL and takes no id; with SHMBUS_ENGINE_URL set it publishes through the bridge."""
+    secret_dsn = psycopg.conninfo.make_conninfo(pg["dsn"], password="s3cret")  # trust auth: accepted, unused
+    a = make_host("a", dsn=secret_dsn)
+    wait_relaying(a)
+    rec = a.segment.bridge()
+    assert rec is not None and rec.secret and "s3cret" not in rec.url and rec.kind == "postgres"
+    a.publish("/cron", "worker")
+    before = a.segment.global_id()
+    out = _cron(a.name, "refused")
+    assert "REFUSED" in out and "SHMBUS_ENGINE_URL" in out and "postgres" in out, out
+    assert a.segment.global_id() == before  # no local id was taken
+    env = {"SHMBUS_ENGINE_URL": secret_dsn}
+    out = _cron(a.name, "configured", env)
+    assert "ID " in out, out
+    mid = int(out.split("ID ")[1].split()[0])
+    wait_for(lambda: a.last_id("/cron") == mid, what="a has the configured cron job's message")
+    assert sql.execute("SELECT count(*) FROM message_bus").fetchone()[0] == 2
+
+
+RELAY_ONLY = """
+import sys, time
+from shmbus import Bus
+from shmbus.adapters.postgres import PostgresBridge
+bus = Bus(sys.argv[1], keepalive_interval=0, engine=PostgresBridge(sys.argv[2], notify_channel=sys.argv[3],
+          election_interval=0.05))
+print("READY", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_relay_without_subscriptions_and_after_a_reset_is_shown(
+    make_host: Callable[..., Bus], procs: Any, bus_name: str, pg: Any, sql: Any
+) -> None:
+    """A process that relays but never subscribes (no listener thread) still reports: the host's figures name it
+    as the relay, relaying (shmbus_relay_up, the admin page, ``shmbus top``), and again after a reset."""
+    from shmbus.adapters.metrics import render
+
+    child = procs.spawn_python(RELAY_ONLY, f"{bus_name}r", pg["dsn"], pg["channel"])
+    assert child.stdout.readline().strip() == "READY"
+    a = make_host("a")
+    wait_relaying(a)
+    looker = Bus(f"{bus_name}r", keepalive_interval=0)
+    try:
+        wait_for(
+            lambda: (
+                (s := read_snapshot(looker, exclude_self=True)).relay is not None
+                and s.relay.pid == child.pid
+                and s.relay.relay_state == "relaying"
+            ),
+            what="the child shown relaying",
+        )
+        assert 'shmbus_relay_up{bus="' in render(looker) and "shmbus_relay_up{" in render(looker)
+        assert _relay_up(render(looker)) == 1
+        first = a.publish("/before", "the first history")
+        wait_for(lambda: looker.last_id("/before") == first, what="host r relayed the first history")
+        epoch = looker.epoch
+        sql.execute("TRUNCATE message_bus RESTART IDENTITY")
+        a.publish("/after", "reset")
+        wait_for(lambda: looker.epoch != epoch, what="the relay reset the bus")
+        wait_for(lambda: looker.last_id("/after") == 1, what="the new history relayed")
+        snap = read_snapshot(looker, exclude_self=True)
+        assert snap.relay is not None and snap.relay.pid == child.pid and snap.relay.relay_state == "relaying"
+        assert _relay_up(render(looker)) == 1
+    finally:
+        child.kill()
+        child.wait(10)
+        looker.destroy()
+
+
+def _relay_up(text: str) -> int:
+    for line in text.splitlines():
+        if line.startswith("shmbus_relay_up{"):
+            return int(float(line.rsplit(" ", 1)[1]))
+    raise AssertionError(f"no shmbus_relay_up in {text!r}")

@@ -1,0 +1,183 @@
+"""The Redis bridge on the bridge kit's rules (issue 22): a FLUSHDB is another history (reset, then every new message
+delivered: no duplicate window swallows them), PUBLISHed lines are doorbells, sizes are checked before the script,
+a cron job's ``Bus(name)`` publishes through the recorded engine, the relay's figures and ``shmbus stats --redis``
+tell the truth. Every test runs on a private Redis (it flushes it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+from bridge_util import wait_for, wait_relaying
+
+from shmbus import Bus, PayloadTooLarge
+from shmbus.metrics import read_snapshot
+
+pytestmark = pytest.mark.redis
+
+
+def test_a_flushdb_resets_once_and_every_new_message_is_delivered(
+    redis_server: Any, make_host: Callable[..., Bus]
+) -> None:
+    """After a catch-up from a fresh segment and a FLUSHDB (subscriptions stay connected), Redis's new ids start at
+    1 again: host b resets once and receives all 300 new messages (the issue: 0 of 500, no reset)."""
+    a = make_host("a", redis_server.url)
+    for i in range(50):
+        a.publish("/f", i)
+    b = make_host("b", redis_server.url)  # a fresh segment: it catches up 50 messages
+    wait_relaying(a, b)
+    wait_for(lambda: b.last_id("/f") == 50, what="b caught up")
+    got: list[Any] = []
+    b.subscribe("/f", lambda m: got.append(m.data), last_id=b.last_id("/f"))
+    epoch = b.epoch
+    redis.Redis.from_url(redis_server.url).flushdb()
+    sent = [a.publish("/f", f"new {i}") for i in range(300)]
+    assert sent[0] == 1  # Redis's ids restarted
+    wait_for(lambda: b.epoch != epoch, what="b reset for the new history")
+    wait_for(lambda: [m.data for m in b.backlog("/f")] == [f"new {i}" for i in range(300)], what="all new on b")
+    wait_for(lambda: got[-1:] == ["new 299"], what="b's live subscriber got the last one")
+    assert got == [f"new {i}" for i in range(300)]  # exactly once each, in order
+    assert b.default.health()["resets"] == 1 and b.default.health()["relay_lost"] == 0
+
+
+def test_published_lines_are_doorbells_never_stored(redis_server: Any, make_host: Callable[..., Bus]) -> None:
+    """A line PUBLISHed by any Redis client (stale, repeated or forged with a future id) is never stored: only
+    Redis's backlog is. The real message that later gets the forged id is delivered, without a reset."""
+    a, b = make_host("a", redis_server.url), make_host("b", redis_server.url)
+    wait_relaying(a, b)
+    first = a.publish("/chat", "hello")
+    wait_for(lambda: b.last_id("/chat") == first, what="b has the first message")
+    r = redis.Redis.from_url(redis_server.url)
+    forged = '{"data":"<script>alert(1)</script>","user_ids":null,"group_ids":null,"client_ids":null}'
+    for gid in (first, first + 1, 10**9):
+        r.publish("_message_bus_0", f"{gid}|{gid}|/chat|{forged}")
+    time.sleep(0.5)
+    real = a.publish("/chat", "the real one")
+    for host in (a, b):
+        wait_for(lambda h=host: h.last_id("/chat") == real, what=f"{host.name} has the real message")
+        assert [m.data for m in host.backlog("/chat")] == ["hello", "the real one"]
+        assert host.default.health()["resets"] == 0
+
+
+def test_an_oversized_message_raises_before_the_script(redis_server: Any, make_host: Callable[..., Bus]) -> None:
+    a = make_host("a", redis_server.url)
+    a.publish("/big", "small")
+    with pytest.raises(PayloadTooLarge):
+        a.publish("/big", "x" * (9 << 20))
+    assert int(redis.Redis.from_url(redis_server.url).get("__mb_global_id_n")) == 1  # Redis took nothing
+
+
+CRON = """
+import sys
+from shmbus import Bus
+bus = Bus(sys.argv[1], keepalive_interval=0)
+print("ID", bus.publish("/cron", sys.argv[2]), type(bus.default).__name__, flush=True)
+bus.close()
+"""
+
+
+def test_a_cron_job_attaching_a_redis_bridged_bus_publishes_through_redis(
+    redis_server: Any, make_host: Callable[..., Bus]
+) -> None:
+    """The README's cron job: ``Bus("app").publish(...)`` on a Redis-bridged host. It used to take a local id that
+    Redis later gave another message (both lost on that host); now it publishes through Redis."""
+    a, b = make_host("a", redis_server.url), make_host("b", redis_server.url)
+    wait_relaying(a, b)
+    a.publish("/cron", "worker")
+    env = {k: v for k, v in os.environ.items() if k != "SHMBUS_ENGINE_URL"}
+    res = subprocess.run(
+        [sys.executable, "-c", CRON, a.name, "cron"], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert res.returncode == 0, res.stderr
+    _, mid, engine = res.stdout.split()
+    assert engine == "RedisBridge" and int(mid) == 2
+    after = a.publish("/cron", "worker again")
+    assert after == 3
+    for host in (a, b):
+        wait_for(lambda h=host: h.last_id("/cron") == 3, what=f"{host.name} has all three")
+        assert [m.data for m in host.backlog("/cron")] == ["worker", "cron", "worker again"]
+
+
+RELAY_ONLY = """
+import sys, time
+from shmbus import Bus
+from shmbus.adapters.redis import RedisBridge
+bus = Bus(sys.argv[1], keepalive_interval=0, engine=RedisBridge(sys.argv[2], election_interval=0.05))
+print("READY", flush=True)
+time.sleep(120)
+"""
+
+
+def test_the_relay_is_shown_without_subscriptions_and_after_a_reset(
+    redis_server: Any, make_host: Callable[..., Bus], procs: Any, bus_name: str
+) -> None:
+    """A process that relays without subscribing has no listener thread; its relay figures still reach the host's
+    metrics (shmbus_relay_up 1, ``shmbus top``'s relay line), and again after a FLUSHDB reset."""
+    from shmbus.adapters.metrics import render
+    from shmbus.top import frame_lines
+
+    child = procs.spawn_python(RELAY_ONLY, f"{bus_name}r", redis_server.url)
+    assert child.stdout.readline().strip() == "READY"
+    a = make_host("a", redis_server.url)
+    looker = Bus(f"{bus_name}r", keepalive_interval=0)
+    try:
+
+        def relaying() -> bool:
+            snap = read_snapshot(looker, exclude_self=True)
+            return snap.relay is not None and snap.relay.pid == child.pid and snap.relay.relay_state == "relaying"
+
+        wait_for(relaying, what="the child shown relaying")
+        assert "shmbus_relay_up" in render(looker) and _relay_up(render(looker)) == 1
+        a.publish("/x", 1)
+        wait_for(lambda: looker.last_id("/x") == 1, what="relayed")
+        epoch = looker.epoch
+        redis.Redis.from_url(redis_server.url).flushdb()
+        a.publish("/y", "after")
+        wait_for(lambda: looker.epoch != epoch, what="the reset")
+        wait_for(lambda: looker.last_id("/y") == 1, what="the new history relayed")
+        wait_for(relaying, what="the child still shown relaying after the reset")
+        assert _relay_up(render(looker)) == 1
+        frame = "\n".join(frame_lines(read_snapshot(looker, exclude_self=True), None))
+        assert "relay: NONE" not in frame and f"relay pid {child.pid} relaying" in frame
+    finally:
+        child.kill()
+        child.wait(10)
+        looker.destroy()
+
+
+def _relay_up(text: str) -> int:
+    for line in text.splitlines():
+        if line.startswith("shmbus_relay_up{"):
+            return int(float(line.rsplit(" ", 1)[1]))
+    raise AssertionError(f"no shmbus_relay_up in {text!r}")
+
+
+def test_stats_never_says_lags_by_0_across_histories(redis_server: Any, make_host: Callable[..., Bus]) -> None:
+    """``shmbus stats --redis`` compares the segment's recorded history with Redis's before giving a lag: host a's
+    segment holds 3 messages of a history Redis no longer has, Redis holds 1 of a new one; that is not "lags by 0"."""
+    a = make_host("a", redis_server.url)
+    wait_relaying(a)
+    for i in range(3):
+        a.publish("/s", i)
+    wait_for(lambda: a.segment.global_id() == 3, what="stored")
+    a.close()  # host a stops; its segment stays
+    redis.Redis.from_url(redis_server.url).flushdb()
+    c = make_host("c", redis_server.url)
+    wait_relaying(c)
+    c.publish("/s", "new")
+    out = subprocess.run(
+        [sys.executable, "-m", "shmbus", "stats", "--bus", a.name, "--redis", redis_server.url, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    view = json.loads(out.stdout)["redis"]
+    assert view["lag"] is None and "another history" in view["standing"], view
