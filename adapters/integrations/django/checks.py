@@ -73,12 +73,14 @@ def _settings_messages(conf: BusSettings) -> list[Any]:
 
     out: list[Any] = []
     try:
-        Bus(conf.bus, create=False)  # validates without attaching: nothing is created
+        # validates without attaching (a Bus attaches at first use, so nothing is created); create=False would
+        # raise already here when the bus does not exist yet, which is no settings error before the first start
+        Bus(conf.bus)
     except (TypeError, ValueError) as exc:
         out.append(_error(f"SHMBUS['BUS']: {exc}", "shmbus.E002"))
         return out
     try:
-        Bus(conf.bus, create=False, **conf.bus_options)
+        Bus(conf.bus, **{**conf.bus_options, "create": True})
     except (TypeError, ValueError) as exc:
         out.append(_error(f"SHMBUS['BUS_OPTIONS']: {exc}", "shmbus.E006"))
     try:
