@@ -156,7 +156,7 @@ class PostgresBackend:
         try:
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(hashtext('shmbus.setup.' || current_schema()))")
-                for stmt in (*sql.CREATE_TABLE, sql.CREATE_TRIMMED):
+                for stmt in (*sql.CREATE_TABLE, *sql.CREATE_TRIMMED):
                     conn.execute(stmt)
                 conn.execute(sql.CREATE_PROCEDURE)
                 conn.execute(sql.CREATE_MANY_PROCEDURE)
