@@ -131,10 +131,13 @@ def _keep_newest(table: str) -> str:
 
 
 def _recording(delete: str) -> str:
+    """``delete`` that records what it deleted. Both aggregates need every deleted row first, and the unreferenced
+    channel upsert runs after the main one: a pass locks ``shmbus_trimmed``'s one row before any channel's, so
+    concurrent passes of several hosts queue on that row instead of deadlocking on the channels' rows."""
     return (
         f"WITH d AS ({delete} RETURNING id, channel), "
         "c AS (INSERT INTO shmbus_trimmed_channels (channel, upto, history) "
-        f"SELECT channel, max(id), {HISTORY_EXPR} FROM d GROUP BY channel "
+        f"SELECT channel, max(id), {HISTORY_EXPR} FROM d GROUP BY channel ORDER BY channel "
         f"ON CONFLICT (channel) {_keep_newest('shmbus_trimmed_channels')}) "
         "INSERT INTO shmbus_trimmed (one, upto, history) "
         f"SELECT true, max(id), {HISTORY_EXPR} FROM d HAVING max(id) IS NOT NULL "
