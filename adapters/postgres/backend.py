@@ -4,8 +4,9 @@ Publishes call the ``shmbus_send`` procedures; the relay LISTENs (any role with 
 notice is only a doorbell) and reads the table after its position. Ids are drawn at INSERT and appear at COMMIT, so
 a missing id may be in flight: :meth:`PostgresBackend.settle` waits for the table's writers (``pg_locks``). Trims
 record the newest id they deleted (``shmbus_trimmed``): a missing id at or below it is a lost message, not a
-rolled-back id. Every statement has a client-side timeout (``command_timeout``): a frozen server raises
-:class:`PostgresUnavailable`, never blocks a publisher or the relay for the length of the freeze.
+rolled-back id; and per channel (``shmbus_trimmed_channels``): whether a channel's backlog from 0 is whole. Every
+statement has a client-side timeout (``command_timeout``): a frozen server raises :class:`PostgresUnavailable`,
+never blocks a publisher or the relay for the length of the freeze.
 """
 
 from __future__ import annotations
@@ -156,7 +157,7 @@ class PostgresBackend:
         try:
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(hashtext('shmbus.setup.' || current_schema()))")
-                for stmt in (*sql.CREATE_TABLE, sql.CREATE_TRIMMED):
+                for stmt in (*sql.CREATE_TABLE, *sql.CREATE_TRIMMED):
                     conn.execute(stmt)
                 conn.execute(sql.CREATE_PROCEDURE)
                 conn.execute(sql.CREATE_MANY_PROCEDURE)

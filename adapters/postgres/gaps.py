@@ -22,15 +22,19 @@ __all__ = ["fill_backlog"]
 
 def fill_backlog(conn: psycopg.Connection[Any], bus: Bus, gap: BacklogGap) -> Backlog | None:
     """The union of the table's rows and the segment's records after ``after_id``, limited to the newest
-    ``max_backlog_size``. It has no gap when the table still holds a row of the channel at or before the client's
-    position (trims remove a channel's oldest rows first, so nothing after it is gone) or the client starts from
-    0; otherwise the loss is reported. Raises psycopg's errors (the caller keeps the segment's answer)."""
+    ``max_backlog_size``. It has no gap when no recorded trim deleted a row of the channel after the client's
+    position (``shmbus_trimmed_channels``; from 0: none ever did, since with global ids a channel's first id
+    says nothing of what came before it), or the table still holds a row of the channel at or before that
+    position (trims remove a channel's oldest rows first); otherwise the loss is reported from the oldest row
+    held, as the segment and the Redis bridge report it. Raises psycopg's errors (the caller keeps the segment's
+    answer)."""
     channel, site_id, after_id, upto, limit, partial = gap
     chan = backend_name(channel, site_id)
     hi = partial.last_id if upto is None else min(upto, partial.last_id)
     keep = bus.max_backlog_size
     rows = conn.execute(sql.SELECT_CHANNEL_NEWEST, (chan, after_id, hi, keep + 1), prepare=True).fetchall()
-    held = after_id == 0 or conn.execute(sql.SELECT_HELD, (chan, after_id), prepare=True).fetchone() is not None
+    found = conn.execute(sql.SELECT_HELD, (chan, after_id, chan, after_id), prepare=True).fetchone()
+    held = bool(found and found[0])
     epoch = bus.segment.read_epoch()
     by_id = {m.message_id: m for m in partial}
     for gid, value in rows:

@@ -106,7 +106,9 @@ $fn$
 #
 # Each trim records the newest id it deleted in ``shmbus_trimmed`` (one row, with the table's history identity), so
 # a relay that finds an id missing at or below it knows the message existed and is gone: lost for a host that had
-# not read it, never mistaken for a rolled-back id. (The gem's own trims, from a Ruby app, do not record.)
+# not read it, never mistaken for a rolled-back id; and, per channel, in ``shmbus_trimmed_channels``, so a channel's
+# backlog knows whether its history from the start is whole (ids are global: a channel's first id says nothing).
+# (The gem's own trims, from a Ruby app, do not record.)
 #: The table's history identity: its oid and storage file (TRUNCATE, a recreated table change it; publishes never).
 HISTORY_EXPR = (
     "(SELECT ((c.oid::bigint << 31) # pg_relation_filenode(c.oid)::bigint) & 9223372036854775807 "
@@ -114,16 +116,32 @@ HISTORY_EXPR = (
 )
 CREATE_TRIMMED = (
     "CREATE TABLE IF NOT EXISTS shmbus_trimmed (one boolean PRIMARY KEY DEFAULT true CHECK (one), "
-    "upto bigint NOT NULL, history bigint NOT NULL)"
+    "upto bigint NOT NULL, history bigint NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS shmbus_trimmed_channels (channel text PRIMARY KEY, "
+    "upto bigint NOT NULL, history bigint NOT NULL)",
 )
 
 
-def _recording(delete: str) -> str:
+def _keep_newest(table: str) -> str:
+    """An upsert's update: the greater bound within one history of the table, the new one after a change."""
     return (
-        f"WITH d AS ({delete} RETURNING id) INSERT INTO shmbus_trimmed (one, upto, history) "
+        f"DO UPDATE SET upto = CASE WHEN {table}.history = EXCLUDED.history "
+        f"THEN GREATEST({table}.upto, EXCLUDED.upto) ELSE EXCLUDED.upto END, history = EXCLUDED.history"
+    )
+
+
+def _recording(delete: str) -> str:
+    """``delete`` that records what it deleted. Both aggregates need every deleted row first, and the unreferenced
+    channel upsert runs after the main one: a pass locks ``shmbus_trimmed``'s one row before any channel's, so
+    concurrent passes of several hosts queue on that row instead of deadlocking on the channels' rows."""
+    return (
+        f"WITH d AS ({delete} RETURNING id, channel), "
+        "c AS (INSERT INTO shmbus_trimmed_channels (channel, upto, history) "
+        f"SELECT channel, max(id), {HISTORY_EXPR} FROM d GROUP BY channel ORDER BY channel "
+        f"ON CONFLICT (channel) {_keep_newest('shmbus_trimmed_channels')}) "
+        "INSERT INTO shmbus_trimmed (one, upto, history) "
         f"SELECT true, max(id), {HISTORY_EXPR} FROM d HAVING max(id) IS NOT NULL "
-        "ON CONFLICT (one) DO UPDATE SET upto = CASE WHEN shmbus_trimmed.history = EXCLUDED.history "
-        "THEN GREATEST(shmbus_trimmed.upto, EXCLUDED.upto) ELSE EXCLUDED.upto END, history = EXCLUDED.history"
+        f"ON CONFLICT (one) {_keep_newest('shmbus_trimmed')}"
     )
 
 
@@ -152,11 +170,18 @@ SELECT_AFTER = "SELECT id, channel, value FROM message_bus WHERE (id > %s) ORDER
 SELECT_PAGE = (
     f"SELECT id, channel, value, {HISTORY_EXPR} AS history FROM message_bus WHERE (id > %s) ORDER BY id LIMIT %s"
 )
-# A channel's newest rows in a range (gap fills), and whether a row at or before a client's position remains.
+# A channel's newest rows in a range (gap fills).
 SELECT_CHANNEL_NEWEST = (
     "SELECT id, value FROM message_bus WHERE ((channel = %s) AND (id > %s) AND (id <= %s)) ORDER BY id DESC LIMIT %s"
 )
-SELECT_HELD = "SELECT 1 FROM message_bus WHERE ((channel = %s) AND (id <= %s)) LIMIT 1"
+# Nothing of a channel after a client's position was trimmed: no recorded trim deleted a row of it above the
+# position (from 0: none ever did), or a row at or before the position remains (trims remove a channel's oldest
+# rows first). Parameters: channel, position, channel, position.
+SELECT_HELD = (
+    "SELECT coalesce((SELECT upto FROM shmbus_trimmed_channels WHERE channel = %s "
+    f"AND history = {HISTORY_EXPR}), 0) <= %s "
+    "OR EXISTS (SELECT 1 FROM message_bus WHERE ((channel = %s) AND (id <= %s)))"
+)
 # The open transactions of other backends holding RowExclusiveLock on the table (every INSERT or DELETE in
 # progress), as virtual transaction ids: a relay that sees a hole waits for these to end (see writers.WriterWait).
 SELECT_WRITERS = (

@@ -15,17 +15,6 @@ from faults_hosts import Cluster, until
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
-# A real remaining bug (issue 22, "the channel backlogs show gap=True across them"): on PostgreSQL,
-# bus.backlog(channel, 0) fills the segment's gap from the table and answers gap=False, first_available=1 whenever
-# the client starts from 0, even when the channel's oldest messages were trimmed (the plain bus and the Redis bridge
-# answer gap=True): a host's first messages of each channel are then missing from its backlogs without a gap.
-PG_GAP_FROM_ZERO = "PostgreSQL: backlog(channel, 0) says gap=False after the channel's start was trimmed"
-
-
-def _known_bug_on_postgres(request: pytest.FixtureRequest, backend: Backend) -> None:
-    if backend.kind == "postgres":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=PG_GAP_FROM_ZERO))
-
 
 def test_both_hosts_publishing(cluster: Cluster, judge: Callable[[], Any]) -> None:
     """The control: no fault, both hosts publish on the same channels."""
@@ -75,12 +64,9 @@ def test_relay_sigkilled(cluster: Cluster, judge: Callable[[], Any]) -> None:
     judge()
 
 
-def test_relay_sigstopped_10s_past_the_trim(
-    cluster: Cluster, backend: Backend, judge: Callable[[], Any], request: pytest.FixtureRequest
-) -> None:
+def test_relay_sigstopped_10s_past_the_trim(cluster: Cluster, backend: Backend, judge: Callable[[], Any]) -> None:
     """Host b's relay SIGSTOPped for 10 s while both hosts publish, past what the backend keeps (issue 22 points 1
     and 2: on PostgreSQL 1,707 of 7,919 were lost silently, 15 resets and 4,733 duplicates)."""
-    _known_bug_on_postgres(request, backend)
     a = cluster.host("a", max_global_backlog_size=500, max_backlog_size=200)
     b = cluster.host("b", max_global_backlog_size=100_000, max_backlog_size=100_000)
     with cluster.load(a, b, interval=0.002):
@@ -107,11 +93,10 @@ def test_wipe_under_load(cluster: Cluster, backend: Backend, judge: Callable[[],
 
 
 def test_host_down_while_others_publish_past_the_trim(
-    cluster: Cluster, backend: Backend, judge: Callable[[], Any], request: pytest.FixtureRequest
+    cluster: Cluster, backend: Backend, judge: Callable[[], Any]
 ) -> None:
     """Issue 22 point 1: host b's only processes exit (a deploy), host a publishes past what the backend keeps,
     b starts again. What b can no longer read must be reported (relay_lost, gap=True), never skipped."""
-    _known_bug_on_postgres(request, backend)
     a = cluster.host("a", max_global_backlog_size=500, max_backlog_size=200)
     b = cluster.host("b", max_global_backlog_size=100_000, max_backlog_size=100_000)
     cluster.publish_many(a, 60)

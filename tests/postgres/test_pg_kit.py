@@ -123,6 +123,36 @@ def test_a_channel_trim_past_a_down_host_is_counted_too(make_host: Callable[...,
     assert back.gap and [m.message_id for m in back] == sent[-20:]
 
 
+def test_a_backlog_from_0_shows_the_gap_when_the_channels_start_was_trimmed(
+    make_host: Callable[..., Bus], sql: Any
+) -> None:
+    """Ids are global, so a channel's oldest id never says it is the first: ``backlog(ch, 0)`` of a channel whose
+    oldest rows a trim deleted answers gap=True from the oldest row kept (as the plain bus and the Redis bridge do),
+    on a host that read them before the trim and on one that starts after it; a channel no trim touched answers
+    gap=False from 1, though its first id is far above 1."""
+    limits = {"max_backlog_size": 5, "max_global_backlog_size": 100_000}
+    a = make_host("a", trim_interval=0.05, bus_options=limits)
+    wait_relaying(a)
+    a.publish("/other", "moves the ids on")
+    whole = [a.publish("/whole", i) for i in range(3)]
+    busy = [a.publish("/busy", i) for i in range(12)]
+    wait_for(
+        lambda: sql.execute("SELECT count(*) FROM message_bus WHERE channel = '/busy'").fetchone()[0] == 5,
+        what="the channel trim",
+    )
+    late = make_host("late", bus_options=limits)  # its segment never held /busy's trimmed rows
+    wait_relaying(late)
+    wait_for(lambda: late.last_id("/busy") == busy[-1], what="the late host caught up")
+    for host in (a, late):
+        back = host.backlog("/busy", 0)
+        assert back.gap and back.first_available == busy[-5], host.name
+        assert [m.message_id for m in back] == busy[-5:]
+        assert host.backlog("/busy", busy[-6]).gap is False  # a client that read up to the trim missed nothing
+        untouched = host.backlog("/whole", 0)
+        assert whole[0] > 1 and not untouched.gap and untouched.first_available == 1, host.name
+        assert [m.message_id for m in untouched] == whole
+
+
 def test_stale_and_repeated_notices_during_local_publishing_never_reset(
     make_host: Callable[..., Bus], sql: Any, pg: Any
 ) -> None:
