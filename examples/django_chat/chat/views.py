@@ -17,6 +17,7 @@ from shmbus.adapters.integrations.django import get_bus, publish_on_commit
 
 from .models import Message
 
+
 def room(request: HttpRequest) -> HttpResponse:
     if not request.user.is_authenticated:
         return render(request, "chat/join.html", {"next": request.get_full_path()})
@@ -46,4 +47,3 @@ def post(request: HttpRequest) -> JsonResponse:
     msg = Message.objects.create(author=request.user, text=text)
     publish_on_commit("/chat", {**msg.as_json(), "pid": os.getpid()})
     return JsonResponse({"id": msg.pk, "pid": os.getpid()})
-
