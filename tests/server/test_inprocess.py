@@ -341,6 +341,15 @@ async def test_a_response_waits_while_the_transport_is_over_its_high_water_mark(
 
 
 # ---------------------------------------------------------------------------------------------------- the bus
+async def delivered(check: Callable[[], bool]) -> None:
+    """Wait (bounded, never timed) until ``check()``: the bus's listener thread hands batches to the real loop."""
+    for _ in range(1000):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the published message never reached the connection")
+
+
 @in_loop
 async def test_a_parked_long_poll_is_answered_by_a_publish(
     parser_kind: str, mw: MessageBusMiddleware, shared_bus: Bus
@@ -352,10 +361,7 @@ async def test_a_parked_long_poll_is_answered_by_a_publish(
     assert r.t.take() == b"" and r.conn.client is not None, "the poll did not park"
     assert len(r.loop.pending()) == timers + 1, "no long_polling_interval timer for the parked poll"
     shared_bus.publish("/x", {"n": 1})
-    for _ in range(1000):  # the listener thread hands the batch to the real loop: wait (bounded) for it
-        if r.t.out:
-            break
-        await asyncio.sleep(0.01)
+    await delivered(lambda: bool(r.t.out))
     [got] = r.answers()
     assert got.status == 200 and [m["data"] for m in json.loads(got.body)] == [{"n": 1}]
     assert r.conn.client is None and r.conn.timer is None
@@ -479,3 +485,26 @@ async def test_callbacks_refuse_a_body_that_grows_over_max_body_size() -> None:
     [got] = r.answers()
     assert (got.status, got.body) == (413, b"request body too large (limit 1000 bytes)")
     assert r.t.eof_written
+
+
+@in_loop
+async def test_a_stream_holds_messages_while_the_transport_is_paused_and_sends_them_on_resume(
+    parser_kind: str, mw: MessageBusMiddleware, shared_bus: Bus
+) -> None:
+    r = make_rig(mw, high=300, low=100, auto_flush=False)
+    r.send(poll("c2", {"/x": shared_bus.last_id("/x")}, chunk=True))
+    await r.settle()
+    head = r.t.take()
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"transfer-encoding: chunked" in head
+    shared_bus.publish("/x", "a" * 400)  # over the high-water mark: the transport pauses writing
+    await delivered(lambda: r.t.writing_paused)
+    assert b'"data":"' + b"a" * 400 in r.t.take()
+    shared_bus.publish("/x", "second")
+    client = r.conn.client
+    assert client is not None
+    await delivered(lambda: bool(client.pending))  # queued for the client, not written
+    await r.settle()
+    assert r.t.take() == b"" and r.t.writes_while_paused == 0
+    r.t.flush()  # the peer reads: resume_writing sends what was held
+    assert b'"data":"second"' in r.t.take() and r.t.events == ["pause_writing", "resume_writing"]
+    assert r.conn.client is client, "the stream should stay open"
