@@ -5,7 +5,7 @@ connection's own behaviour byte for byte and without sleeping: pipelining order,
 head/body deadlines, lingering close, read and write flow control, a parked long poll woken by a publish (a real
 Bus), malformed requests, and the parser callbacks called one by one. Every connection here runs on
 :class:`~mock_transport.FakeLoop` (timers fire only when the test moves the clock); ASGI app tasks run on the
-real loop of :func:`in_loop`. ``parser`` runs each test with httptools and with the built-in parser.
+real loop of :func:`in_loop`. ``parser_kind`` runs each test with httptools and with the built-in parser.
 """
 
 from __future__ import annotations
@@ -14,11 +14,13 @@ import asyncio
 import functools
 import itertools
 import json
+import os
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
 import pytest
+from harness import skip_or_fail
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mock_transport import FakeLoop, FakeTransport, Response, responses, without_date
@@ -94,9 +96,8 @@ def make_rig(
     """A connection on a fresh server: ``mw`` for the bus routes, ``with_app=False`` for none (every other
     request gets 404 synchronously, so a test needs no running loop)."""
     loop = FakeLoop()
-    app = EchoApp()
-    if mw is not None:
-        mw.app = app
+    app = mw.app if mw is not None else EchoApp()
+    assert isinstance(app, EchoApp)
     root = mw if mw is not None else (app if with_app else None)
     srv = Server(root, cast(asyncio.AbstractEventLoop, loop), limits=limits)
     t = FakeTransport(loop, **transport)
@@ -121,15 +122,17 @@ def parser_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
         monkeypatch.setattr(connection, "Parser", parser.HttpRequestParser)
         monkeypatch.setattr(connection, "ParserError", parser.HttpParserError)
         monkeypatch.setattr(connection, "ParserUpgrade", parser.HttpParserUpgrade)
+    elif os.environ.get("SHMBUS_SERVER_PARSER") == "pure":
+        pytest.skip("SHMBUS_SERVER_PARSER=pure: the server was imported without httptools")
     elif parser.PARSER != "httptools":
-        pytest.skip("httptools is not installed (the web extra)")
+        skip_or_fail("httptools is not installed (the web extra)")
     return cast(str, request.param)
 
 
 @pytest.fixture
 def mw(shared_bus: Bus) -> Iterator[MessageBusMiddleware]:
     """The middleware on this test's own bus (tests/server/conftest.py), its tap closed at the end."""
-    m = MessageBusMiddleware(None, bus=shared_bus, long_polling_interval=LONG_POLL)
+    m = MessageBusMiddleware(EchoApp(), bus=shared_bus, long_polling_interval=LONG_POLL)
     try:
         yield m
     finally:
