@@ -45,6 +45,7 @@ class HttpRequestParser:
         self._method = b""
         self._minor = 1
         self._keep = True
+        self._begun = False  # on_message_begin was called for the head being read
 
     def get_method(self) -> bytes:
         return self._method
@@ -73,6 +74,9 @@ class HttpRequestParser:
                 if buf[pos] in (13, 10):  # stray CRLF between requests (RFC 9112 §2.2)
                     pos += 1
                     continue
+                if not self._begun:  # as httptools: at the head's first byte, so its deadline starts then
+                    self._begun = True
+                    self._call("on_message_begin")
                 end = buf.find(b"\r\n\r\n", pos)
                 if end < 0:
                     if n - pos > MAX_HEAD:
@@ -131,6 +135,7 @@ class HttpRequestParser:
 
     def _complete(self) -> None:
         self._state = _HEAD
+        self._begun = False
         self._call("on_message_complete")
 
     def _head(self, head: bytes) -> None:
@@ -178,7 +183,6 @@ class HttpRequestParser:
             self._keep = b"close" not in conn
         else:
             self._keep = b"keep-alive" in conn and b"close" not in conn
-        self._call("on_message_begin")
         self._call("on_url", m.group(2))
         for name, value in headers:
             self._call("on_header", name, value)

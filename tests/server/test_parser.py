@@ -90,3 +90,11 @@ def test_refused(bad: bytes) -> None:
 def test_head_size_limit() -> None:
     with pytest.raises(HttpParserError):
         feed(b"GET / HTTP/1.1\r\nX: " + b"a" * 70_000)
+
+
+def test_message_begin_comes_with_the_first_byte_of_a_head() -> None:
+    # as httptools: the server's header_timeout runs from here, so a head trickled forever gets its 408
+    r, _ = feed(b"\r\nGET / HTTP/1.1\r\nHo")
+    assert r.events == ["begin"]
+    r, _ = feed(b"GET /a HTTP/1.1\r\n\r\nG")
+    assert r.events == ["begin", ("url", b"/a"), "headers", "done", "begin"]
