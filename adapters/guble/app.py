@@ -16,6 +16,7 @@ guble's grammar (:mod:`.protocol`), its topics and its user spaces:
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import string
 import time
@@ -27,20 +28,12 @@ from shmbus.bus import Bus
 from shmbus.errors import InvalidChannel, InvalidMessage, PayloadTooLarge, ShmbusError
 from shmbus.message import Message
 
-from ..asgi_support import Receive, Send, maybe_await
+from ..asgi_support import Receive, Scope, Send, fallback, maybe_await, relative_path
 from ..http import MAX_BODY_SIZE, ProtocolError
-from ..transports.hub import (
-    DEFAULT_MAX_BUFFER,
-    MAX_SUBSCRIPTIONS,
-    Identity,
-    Scope,
-    Sink,
-    check_channel,
-    fallback,
-    log,
-)
-from ..transports.hub import relative_path as _relative_path
+from ..transports.hub import DEFAULT_MAX_BUFFER, Sink
+from ..transports.identity import Identity
 from ..transports.rest import AsgiRestPublish
+from ..transports.validation import MAX_SUBSCRIPTIONS, check_channel
 from ..transports.websocket import MAX_FRAME, WebSocketApp
 from .protocol import (
     BadRequest,
@@ -61,6 +54,8 @@ from .protocol import (
 )
 
 __all__ = ["GubleApp", "GubleRestPublish", "user_space_ids", "user_topic_owner"]
+
+log = logging.getLogger(__name__)
 
 CONNECTED_TEXT = "You are connected to the server."
 USER_SPACE = "/user/"
@@ -176,7 +171,7 @@ class GubleApp(WebSocketApp):
 
     # ------------------------------------------------------------------ the WebSocket shell's hooks
     def matches(self, scope: Scope) -> bool:
-        path = _relative_path(scope)
+        path = relative_path(scope)
         return path == self.path or path.startswith(self.path.rstrip("/") + "/")
 
     async def open_sink(self, identity: Identity, scope: Scope) -> Sink:

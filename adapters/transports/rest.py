@@ -25,10 +25,10 @@ from urllib.parse import parse_qs
 from shmbus.bus import Bus
 from shmbus.errors import InvalidChannel, InvalidMessage, PayloadTooLarge
 
-from ..asgi_support import Receive, Send, maybe_await
+from ..asgi_support import Receive, Scope, Send, fallback, maybe_await, read_body, relative_path, send_simple
 from ..http import MAX_BODY_SIZE, MAX_CLIENT_ID_LENGTH, ProtocolError
 from ..http.wire import status_line
-from .hub import Scope, check_channel, fallback, relative_path, send_simple
+from .validation import check_channel
 
 __all__ = ["AsgiRestPublish", "PublishRequest", "WsgiRestPublish", "parse_publish"]
 
@@ -225,7 +225,7 @@ class AsgiRestPublish(_RestPublish):
             headers = {k.lower(): v for k, v in scope.get("headers") or ()}
             cl = headers.get(b"content-length")
             self.check_length(cl.decode("latin-1") if cl is not None else None)
-            body = await self._body(receive)
+            body = await read_body(receive, self.check_size)
             ctype = headers.get(b"content-type")
             answer = self.answer(
                 channel,
@@ -238,19 +238,6 @@ class AsgiRestPublish(_RestPublish):
             await send_simple(send, exc.status, exc.reason.encode())
             return
         await send_simple(send, 200, answer, JSON_TYPE)
-
-    async def _body(self, receive: Receive) -> bytes:
-        parts, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise ProtocolError(400, "client disconnected before the body was complete")
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            self.check_size(size)
-            parts.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(parts)
 
 
 class WsgiRestPublish(_RestPublish):
