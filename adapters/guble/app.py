@@ -25,14 +25,14 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from shmbus.bus import Bus
-from shmbus.errors import InvalidChannel, InvalidMessage, PayloadTooLarge, ShmbusError
+from shmbus.errors import ShmbusError
 from shmbus.message import Message
 
 from ..asgi_support import Receive, Scope, Send, fallback, maybe_await, relative_path
 from ..http import MAX_BODY_SIZE, ProtocolError
 from ..transports.hub import DEFAULT_MAX_BUFFER, Sink
 from ..transports.identity import Identity
-from ..transports.rest import AsgiRestPublish
+from ..transports.rest import AsgiRestPublish, publish_or_refuse
 from ..transports.validation import MAX_SUBSCRIPTIONS, check_channel
 from ..transports.websocket import MAX_FRAME, WebSocketApp
 from .protocol import (
@@ -343,14 +343,7 @@ class GubleRestPublish(AsgiRestPublish):
         now = iso_time(time.time())
         data = message_data(user, new_application_id(), mid, now, header_json, text)
         owner = user_topic_owner(channel)
-        try:
-            seq = self.bus.publish(channel, data, user_ids=None if owner is None else user_space_ids(owner))
-        except PayloadTooLarge as exc:
-            raise ProtocolError(413, str(exc))
-        except (InvalidMessage, InvalidChannel, TypeError, ValueError) as exc:
-            raise ProtocolError(400, str(exc)[:300])
-        if seq is None:
-            raise ProtocolError(503, "the bus is off (publishing disabled)")
+        seq = publish_or_refuse(self.bus, channel, data, user_ids=None if owner is None else user_space_ids(owner))
         return json.dumps(
             {"sequenceId": str(seq), "path": channel, "publisherMessageId": mid, "messagePublishingTime": now}
         ).encode()

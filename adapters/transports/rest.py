@@ -121,22 +121,30 @@ def parse_publish(channel: str, query: str, content_type: str | None, body: byte
 
 def publish(bus: Bus, req: PublishRequest) -> bytes:
     """Publish and return the JSON answer; bus refusals become 4xx/503."""
+    mid = publish_or_refuse(
+        bus,
+        req.channel,
+        req.data,
+        user_ids=req.user_ids,
+        group_ids=req.group_ids,
+        client_ids=req.client_ids,
+        site_id=req.site_id,
+    )
+    return json.dumps({"channel": req.channel, "message_id": mid}).encode()
+
+
+def publish_or_refuse(bus: Bus, channel: str, data: Any, **options: Any) -> int:
+    """``bus.publish`` for an HTTP client: the bus's refusals become a ProtocolError (413 too large, 400 bad
+    channel or message, 503 when the bus is off), never a 500."""
     try:
-        mid = bus.publish(
-            req.channel,
-            req.data,
-            user_ids=req.user_ids,
-            group_ids=req.group_ids,
-            client_ids=req.client_ids,
-            site_id=req.site_id,
-        )
+        mid = bus.publish(channel, data, **options)
     except PayloadTooLarge as exc:
         raise ProtocolError(413, str(exc))
     except (InvalidMessage, InvalidChannel, TypeError, ValueError) as exc:
         raise ProtocolError(400, str(exc)[:300])
     if mid is None:
         raise ProtocolError(503, "the bus is off (publishing disabled)")
-    return json.dumps({"channel": req.channel, "message_id": mid}).encode()
+    return mid
 
 
 def _check_authorize(authorize: Any) -> None:
