@@ -277,10 +277,7 @@ class MessageBusMiddleware:
                     proto.abandon(c)
                     return
                 body = proto.long_poll_response(c)
-                await send(
-                    {"type": "http.response.start", "status": 200, "headers": encode_headers(poll.headers, len(body))}
-                )
-                await send({"type": "http.response.body", "body": body})
+                await send_response(send, 200, encode_headers(poll.headers, len(body)), body)
                 return
             await send({"type": "http.response.start", "status": 200, "headers": encode_headers(poll.headers)})
             wait.sending = True

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from shmbus.metrics import Snapshot, read_snapshot
 
-from .asgi_support import Scope, send_simple
+from .asgi_support import Receive, Scope, Send, send_simple
 
 if TYPE_CHECKING:
     from shmbus import Bus
@@ -238,7 +238,7 @@ class MetricsApp:
         self.allow = allow
         self.extra = list(extra)
 
-    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("path") != self.path:
             if self.app is not None:
                 await self.app(scope, receive, send)
@@ -257,7 +257,7 @@ class MetricsApp:
             await _answer(send, 200, body.encode(), CONTENT_TYPE)
 
 
-async def _answer(send: Any, status: int, body: bytes, content_type: str) -> None:
+async def _answer(send: Send, status: int, body: bytes, content_type: str) -> None:
     await send_simple(send, status, body, content_type, [(b"cache-control", b"no-store")])
 
 

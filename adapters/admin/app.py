@@ -35,7 +35,7 @@ from urllib.parse import parse_qs
 
 from shmbus.errors import InvalidArgument
 
-from ..asgi_support import encode_headers, maybe_await, relative_path, send_response
+from ..asgi_support import Receive, Scope, Send, encode_headers, maybe_await, relative_path, send_response
 from ..transports.connection import Connection
 from ..transports.sse import SSEApp
 from ..transports.sse_wsgi import SSEWSGIApp
@@ -220,7 +220,7 @@ class AdminApp(_Admin):
         )
         self._feeds: dict[int, asyncio.Task[None]] = {}
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = relative_path(scope) if scope["type"] == "http" else ""
         if scope["type"] != "http" or not self.owns(path):
             if self.app is not None:
@@ -275,7 +275,7 @@ class AdminApp(_Admin):
             log.exception("shmbus: the admin feed of %s stopped", channel)
 
 
-async def _send(send: Any, reply: Reply) -> None:
+async def _send(send: Send, reply: Reply) -> None:
     status, headers, body = reply
     await send_response(send, status, encode_headers([*headers, ("content-length", str(len(body))), *_SECURITY]), body)
 
