@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable
 from typing import Any
 
 from shmbus.bus import Bus
 from shmbus.message import Message
 
-from .asgi_support import Receive, Send, lifespan, maybe_await, until_disconnect
+from .asgi_support import Receive, Scope, Send, encode_headers, lifespan, maybe_await, send_response, until_disconnect
 from .http import Client, MessageBusProtocol, Options, Poll, ProtocolError, Response
 from .http.client import Ending
 from .http.flow import Flow, ReadBody, RequestHead, advance, serve
@@ -44,16 +44,7 @@ from .looptap import LoopTap
 
 __all__ = ["MessageBusMiddleware"]
 
-Scope = MutableMapping[str, Any]
-
 _NOT_FOUND = Response(404, [("content-type", "text/plain")], b"not found")
-
-
-def _enc_headers(headers: list[tuple[str, str]], length: int | None = None) -> list[tuple[bytes, bytes]]:
-    out = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]
-    if length is not None:
-        out.append((b"content-length", str(length).encode()))
-    return out
 
 
 class _Wait:
@@ -286,12 +277,9 @@ class MessageBusMiddleware:
                     proto.abandon(c)
                     return
                 body = proto.long_poll_response(c)
-                await send(
-                    {"type": "http.response.start", "status": 200, "headers": _enc_headers(poll.headers, len(body))}
-                )
-                await send({"type": "http.response.body", "body": body})
+                await send_response(send, 200, encode_headers(poll.headers, len(body)), body)
                 return
-            await send({"type": "http.response.start", "status": 200, "headers": _enc_headers(poll.headers)})
+            await send({"type": "http.response.start", "status": 200, "headers": encode_headers(poll.headers)})
             wait.sending = True
             await send({"type": "http.response.body", "body": poll.first_chunk, "more_body": True})
             wait.sending = False
@@ -339,7 +327,4 @@ def _disconnected(c: Client) -> None:
 
 
 async def _send(send: Send, resp: Response) -> None:
-    await send(
-        {"type": "http.response.start", "status": resp.status, "headers": _enc_headers(resp.headers, len(resp.body))}
-    )
-    await send({"type": "http.response.body", "body": resp.body})
+    await send_response(send, resp.status, encode_headers(resp.headers, len(resp.body)), resp.body)

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from shmbus.metrics import Snapshot, read_snapshot
 
+from .asgi_support import Receive, Scope, Send, send_simple
+
 if TYPE_CHECKING:
     from shmbus import Bus
 
@@ -214,9 +216,6 @@ class BusCollector:
             yield out
 
 
-Scope = dict[str, Any]
-
-
 class MetricsApp:
     """ASGI: ``GET {path}`` answers the metrics; other requests go to ``app`` (404 without one).
 
@@ -239,38 +238,27 @@ class MetricsApp:
         self.allow = allow
         self.extra = list(extra)
 
-    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("path") != self.path:
             if self.app is not None:
                 await self.app(scope, receive, send)
                 return
             if scope["type"] != "http":
                 return
-            await _answer(send, 404, b"not found\n", b"text/plain")
+            await _answer(send, 404, b"not found\n", "text/plain")
             return
         if scope.get("method") not in ("GET", "HEAD"):
-            await _answer(send, 405, b"GET only\n", b"text/plain")
+            await _answer(send, 405, b"GET only\n", "text/plain")
         elif self.allow is not None and not self.allow(scope):
-            await _answer(send, 403, b"forbidden\n", b"text/plain")
+            await _answer(send, 403, b"forbidden\n", "text/plain")
         else:
             # in a thread: a scrape reads the segment's stats under its lock, which must never stall the event loop
             body = await asyncio.to_thread(render, self.bus, self.extra)
-            await _answer(send, 200, body.encode(), CONTENT_TYPE.encode())
+            await _answer(send, 200, body.encode(), CONTENT_TYPE)
 
 
-async def _answer(send: Any, status: int, body: bytes, content_type: bytes) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", content_type),
-                (b"content-length", str(len(body)).encode()),
-                (b"cache-control", b"no-store"),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+async def _answer(send: Send, status: int, body: bytes, content_type: str) -> None:
+    await send_simple(send, status, body, content_type, [(b"cache-control", b"no-store")])
 
 
 class MetricsWSGIApp:

@@ -35,9 +35,8 @@ from urllib.parse import parse_qs
 
 from shmbus.errors import InvalidArgument
 
-from ..asgi_support import maybe_await
+from ..asgi_support import Receive, Scope, Send, encode_headers, maybe_await, relative_path, send_response
 from ..transports.connection import Connection
-from ..transports.hub import relative_path
 from ..transports.sse import SSEApp
 from ..transports.sse_wsgi import SSEWSGIApp
 from .sampler import Sampler, parse_tail, read_tail
@@ -221,7 +220,7 @@ class AdminApp(_Admin):
         )
         self._feeds: dict[int, asyncio.Task[None]] = {}
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = relative_path(scope) if scope["type"] == "http" else ""
         if scope["type"] != "http" or not self.owns(path):
             if self.app is not None:
@@ -276,15 +275,9 @@ class AdminApp(_Admin):
             log.exception("shmbus: the admin feed of %s stopped", channel)
 
 
-def _encode(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
-    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]
-
-
-async def _send(send: Any, reply: Reply) -> None:
+async def _send(send: Send, reply: Reply) -> None:
     status, headers, body = reply
-    headers = [*headers, ("content-length", str(len(body))), *_SECURITY]
-    await send({"type": "http.response.start", "status": status, "headers": _encode(headers)})
-    await send({"type": "http.response.body", "body": body})
+    await send_response(send, status, encode_headers([*headers, ("content-length", str(len(body))), *_SECURITY]), body)
 
 
 _REASONS = {

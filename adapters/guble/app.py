@@ -16,6 +16,7 @@ guble's grammar (:mod:`.protocol`), its topics and its user spaces:
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import string
 import time
@@ -24,23 +25,15 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from shmbus.bus import Bus
-from shmbus.errors import InvalidChannel, InvalidMessage, PayloadTooLarge, ShmbusError
+from shmbus.errors import ShmbusError
 from shmbus.message import Message
 
-from ..asgi_support import Receive, Send, maybe_await
+from ..asgi_support import Receive, Scope, Send, fallback, maybe_await, relative_path
 from ..http import MAX_BODY_SIZE, ProtocolError
-from ..transports.hub import (
-    DEFAULT_MAX_BUFFER,
-    MAX_SUBSCRIPTIONS,
-    Identity,
-    Scope,
-    Sink,
-    check_channel,
-    fallback,
-    log,
-)
-from ..transports.hub import relative_path as _relative_path
-from ..transports.rest import AsgiRestPublish
+from ..transports.hub import DEFAULT_MAX_BUFFER, Sink
+from ..transports.identity import Identity
+from ..transports.rest import AsgiRestPublish, publish_or_refuse
+from ..transports.validation import MAX_SUBSCRIPTIONS, check_channel
 from ..transports.websocket import MAX_FRAME, WebSocketApp
 from .protocol import (
     BadRequest,
@@ -61,6 +54,8 @@ from .protocol import (
 )
 
 __all__ = ["GubleApp", "GubleRestPublish", "user_space_ids", "user_topic_owner"]
+
+log = logging.getLogger(__name__)
 
 CONNECTED_TEXT = "You are connected to the server."
 USER_SPACE = "/user/"
@@ -176,7 +171,7 @@ class GubleApp(WebSocketApp):
 
     # ------------------------------------------------------------------ the WebSocket shell's hooks
     def matches(self, scope: Scope) -> bool:
-        path = _relative_path(scope)
+        path = relative_path(scope)
         return path == self.path or path.startswith(self.path.rstrip("/") + "/")
 
     async def open_sink(self, identity: Identity, scope: Scope) -> Sink:
@@ -348,14 +343,7 @@ class GubleRestPublish(AsgiRestPublish):
         now = iso_time(time.time())
         data = message_data(user, new_application_id(), mid, now, header_json, text)
         owner = user_topic_owner(channel)
-        try:
-            seq = self.bus.publish(channel, data, user_ids=None if owner is None else user_space_ids(owner))
-        except PayloadTooLarge as exc:
-            raise ProtocolError(413, str(exc))
-        except (InvalidMessage, InvalidChannel, TypeError, ValueError) as exc:
-            raise ProtocolError(400, str(exc)[:300])
-        if seq is None:
-            raise ProtocolError(503, "the bus is off (publishing disabled)")
+        seq = publish_or_refuse(self.bus, channel, data, user_ids=None if owner is None else user_space_ids(owner))
         return json.dumps(
             {"sequenceId": str(seq), "path": channel, "publisherMessageId": mid, "messagePublishingTime": now}
         ).encode()

@@ -44,9 +44,7 @@ _TEXT = [("content-type", "text/plain; charset=utf-8")]
 #: A valid client id (route segment, ``?client_id=``); :data:`INVALID_CLIENT_ID` is the 400 reason otherwise.
 CLIENT_ID_RE = re.compile(rf"[A-Za-z0-9._~-]{{1,{MAX_CLIENT_ID_LENGTH}}}\Z")
 INVALID_CLIENT_ID = f"invalid client id (1-{MAX_CLIENT_ID_LENGTH} characters of A-Z a-z 0-9 . _ ~ -)"
-_INT_RE = re.compile(r"[ \t]*-?[0-9]{1,20}[ \t]*\Z")
 _STATUS_HEAD = b'{"global_id":-1,"message_id":-1,"channel":"/__status","data":'
-_OPTION_NAMES: frozenset[str]
 
 
 # ---------------------------------------------------------------------------------------------------- errors

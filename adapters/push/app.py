@@ -29,10 +29,10 @@ from urllib.parse import parse_qs
 
 from shmbus.errors import ShmbusError
 
-from ..asgi_support import Receive, Send
+from ..asgi_support import Receive, Scope, Send, fallback, read_body, relative_path, send_simple
 from ..http import ProtocolError
 from ..http.wire import status_line
-from ..transports.hub import Identity, LookupOptions, Scope, fallback, relative_path, send_simple
+from ..transports.identity import Identity, LookupOptions
 from .connector import PushConnector
 from .options import message_options
 from .subscriptions import default_endpoint_allowed, may_receive, parse_registration
@@ -163,7 +163,11 @@ def _content_length(value: Any) -> None:
         return
     if not str(value).isdigit():
         raise ProtocolError(400, "invalid Content-Length")
-    if int(value) > MAX_BODY:
+    _check_size(int(value))
+
+
+def _check_size(size: int) -> None:
+    if size > MAX_BODY:
         raise ProtocolError(413, f"body over {MAX_BODY} bytes")
 
 
@@ -185,7 +189,7 @@ class PushApp(_PushRoutes):
             _content_length(cl.decode("latin-1") if cl is not None else None)
             ctype = headers.get(b"content-type")
             _check_json_type(method, ctype.decode("latin-1") if ctype is not None else None)
-            body = await self._body(receive) if method in ("POST", "DELETE") else b""
+            body = await read_body(receive, _check_size) if method in ("POST", "DELETE") else b""
             who = await self.lookups.identity(scope, {})
             query = scope.get("query_string", b"").decode("latin-1")
             status, out = await asyncio.to_thread(self.answer, name, method, query, body, who)
@@ -193,21 +197,6 @@ class PushApp(_PushRoutes):
             await send_simple(send, exc.status, exc.reason.encode())
             return
         await send_simple(send, status, out, JSON_TYPE, [(b"cache-control", b"no-store")])
-
-    async def _body(self, receive: Receive) -> bytes:
-        parts: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise ProtocolError(400, "client disconnected before the body was complete")
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > MAX_BODY:
-                raise ProtocolError(413, f"body over {MAX_BODY} bytes")
-            parts.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(parts)
 
 
 class PushWSGIApp(_PushRoutes):

@@ -23,7 +23,7 @@ from shmbus.message import Message
 
 from ..http import ProtocolError
 from ..http.client import Client, Lookups, filter_allows
-from ..transports.hub import site_matches
+from ..transports.replay import site_matches
 
 __all__ = [
     "MAX_ENDPOINT",

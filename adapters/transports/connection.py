@@ -18,17 +18,18 @@ trusting the client. The apps hand a :class:`Connection` to their ``on_open(conn
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from shmbus.bus import Bus, Subscription
 from shmbus.errors import InvalidArgument, InvalidChannel
 from shmbus.message import Message
 
 from ..http import ProtocolError
-from .hub import PATTERN_KINDS, Sink, check_channel, check_pattern
+from .identity import Identity
+from .validation import PATTERN_KINDS, check_channel, check_pattern
 
-__all__ = ["Connection", "DataCallback"]
+__all__ = ["Connection", "ConnectionSink", "DataCallback"]
 
 #: ``callback(channel, data)``: the message's channel (the matching one, for a pattern) and its data.
 DataCallback = Callable[[str, Any], Any]
@@ -36,6 +37,34 @@ DataCallback = Callable[[str, Any], Any]
 Runner = Callable[[Callable[[], None]], None]
 
 _Key = tuple[str, str | None]  # (channel or pattern, None | "glob" | "prefix")
+
+
+class ConnectionSink(Protocol):
+    """What a :class:`Connection` needs of its transport's sink (:class:`~.hub.Sink` is the one there is): who the
+    client is, whether it still listens, its direct subscriptions and the targeting check. Written here, so this
+    module does not import the hub (which the transports' app joins to connections)."""
+
+    @property
+    def identity(self) -> Identity: ...
+    @property
+    def site(self) -> str | None: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def dropped(self) -> bool: ...
+    @property
+    def holding(self) -> bool: ...
+    @property
+    def channels(self) -> Mapping[str, int]: ...
+    @property
+    def patterns(self) -> Mapping[tuple[str, str], Any]: ...
+
+    def subscription_count(self) -> int: ...
+    def set_channel(self, channel: str, floor: int) -> None: ...
+    def drop_channel(self, channel: str) -> bool: ...
+    def add_pattern(self, pattern: str, kind: str, floor: int) -> None: ...
+    def drop_pattern(self, pattern: str, kind: str) -> bool: ...
+    def allowed(self, msg: Message) -> bool: ...
 
 
 def pattern_kind(pattern: bool | str) -> str | None:
@@ -59,7 +88,7 @@ class Connection:
     #: The draft's ``pubsub?``: the version of the pub/sub draft this object follows.
     pubsub_version = 0
 
-    def __init__(self, bus: Bus, sink: Sink, scope: Any, run: Runner, max_subscriptions: int) -> None:
+    def __init__(self, bus: Bus, sink: ConnectionSink, scope: Any, run: Runner, max_subscriptions: int) -> None:
         self.bus = bus
         self.scope = scope
         self._sink = sink

@@ -1,4 +1,5 @@
-"""Shared machinery of the SSE and WebSocket transports: live fan-out, resumable replay, request identity.
+"""The transports' live fan-out: one bus tap per process (:class:`Hub`), one :class:`SinkIndex` per event loop,
+one :class:`Sink` per connection.
 
 Why a separate hub (and not ``MessageBusMiddleware``'s registry): the transports need pattern subscriptions and
 per-connection subscription sets that change at run time (WebSocket), which the long-poll registry does not model.
@@ -12,227 +13,27 @@ message filters; site rules are the middleware's (``/global/`` channels reach ev
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable, MutableMapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from shmbus.bus import KEEPALIVE_CHANNEL, Bus
-from shmbus.channels import GLOBAL_PREFIX, RESERVED_PREFIX
+from shmbus.channels import RESERVED_PREFIX
 from shmbus.message import Message
 from shmbus.patterns import compile_pattern
 
-from ..asgi_support import Receive, Send, lifespan, maybe_await
-from ..http import Client, Lookups, MessageBusProtocol, ProtocolError
 from ..http.client import filter_allows
-from ..http.options import bus_or_default
-from ..http.request import check_channel as check_channel  # the transports' name for it
-from ..http.wire import CLIENT_ID_RE, INVALID_CLIENT_ID
 from ..looptap import LoopTap
+from .identity import Identity
+from .replay import site_matches
 
-if TYPE_CHECKING:
-    from .connection import Connection
-
-log = logging.getLogger("shmbus.adapters")
-
-Scope = MutableMapping[str, Any]
-Lookup = Callable[[Any], Any]
+log = logging.getLogger(__name__)
 
 #: Default bytes queued for one connection that is not reading before it is dropped.
 DEFAULT_MAX_BUFFER = 1 << 20
-#: Most subscriptions (channels + patterns) one connection may hold.
-MAX_SUBSCRIPTIONS = 200
-PATTERN_KINDS = ("prefix", "glob")
 
 
-# ---------------------------------------------------------------------------------------------------- input
-def check_pattern(pattern: Any, kind: str) -> str:
-    """Validate a pattern from a client (:func:`check_channel`'s rules, then :func:`shmbus.patterns.compile_pattern`
-    must accept it: no empty set ``[]``, no reversed range ``[z-a]``): a ProtocolError(400), never a crash."""
-    check_channel(pattern, "pattern")
-    if kind not in PATTERN_KINDS:
-        raise ProtocolError(400, f"pattern kind must be one of {list(PATTERN_KINDS)}, got {str(kind)[:20]!r}")
-    try:
-        compile_pattern(pattern, kind)
-    except ValueError as exc:
-        raise ProtocolError(400, str(exc)) from None
-    return pattern  # type: ignore[no-any-return]
-
-
-def check_client_id(value: Any) -> str | None:
-    if value is None or value == "":
-        return None
-    if not isinstance(value, str) or not CLIENT_ID_RE.match(value):
-        raise ProtocolError(400, INVALID_CLIENT_ID)
-    return value
-
-
-@dataclass
-class Identity:
-    """Who a connection is, for targeting: resolved once per connection with the middleware's lookups."""
-
-    client_id: str | None
-    lookups: Lookups
-
-    def checker(self, epoch: int) -> Client:
-        """A :class:`protocol.Client` used only for its ``allowed`` check (the middleware's targeting rules)."""
-        return Client(self.client_id or "", 0, self.lookups, (), True, epoch)
-
-
-@dataclass
-class LookupOptions:
-    """The middleware's lookups (same names and meaning), plus ``client_id_lookup`` (default: ``?client_id=``)."""
-
-    user_id_lookup: Lookup | None = None
-    group_ids_lookup: Lookup | None = None
-    site_id_lookup: Lookup | None = None
-    client_id_lookup: Lookup | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("user_id_lookup", "group_ids_lookup", "site_id_lookup", "client_id_lookup"):
-            v = getattr(self, name)
-            if v is not None and not callable(v):
-                raise TypeError(f"{name} must be callable, got {v!r}")
-
-    async def identity(self, scope: Scope, query: dict[str, list[str]]) -> Identity:
-        if self.client_id_lookup is not None:
-            cid = await maybe_await(self.client_id_lookup(scope))
-        else:
-            values = query.get("client_id")
-            cid = values[-1] if values else None
-        cid = check_client_id(cid if cid is None else str(cid))
-        lookups = MessageBusProtocol.lookups(
-            await maybe_await(self.user_id_lookup(scope)) if self.user_id_lookup else None,
-            await maybe_await(self.group_ids_lookup(scope)) if self.group_ids_lookup else None,
-            await maybe_await(self.site_id_lookup(scope)) if self.site_id_lookup else None,
-        )
-        return Identity(cid, lookups)
-
-    def identity_sync(self, environ: Any, query: dict[str, list[str]]) -> Identity:
-        """:meth:`identity` for WSGI: the lookups are called with the environ and must be plain functions."""
-
-        def call(lookup: Lookup | None) -> Any:
-            if lookup is None:
-                return None
-            value = lookup(environ)
-            if inspect.isawaitable(value):
-                if inspect.iscoroutine(value):
-                    value.close()
-                raise TypeError(f"{lookup!r} returned an awaitable: WSGI apps need plain (not async) lookups")
-            return value
-
-        if self.client_id_lookup is not None:
-            cid = call(self.client_id_lookup)
-        else:
-            values = query.get("client_id")
-            cid = values[-1] if values else None
-        cid = check_client_id(cid if cid is None else str(cid))
-        lookups = MessageBusProtocol.lookups(
-            call(self.user_id_lookup), call(self.group_ids_lookup), call(self.site_id_lookup)
-        )
-        return Identity(cid, lookups)
-
-
-# ---------------------------------------------------------------------------------------------------- ASGI bits
-def relative_path(scope: Scope) -> str:
-    """The path below ``root_path`` (as the middleware matches routes)."""
-    path: str = scope.get("path") or "/"
-    root = scope.get("root_path") or ""
-    if root and path.startswith(root):
-        path = path[len(root) :] or "/"
-    return path
-
-
-def header(scope: Scope, name: bytes) -> bytes | None:
-    for k, v in scope.get("headers") or ():
-        if k.lower() == name:
-            return bytes(v)
-    return None
-
-
-async def send_simple(
-    send: Send,
-    status: int,
-    body: bytes,
-    content_type: str = "text/plain; charset=utf-8",
-    extra: Iterable[tuple[bytes, bytes]] = (),
-) -> None:
-    headers = [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode()), *extra]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def fallback(app: Callable[..., Any] | None, scope: Scope, receive: Receive, send: Send) -> None:
-    """Hand a request that is not ours to the wrapped app (or answer 404 / complete the lifespan)."""
-    if app is not None:
-        await app(scope, receive, send)
-    elif scope["type"] == "lifespan":
-        await lifespan(receive, send)
-    elif scope["type"] == "http":
-        await send_simple(send, 404, b"not found")
-    elif scope["type"] == "websocket":
-        await send({"type": "websocket.close", "code": 1000})
-
-
-# ---------------------------------------------------------------------------------------------------- replay
-def site_matches(msg: Message, site: str | None) -> bool:
-    if msg.channel.startswith(GLOBAL_PREFIX):
-        return True
-    return msg.site_id == site
-
-
-@dataclass
-class Replay:
-    """Messages to replay (oldest first, by global id) and whether some the caller asked for are gone."""
-
-    messages: list[Message]
-    gap: bool
-    gap_channels: list[str]
-
-
-def replay_since(
-    bus: Bus,
-    channels: Iterable[str],
-    patterns: Iterable[tuple[str, str]],
-    site: str | None,
-    after_gid: int,
-    upto_gid: int,
-) -> Replay:
-    """Messages with ``after_gid < global_id <= upto_gid`` on ``channels`` or matching ``patterns``.
-
-    Exact channels are read from their own backlogs (they hold ``max_backlog_size`` messages each). A gap is
-    reported for a channel when it dropped messages (``first_available > 1``) and its oldest retained message is
-    newer than ``after_gid`` (conservative: the dropped ones may have been older than the client's position).
-    Patterns are read from the global backlog; a gap is reported when its window (``max_global_backlog_size``,
-    the ring) no longer reaches ``after_gid``.
-    """
-    out: dict[int, Message] = {}
-    gaps: list[str] = []
-    site_key = site or ""
-    for ch in channels:
-        backlog = bus.backlog(ch, 0, site_key)
-        for m in backlog:
-            if after_gid < m.global_id <= upto_gid:
-                out[m.global_id] = m
-        if backlog.first_available > 1 and (not backlog or backlog[0].global_id > after_gid + 1):
-            gaps.append(ch)
-    pats = [(p, compile_pattern(p, kind)) for p, kind in patterns]
-    if pats and upto_gid > after_gid:
-        floor = bus.segment.global_id() - bus.max_global_backlog_size
-        first = bus.segment.global_backlog(after_gid, limit=1)
-        if floor > after_gid or (first and first[0].global_id > after_gid + 1):
-            gaps.extend(p for p, _ in pats)
-        for m in bus.global_backlog(after_gid):
-            if m.global_id > upto_gid or m.global_id in out or m.channel.startswith(RESERVED_PREFIX):
-                continue
-            if site_matches(m, site) and any(match(m.channel) for _, match in pats):
-                out[m.global_id] = m
-    return Replay([out[g] for g in sorted(out)], bool(gaps), gaps)
-
-
-# ---------------------------------------------------------------------------------------------------- sinks
 class Sink:
     """One connection's subscriptions and outgoing buffer (lives on one event loop).
 
@@ -544,59 +345,3 @@ def _hand_to_loop(h: SinkIndex, msgs: list[Message]) -> None:
         h.loop.call_soon_threadsafe(h.dispatch, msgs)
     except RuntimeError:  # loop closed
         pass
-
-
-class TransportApp:
-    """What the SSE and WebSocket apps share: the bus (default :func:`shmbus.default_bus`), the wrapped app, the
-    route, the buffer and subscription limits, the lookups, this process's :class:`Hub` and the drop count."""
-
-    def __init__(
-        self,
-        app: Callable[..., Any] | None,
-        bus: Bus | None,
-        path: str,
-        max_buffer: int,
-        max_subscriptions: int,
-        lookups: dict[str, Any],
-        on_open: Callable[[Connection], Any] | None = None,
-        on_close: Callable[[Connection], Any] | None = None,
-    ) -> None:
-        for name, hook in (("on_open", on_open), ("on_close", on_close)):
-            if hook is not None and not callable(hook):
-                raise TypeError(f"{name} must be callable, got {hook!r}")
-        self.on_open = on_open
-        self.on_close = on_close
-        self.app = app
-        self.bus = bus = bus_or_default(bus)
-        self.path = path
-        self.max_buffer = max_buffer
-        self.max_subscriptions = max_subscriptions
-        self.lookups = LookupOptions(**lookups)
-        self.hub = Hub(bus)
-        self.dropped = 0  # connections dropped for not reading (this process)
-
-    def stats(self) -> dict[str, int]:
-        return {"connections": self.hub.connections(), "dropped": self.dropped}
-
-    def connection(self, sink: Sink, scope: Scope) -> Connection:
-        """The :class:`Connection` the hooks see; its changes run on the current event loop."""
-        from .connection import Connection
-
-        return Connection(self.bus, sink, scope, loop_runner(asyncio.get_running_loop()), self.max_subscriptions)
-
-    async def opened(self, conn: Connection) -> None:
-        """Run ``on_open(conn)`` (plain or async); its exceptions propagate (the transport refuses the client)."""
-        if self.on_open is not None:
-            await maybe_await(self.on_open(conn))
-
-    async def closed(self, conn: Connection) -> None:
-        """End the connection's subscriptions, then run ``on_close(conn)``; never raises."""
-        conn.close()
-        if self.on_close is not None:
-            try:
-                await maybe_await(self.on_close(conn))
-            except Exception:
-                log.exception("shmbus: on_close hook %r failed", self.on_close)
-
-    def close(self) -> None:
-        self.hub.close()

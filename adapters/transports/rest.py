@@ -25,10 +25,10 @@ from urllib.parse import parse_qs
 from shmbus.bus import Bus
 from shmbus.errors import InvalidChannel, InvalidMessage, PayloadTooLarge
 
-from ..asgi_support import Receive, Send, maybe_await
+from ..asgi_support import Receive, Scope, Send, fallback, maybe_await, read_body, relative_path, send_simple
 from ..http import MAX_BODY_SIZE, MAX_CLIENT_ID_LENGTH, ProtocolError
 from ..http.wire import status_line
-from .hub import Scope, check_channel, fallback, relative_path, send_simple
+from .validation import check_channel
 
 __all__ = ["AsgiRestPublish", "PublishRequest", "WsgiRestPublish", "parse_publish"]
 
@@ -121,22 +121,30 @@ def parse_publish(channel: str, query: str, content_type: str | None, body: byte
 
 def publish(bus: Bus, req: PublishRequest) -> bytes:
     """Publish and return the JSON answer; bus refusals become 4xx/503."""
+    mid = publish_or_refuse(
+        bus,
+        req.channel,
+        req.data,
+        user_ids=req.user_ids,
+        group_ids=req.group_ids,
+        client_ids=req.client_ids,
+        site_id=req.site_id,
+    )
+    return json.dumps({"channel": req.channel, "message_id": mid}).encode()
+
+
+def publish_or_refuse(bus: Bus, channel: str, data: Any, **options: Any) -> int:
+    """``bus.publish`` for an HTTP client: the bus's refusals become a ProtocolError (413 too large, 400 bad
+    channel or message, 503 when the bus is off), never a 500."""
     try:
-        mid = bus.publish(
-            req.channel,
-            req.data,
-            user_ids=req.user_ids,
-            group_ids=req.group_ids,
-            client_ids=req.client_ids,
-            site_id=req.site_id,
-        )
+        mid = bus.publish(channel, data, **options)
     except PayloadTooLarge as exc:
         raise ProtocolError(413, str(exc))
     except (InvalidMessage, InvalidChannel, TypeError, ValueError) as exc:
         raise ProtocolError(400, str(exc)[:300])
     if mid is None:
         raise ProtocolError(503, "the bus is off (publishing disabled)")
-    return json.dumps({"channel": req.channel, "message_id": mid}).encode()
+    return mid
 
 
 def _check_authorize(authorize: Any) -> None:
@@ -225,7 +233,7 @@ class AsgiRestPublish(_RestPublish):
             headers = {k.lower(): v for k, v in scope.get("headers") or ()}
             cl = headers.get(b"content-length")
             self.check_length(cl.decode("latin-1") if cl is not None else None)
-            body = await self._body(receive)
+            body = await read_body(receive, self.check_size)
             ctype = headers.get(b"content-type")
             answer = self.answer(
                 channel,
@@ -238,19 +246,6 @@ class AsgiRestPublish(_RestPublish):
             await send_simple(send, exc.status, exc.reason.encode())
             return
         await send_simple(send, 200, answer, JSON_TYPE)
-
-    async def _body(self, receive: Receive) -> bytes:
-        parts, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise ProtocolError(400, "client disconnected before the body was complete")
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            self.check_size(size)
-            parts.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(parts)
 
 
 class WsgiRestPublish(_RestPublish):

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,26 +37,17 @@ from urllib.parse import parse_qs
 from shmbus.bus import Bus
 from shmbus.message import Message
 
-from ..asgi_support import Receive, Send, until_disconnect
+from ..asgi_support import Receive, Scope, Send, fallback, header, relative_path, send_simple, until_disconnect
 from ..http import ProtocolError, encode_message
+from .app import TransportApp
 from .connection import Connection
-from .hub import (
-    DEFAULT_MAX_BUFFER,
-    MAX_SUBSCRIPTIONS,
-    Scope,
-    Sink,
-    TransportApp,
-    check_channel,
-    check_pattern,
-    fallback,
-    header,
-    log,
-    relative_path,
-    replay_since,
-    send_simple,
-)
+from .hub import DEFAULT_MAX_BUFFER, Sink
+from .replay import replay_since
+from .validation import MAX_SUBSCRIPTIONS, check_channel, check_pattern
 
 __all__ = ["SSEApp", "StreamRequest", "format_event", "parse_event_id", "parse_request"]
+
+log = logging.getLogger(__name__)
 
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),

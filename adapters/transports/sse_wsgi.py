@@ -37,7 +37,8 @@ from ..http.options import bus_or_default
 from ..http.wire import status_line
 from ..wsgi import PEER_CHECK_INTERVAL, gevent_active, peer_closed, server_threads
 from .connection import Connection
-from .hub import DEFAULT_MAX_BUFFER, MAX_SUBSCRIPTIONS, LookupOptions, Sink, SinkIndex
+from .hub import DEFAULT_MAX_BUFFER, Sink, SinkIndex
+from .identity import LookupOptions
 from .sse import (
     KEEPALIVE,
     SSE_HEADERS,
@@ -47,10 +48,11 @@ from .sse import (
     parse_request,
     start_open,
 )
+from .validation import MAX_SUBSCRIPTIONS
 
 __all__ = ["SSEWSGIApp"]
 
-log = logging.getLogger("shmbus.adapters")
+log = logging.getLogger(__name__)
 
 Environ = dict[str, Any]
 StartResponse = Callable[..., Any]

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs
@@ -35,26 +36,18 @@ from urllib.parse import parse_qs
 from shmbus.bus import Bus
 from shmbus.errors import ShmbusError
 
-from ..asgi_support import Receive, Send, maybe_await
+from ..asgi_support import Receive, Scope, Send, fallback, maybe_await, relative_path
 from ..http import MAX_ID, ProtocolError, encode_message
+from .app import TransportApp
 from .connection import Connection
-from .hub import (
-    DEFAULT_MAX_BUFFER,
-    MAX_SUBSCRIPTIONS,
-    PATTERN_KINDS,
-    Identity,
-    Scope,
-    Sink,
-    TransportApp,
-    check_channel,
-    check_pattern,
-    fallback,
-    log,
-    relative_path,
-    replay_since,
-)
+from .hub import DEFAULT_MAX_BUFFER, Sink
+from .identity import Identity
+from .replay import replay_since
+from .validation import MAX_SUBSCRIPTIONS, PATTERN_KINDS, check_channel, check_pattern
 
 __all__ = ["WebSocketApp"]
+
+log = logging.getLogger(__name__)
 
 #: Largest incoming message (characters/bytes): larger closes the socket with 1009. The server must apply it too,
 #: when it reads a frame's length (uvicorn's ``--ws-max-size``, set by shmbus's UvicornWorker): otherwise it buffers

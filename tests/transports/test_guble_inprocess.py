@@ -14,7 +14,8 @@ from transport_util import Recorder, drive, http_scope
 from shmbus import Bus
 from shmbus.adapters.guble import GubleApp
 from shmbus.adapters.http import MessageBusProtocol
-from shmbus.adapters.transports.hub import Identity, Sink
+from shmbus.adapters.transports.hub import Sink
+from shmbus.adapters.transports.identity import Identity
 from shmbus.adapters.transports.sse import SSEApp
 from shmbus.adapters.wsgi import MessageBusMiddleware
 

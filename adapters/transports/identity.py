@@ -1,0 +1,82 @@
+"""Who a transport connection is, for targeting: the middleware's lookups (same names and meaning) resolved once
+per connection, from the ASGI scope (:meth:`LookupOptions.identity`) or the WSGI environ
+(:meth:`LookupOptions.identity_sync`)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..asgi_support import Scope, maybe_await
+from ..http import Client, Lookups, MessageBusProtocol
+from .validation import check_client_id
+
+Lookup = Callable[[Any], Any]
+
+
+@dataclass
+class Identity:
+    """Who a connection is, for targeting: resolved once per connection with the middleware's lookups."""
+
+    client_id: str | None
+    lookups: Lookups
+
+    def checker(self, epoch: int) -> Client:
+        """A :class:`protocol.Client` used only for its ``allowed`` check (the middleware's targeting rules)."""
+        return Client(self.client_id or "", 0, self.lookups, (), True, epoch)
+
+
+@dataclass
+class LookupOptions:
+    """The middleware's lookups (same names and meaning), plus ``client_id_lookup`` (default: ``?client_id=``)."""
+
+    user_id_lookup: Lookup | None = None
+    group_ids_lookup: Lookup | None = None
+    site_id_lookup: Lookup | None = None
+    client_id_lookup: Lookup | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("user_id_lookup", "group_ids_lookup", "site_id_lookup", "client_id_lookup"):
+            v = getattr(self, name)
+            if v is not None and not callable(v):
+                raise TypeError(f"{name} must be callable, got {v!r}")
+
+    async def identity(self, scope: Scope, query: dict[str, list[str]]) -> Identity:
+        if self.client_id_lookup is not None:
+            cid = await maybe_await(self.client_id_lookup(scope))
+        else:
+            values = query.get("client_id")
+            cid = values[-1] if values else None
+        cid = check_client_id(cid if cid is None else str(cid))
+        lookups = MessageBusProtocol.lookups(
+            await maybe_await(self.user_id_lookup(scope)) if self.user_id_lookup else None,
+            await maybe_await(self.group_ids_lookup(scope)) if self.group_ids_lookup else None,
+            await maybe_await(self.site_id_lookup(scope)) if self.site_id_lookup else None,
+        )
+        return Identity(cid, lookups)
+
+    def identity_sync(self, environ: Any, query: dict[str, list[str]]) -> Identity:
+        """:meth:`identity` for WSGI: the lookups are called with the environ and must be plain functions."""
+
+        def call(lookup: Lookup | None) -> Any:
+            if lookup is None:
+                return None
+            value = lookup(environ)
+            if inspect.isawaitable(value):
+                if inspect.iscoroutine(value):
+                    value.close()
+                raise TypeError(f"{lookup!r} returned an awaitable: WSGI apps need plain (not async) lookups")
+            return value
+
+        if self.client_id_lookup is not None:
+            cid = call(self.client_id_lookup)
+        else:
+            values = query.get("client_id")
+            cid = values[-1] if values else None
+        cid = check_client_id(cid if cid is None else str(cid))
+        lookups = MessageBusProtocol.lookups(
+            call(self.user_id_lookup), call(self.group_ids_lookup), call(self.site_id_lookup)
+        )
+        return Identity(cid, lookups)
