@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import spark_problem
 from harness import skip_or_fail
+from harness.spark import spark_problem
 
 from shmbus import Bus
 

@@ -12,13 +12,13 @@ import base64
 import os
 import socket
 import struct
+from pathlib import Path
 from typing import Any
-
-from conftest import APP_DIR
 
 from shmbus import Bus
 
 HUGE = 16 << 20
+APP_DIR = Path(__file__).resolve().parent  # not "from conftest import": other folders have a conftest too
 
 
 def _handshake(port: int) -> tuple[socket.socket, bytes]:
