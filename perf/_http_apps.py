@@ -114,9 +114,32 @@ async def _publish_view(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"sent"})
 
 
+def _profile_on_signal(prefix: str) -> None:
+    """``SHMBUS_BENCH_CPROFILE=PREFIX``: SIGUSR2 starts cProfile on this worker's loop thread, the next SIGUSR2
+    stops it and writes PREFIX.<pid> (pstats); the bench sends them around the measured window."""
+    import cProfile
+    import signal
+    import time
+
+    prof = cProfile.Profile(time.thread_time)  # CPU time of the loop thread: wall time counts preemption
+    state = {"on": False}
+
+    def toggle(*_: Any) -> None:
+        if not state["on"]:
+            state["on"] = True
+            prof.enable()
+        else:
+            prof.disable()
+            prof.dump_stats(f"{prefix}.{os.getpid()}")
+
+    signal.signal(signal.SIGUSR2, toggle)
+
+
 def _ordinary() -> Any:
     app = _mb.get("ordinary")
     if app is None:
+        if os.environ.get("SHMBUS_BENCH_CPROFILE"):
+            _profile_on_signal(os.environ["SHMBUS_BENCH_CPROFILE"])
         from shmbus.adapters.asgi import MessageBusMiddleware
 
         app = _mb["ordinary"] = MessageBusMiddleware(

@@ -394,6 +394,8 @@ def scenario(
     if batch_window is not None:
         opts["batch_window"] = batch_window
     env = {"SHMBUS_LOAD_BUS": name, "SHMBUS_LOAD_OPTS": json.dumps(opts), "SHMBUS_THREADS": "1100"}
+    if strace.startswith("cprofile:"):
+        env["SHMBUS_BENCH_CPROFILE"] = strace[9:]
     server: Any
     if server_kind == "gem":
         server = load.Puma(max_active=clients + 1000, nofile=clients * 2 + 1000, broadcast=publish == "broadcast")
@@ -456,13 +458,37 @@ def scenario(
         for _ in range(loaders + publishers):
             if not os.read(ready_r, 1):
                 raise RuntimeError("a client or publisher process died before it was ready")
-        server_pids = [server.proc.pid, *server.worker_pids()]
-        tracer = None
-        if strace:  # count the workers' system calls while the messages flow (a profile of the write pattern)
+        server_pids = sorted({server.proc.pid, *server.worker_pids()})  # puma: one process, both
+        tracers: list[Any] = []
+        if strace.startswith("cprofile:"):  # the ordinary app's workers profile themselves between two SIGUSR2
+            for pid in server.worker_pids():
+                os.kill(pid, signal.SIGUSR2)
+        elif strace.startswith("py-spy:"):  # sample each worker's Python stacks: PREFIX.<pid> (raw, for flamegraphs)
+            import subprocess
+
+            for pid in server.worker_pids():
+                out = f"{strace[7:]}.{pid}"
+                spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
+                argv = [
+                    spy if os.path.exists(spy) else "py-spy",
+                    "record",
+                    "-p",
+                    str(pid),
+                    "-r",
+                    "250",
+                    "-f",
+                    "raw",
+                    "--nonblocking",
+                    "-o",
+                    out,
+                ]
+                tracers.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            time.sleep(1.0)
+        elif strace:  # count the workers' system calls while the messages flow (a profile of the write pattern)
             import subprocess
 
             pid_args = [a for pid in server.worker_pids() for a in ("-p", str(pid))]
-            tracer = subprocess.Popen(["strace", "-c", "-f", "-o", strace, *pid_args], stderr=subprocess.DEVNULL)
+            tracers.append(subprocess.Popen(["strace", "-c", "-f", "-o", strace, *pid_args], stderr=subprocess.DEVNULL))
             time.sleep(1.0)
         cpu0 = cpu_seconds(server_pids)
         pub_cpu0 = cpu_seconds(kids[loaders:])
@@ -477,7 +503,11 @@ def scenario(
             results.append(json.loads(data))
         wall = time.perf_counter() - t0
         cpu1 = cpu_seconds(server_pids)
-        if tracer is not None:
+        if strace.startswith("cprofile:"):
+            for pid in server.worker_pids():
+                os.kill(pid, signal.SIGUSR2)
+            time.sleep(1.0)
+        for tracer in tracers:
             tracer.send_signal(signal.SIGINT)
             tracer.wait(10)
         pub_cpu1 = cpu_seconds(kids[loaders:])
@@ -533,7 +563,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument(
             "--strace",
             default="",
-            help="write the workers' system call counts (strace -c) to this path; CPU figures then include tracing",
+            help="write the workers' system call counts (strace -c) to this path, or with py-spy:PREFIX their sampled "
+            "Python stacks to PREFIX.<pid>, or with cprofile:PREFIX (--app ordinary) the workers' cProfile there; "
+            "CPU figures then include tracing",
         )
         p.add_argument(
             "--modes",
@@ -677,6 +709,7 @@ def ordinary_main(args: Any, report: c.Report) -> int:
                         publishers=1 if rate else 4,
                         sample_every=10 if rate else 1000000,
                         batch_window=args.batch_window,
+                        strace=args.strace if kind != "gem" else "",
                         app_kind="ordinary",
                         publish=pub,
                         group=group,
