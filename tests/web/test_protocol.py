@@ -764,3 +764,33 @@ def test_options_validation() -> None:
         P.Options(long_polling_interval=0)
     assert P.normalize_base_route("my/base/route") == "/my/base/route/"
     assert P.normalize_base_route("//my///base/route") == "/my/base/route/"
+
+
+def test_batch_window_stretches_to_the_last_dispatch_and_back(bus: Bus) -> None:
+    """After a dispatch that took longer than ``batch_window`` the next batches are gathered for as long (at most
+    WINDOW_STRETCH windows); a quick dispatch restores the window; ``batch_window=0`` never waits."""
+    import asyncio
+
+    from shmbus.adapters.asgi import WINDOW_STRETCH, _LoopEngine
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        eng = _LoopEngine(bus, P.Options(batch_window=0.002), loop)
+        took = [0.0]
+        eng.proto.dispatch_batches = lambda batches: time.sleep(took[0])  # type: ignore[method-assign]
+        assert eng.wait == 0.002
+        took[0] = 0.008
+        eng.drain()
+        assert 0.0075 <= eng.wait <= 0.002 * WINDOW_STRETCH
+        took[0] = 0.05
+        eng.drain()
+        assert eng.wait == 0.002 * WINDOW_STRETCH
+        took[0] = 0.0
+        eng.drain()
+        assert eng.wait < 0.002 * WINDOW_STRETCH  # back to the window (or to what a preempted dispatch took)
+        zero = _LoopEngine(bus, P.Options(batch_window=0), loop)
+        zero.proto.dispatch_batches = lambda batches: time.sleep(0.005)  # type: ignore[method-assign]
+        zero.drain()
+        assert zero.wait == 0
+
+    asyncio.run(main())
