@@ -305,9 +305,9 @@ def publisher_process(
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock
 
-    sock = connect()
     os.write(ready_fd, b"p")
     os.read(go_fd, 1)
+    sock = connect()  # after "go": an idle connection opened earlier may pass the server's keep-alive timeout
     t0 = time.monotonic()
     head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-www-form-urlencoded\r\n".encode()
     for n in range(count):
@@ -511,6 +511,11 @@ def scenario(
             tracer.send_signal(signal.SIGINT)
             tracer.wait(10)
         pub_cpu1 = cpu_seconds(kids[loaders:])
+        for pid in kids[loaders:]:  # a publisher that failed (exit status != 0) explains missing deliveries
+            with contextlib.suppress(ChildProcessError):
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done and os.waitstatus_to_exitcode(status) != 0:
+                    raise RuntimeError(f"a publisher exited with {os.waitstatus_to_exitcode(status)}")
         for r in results:
             if "error" in r:
                 raise RuntimeError(f"load generator failed: {r['error']}")
