@@ -348,7 +348,7 @@ def run(kind: str, streams: int, duration: float, sample_every: int, settle: flo
         parked = failed = 0
         why: list[str] = []
         for fd in outs:
-            line = json.loads(read_line(fd, 120 + streams / 100))
+            line = json.loads(read_line(fd, 60 + streams / 200))
             if "error" in line:
                 raise RuntimeError(f"loader failed: {line['error']}")
             parked += line["parked"]

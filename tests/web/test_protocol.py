@@ -794,3 +794,11 @@ def test_batch_window_stretches_to_the_last_dispatch_and_back(bus: Bus) -> None:
         assert zero.wait == 0
 
     asyncio.run(main())
+
+
+def test_equal_group_sets_are_one_object() -> None:
+    """Parked clients with the same groups share one frozenset (memory per stream)."""
+    a = P.MessageBusProtocol.lookups(1, [3, 4], None)
+    b = P.MessageBusProtocol.lookups(2, (4, 3), None)
+    assert a.group_ids == b.group_ids == frozenset({3, 4}) and a.group_ids is b.group_ids
+    assert P.MessageBusProtocol.lookups(3, "7", None).group_ids == frozenset({"7"})
