@@ -549,7 +549,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "its bus through PostgreSQL (its memory backend is per process), whose own CPU is not counted"
     )
     report.emit()
-    return 0
+    # shmbus failing, or losing or duplicating a message, is an error (a slow figure never is); the others are figures
+    shmbus_bad = "shmbus" in kinds and (
+        "shmbus" not in got or any(r["lost"] or r["duplicated"] or r["lost_streams"] for r in got["shmbus"])
+    )
+    return 1 if shmbus_bad else 0
 
 
 def knee(report: c.Report, start: int, cap: int, duration: float, sample_every: int) -> None:
