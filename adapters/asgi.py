@@ -162,7 +162,7 @@ class MessageBusMiddleware:
         self.bus = bus = bus_or_default(bus)
         self.options = Options.from_kwargs(options)
         self._loops: LoopTap[_LoopEngine] = LoopTap(
-            bus, lambda loop: _LoopEngine(self.bus, self.options, loop), _queue_batch
+            bus, lambda loop: _LoopEngine(self.bus, self.options, loop), _queue_batch, self.options.batch_window
         )
 
     # ------------------------------------------------------------------ plumbing

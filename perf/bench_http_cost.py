@@ -550,7 +550,12 @@ def scenario(
 def main(argv: Sequence[str] | None = None) -> int:
     def extra(p: Any) -> None:
         p.add_argument("--servers", default="lean,uvicorn,gthread", help="comma-separated: lean, uvicorn, gthread")
-        p.add_argument("--scenarios", default="burstA,burstB,paced", help="comma-separated: burstA, burstB, paced")
+        p.add_argument(
+            "--scenarios",
+            default="",
+            help="comma-separated: burstA, burstB, paced (default: all); --app ordinary also small, large (the "
+            "marginal cost)",
+        )
         p.add_argument(
             "--app",
             default="bus",
@@ -594,7 +599,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "paced": (300, 40, 20.0) if quick else (1000, 100, 20.0),
     }
     servers = [s for s in args.servers.split(",") if s]
-    scenarios = [s for s in args.scenarios.split(",") if s]
+    scenarios = [s for s in (args.scenarios or "burstA,burstB,paced").split(",") if s]
     repeats = args.repeats or 1
     report.published(
         "gem burst A, s/1M deliveries",
@@ -690,7 +695,7 @@ def ordinary_main(args: Any, report: c.Report) -> int:
         servers.remove("gem")
     publishes = [p for p in args.publish.split(",") if p]
     default_sc = "burstA,burstB,small,large,paced"
-    scenarios = [x for x in (args.scenarios if args.scenarios != "burstA,burstB,paced" else default_sc).split(",") if x]
+    scenarios = [x for x in (args.scenarios or default_sc).split(",") if x]
     group = None if args.group == "none" else int(args.group)
     repeats = args.repeats or 1
     cpu: dict[str, list[float]] = {}
