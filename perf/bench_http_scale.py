@@ -557,23 +557,33 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def knee(report: c.Report, start: int, cap: int, duration: float, sample_every: int) -> None:
-    """Raise N (x1.25) from ``start`` until shmbus's broadcast p99 passes 1 s or streams fail; print the largest
-    N that held (``cap``: the 2 workers' file limits)."""
-    best, n = 0, start
-    while n <= cap:
+    """The largest N (within x1.25) where shmbus's broadcast p99 stays <= 1 s with every delivery made: from
+    ``start`` up by x1.25 while it holds (``cap``: the 2 workers' file limits), or down by halves while it does
+    not (not below 1,000); each step is a fresh server and fresh clients."""
+
+    def holds(n: int) -> bool:
         try:
             r = run("shmbus", n, duration, max(sample_every, n // 500))
         except Exception as exc:
             report.log(f"knee: {n:,} streams FAILED: {exc!r}")
-            break
+            return False
         report.log("knee: " + describe(r))
-        if not clean(r) or not r["b_p99"] <= 1000.0:
-            break
+        return clean(r) and r["b_p99"] <= 1000.0
+
+    best, n = 0, start
+    if holds(n):
         best = n
-        if n == cap:
-            break
-        n = min(cap, int(n * 1.25))
-    report.note(f"knee: the largest N with broadcast p99 <= 1 s and every delivery made: {best:,} (cap {cap:,})")
+        while n < cap:
+            n = min(cap, int(n * 1.25))
+            if not holds(n):
+                break
+            best = n
+    else:
+        while n > 1000 and not best:
+            n = max(1000, n // 2)
+            if holds(n):
+                best = n
+    report.note(f"knee: the largest N tried with broadcast p99 <= 1 s and every delivery made: {best:,} (cap {cap:,})")
     report.add("shmbus knee: streams with p99 <= 1 s", [float(best)], "streams", higher_is_better=True)
 
 
