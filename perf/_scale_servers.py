@@ -67,15 +67,13 @@ class ShmbusServer:
 
     name = "shmbus"
 
-    def __init__(self, bus_name: str, streams: int, interval: float, profile: str = "") -> None:
+    def __init__(self, bus_name: str, streams: int, interval: float) -> None:
         import json
 
         import _http_apps as apps
 
         opts = {"max_active_clients": streams + 1000, "long_polling_interval": interval}
         env = {"SHMBUS_LOAD_BUS": bus_name, "SHMBUS_LOAD_OPTS": json.dumps(opts)}
-        if profile:  # cProfile of each worker between two SIGUSR2 (see _http_apps)
-            env["SHMBUS_BENCH_CPROFILE"] = profile
         self.tmp = tempfile.mkdtemp(prefix="shmbus-scale-")
         conf = os.path.join(self.tmp, "gunicorn.conf.py")
         with open(conf, "w") as f:  # each worker may hold every stream (the accept balance is the kernel's)

@@ -311,13 +311,10 @@ def read_line(fd: int, timeout: float) -> bytes:
     return data
 
 
-PROFILE = {"prefix": ""}  # --profile: cProfile the shmbus workers over the publishing window
-
-
 def start(kind: str, streams: int, interval: float) -> tuple[Any, Bus | None]:
     if kind == "shmbus":
         bus = Bus(c.unique_name("scale"), keepalive_interval=0)
-        return servers.ShmbusServer(bus.name, streams, interval, PROFILE["prefix"]), bus
+        return servers.ShmbusServer(bus.name, streams, interval), bus
     if kind == "gem":
         return servers.GemCluster(streams, interval), None
     return servers.Nchan(streams, interval), None
@@ -363,10 +360,6 @@ def run(kind: str, streams: int, duration: float, sample_every: int, settle: flo
         held_rss = rss_kb(pids)
         go_r, go_w = os.pipe()
         pub_r, pub_w = os.pipe()
-        profiling = kind == "shmbus" and PROFILE["prefix"]
-        if profiling:
-            for pid in server.server.worker_pids():  # never the master (SIGUSR2 re-executes gunicorn)
-                os.kill(pid, signal.SIGUSR2)
         cpu0 = cpu_seconds(pids)
         t0 = time.monotonic()
         kids.append(fork(publisher_main, server, duration, 27, go_r, pub_w))
@@ -378,9 +371,6 @@ def run(kind: str, streams: int, duration: float, sample_every: int, settle: flo
         time.sleep(settle)
         cpu1 = cpu_seconds(pids)
         wall = time.monotonic() - t0
-        if profiling:
-            for pid in server.server.worker_pids():  # never the master (SIGUSR2 re-executes gunicorn)
-                os.kill(pid, signal.SIGUSR2)
         os.write(ctl_w, b"r" * loaders)
         results = [json.loads(read_all(fd)) for fd in outs]
         for r in results:
@@ -476,13 +466,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--duration", type=float, default=0, help="seconds of publishing (20; --quick 10; --full 60)")
         p.add_argument("--servers", default="shmbus,gem,nchan", help="comma-separated: shmbus, gem, nchan")
         p.add_argument("--knee", action="store_true", help="search the largest N with broadcast p99 <= 1 s")
-        p.add_argument("--profile", default="", help="cProfile the shmbus workers: PREFIX.<pid> (pstats)")
         p.add_argument("--knee-max", type=int, default=38000, help="stop the knee search there (file limits)")
 
     args = c.parse_args(__doc__.split("\n")[0], argv, extra)
     load.exit_on_sigterm()
     load.raise_nofile(20000)
-    PROFILE["prefix"] = args.profile
     streams = args.streams or (500 if args.quick else 20000 if args.full else 2000)
     duration = args.duration or (10.0 if args.quick else 60.0 if args.full else 20.0)
     report = c.Report("bench_http_scale", f"{streams:,} chunked streams, 1 broadcast/s + 50 chat msgs/s", args)
