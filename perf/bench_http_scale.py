@@ -8,8 +8,9 @@ second and 50 chat messages per second to random rooms, through the app's own ``
 its ``/pub/<channel>`` publisher location). Figures, per server:
 
 * delivery latency (publish to receipt) p50 / p99 / max, broadcast and chat apart, from sampled streams;
-* server CPU per second and per delivery (every server process, from /proc, over the publishing window and the
-  settling time after it); RSS per stream (every server process's RSS with the streams held, minus before);
+* server CPU per second and per delivery (every server process, from /proc, from the first publish until the
+  last delivery, at most 30 s after the last publish); RSS per stream (every server process's RSS with the
+  streams held, minus before);
 * every delivery checked: each stream counts its broadcast and chat messages (``bytes.count`` of a marker in the
   message data: no JSON is decoded) and must have exactly what was published to its channels; lost, duplicated,
   refused and dropped streams are counted.
@@ -190,7 +191,8 @@ async def hold(
 
     await asyncio.gather(*(one(i) for i in range(first, first + count)))
     os.write(out, (json.dumps({"parked": len(streams), "failed": len(failed), "why": failed[:3]}) + "\n").encode())
-    await loop.run_in_executor(None, os.read, ctl, 1)  # the parent says: report
+    while (await loop.run_in_executor(None, os.read, ctl, 1)) == b"p":  # progress, until "report"
+        os.write(out, (json.dumps({"count": sum(s.b + s.c for s in streams)}) + "\n").encode())
     res = {
         "rooms": [s.index % ROOMS for s in streams],
         "b": [s.b for s in streams],
@@ -320,27 +322,32 @@ def start(kind: str, streams: int, interval: float) -> tuple[Any, Bus | None]:
     return servers.Nchan(streams, interval), None
 
 
-def run(kind: str, streams: int, duration: float, sample_every: int, settle: float = 3.0) -> dict[str, Any]:
-    """Hold ``streams`` streams on server ``kind``, publish for ``duration`` s, check every delivery."""
+def run(kind: str, streams: int, duration: float, sample_every: int, settle: float = 30.0) -> dict[str, Any]:
+    """Hold ``streams`` streams on server ``kind``, publish for ``duration`` s, check every delivery.
+
+    After the last publish the streams get up to ``settle`` seconds to receive what is still on its way: until
+    their total count stops growing for a second (a late message is late, not lost; what never arrives is)."""
     interval = duration + 120  # no stream ends (and re-polls) while we measure
     server, bus = start(kind, streams, interval)
     kids: list[int] = []
-    ctl_w = -1
+    ctls: list[int] = []
     try:
         pids = server.pids()
         idle_rss = rss_kb(pids)
-        ctl_r, ctl_w = os.pipe()
         outs = []
         loaders = max(2, min(LOADERS, -(-streams // 5000)))
         per = -(-streams // loaders)
         wire = "nchan" if kind == "nchan" else "mb"
         for k in range(loaders):
             out_r, out_w = os.pipe()
+            ctl_r, ctl_w = os.pipe()
             first, count = k * per, min(per, streams - k * per)
             src = f"127.0.0.{2 + k}"
             kids.append(fork(loader_main, server.port, wire, first, count, sample_every, src, ctl_r, out_w))
             os.close(out_w)
+            os.close(ctl_r)
             outs.append(out_r)
+            ctls.append(ctl_w)
         t_connect = time.monotonic()
         parked = failed = 0
         why: list[str] = []
@@ -368,10 +375,22 @@ def run(kind: str, streams: int, duration: float, sample_every: int, settle: flo
         pub = json.loads(read_all(pub_r))
         if "error" in pub:
             raise RuntimeError(f"publisher failed: {pub['error']}")
-        time.sleep(settle)
+        published_at = time.monotonic()
+        last = -1
+        while time.monotonic() < published_at + settle:
+            time.sleep(1.0)
+            total = 0
+            for ctl, fd in zip(ctls, outs, strict=True):
+                os.write(ctl, b"p")
+                total += json.loads(read_line(fd, 30))["count"]
+            if total == last:
+                break
+            last = total
+        drain_s = time.monotonic() - published_at - 1.0  # the last second saw nothing new
         cpu1 = cpu_seconds(pids)
         wall = time.monotonic() - t0
-        os.write(ctl_w, b"r" * loaders)
+        for ctl in ctls:
+            os.write(ctl, b"r")
         results = [json.loads(read_all(fd)) for fd in outs]
         for r in results:
             if "error" in r:
@@ -403,6 +422,7 @@ def run(kind: str, streams: int, duration: float, sample_every: int, settle: flo
             "published": pub["bcast"] + sum(pub["rooms"]),
             "publish_errors": pub["errors"],
             "publisher_late_s": pub["late"],
+            "drain_s": drain_s,
             "deliveries": deliveries,
             "expected": expected,
             "lost": lost,
@@ -426,8 +446,9 @@ def run(kind: str, streams: int, duration: float, sample_every: int, settle: flo
                 os.kill(pid, signal.SIGKILL)
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
-        if ctl_w >= 0:
-            os.close(ctl_w)
+        for ctl in ctls:
+            with contextlib.suppress(OSError):
+                os.close(ctl)
         server.stop()
         if bus is not None:
             bus.destroy()
@@ -447,7 +468,8 @@ def describe(r: dict[str, Any]) -> str:
         f"{r['server']} {r['parked']:,}/{r['streams']:,} streams held (connected in {r['connect_s']:.1f} s), "
         f"{r['deliveries']:,}/{r['expected']:,} deliveries, lost {r['lost']}, duplicated {r['duplicated']}, "
         f"failed streams {r['failed']}, closed {r['lost_streams']}, ended {r['ended_streams']}, "
-        f"publish errors {r['publish_errors']} (publisher late by up to {r['publisher_late_s'] * 1e3:.0f} ms); "
+        f"publish errors {r['publish_errors']} (publisher late by up to {r['publisher_late_s'] * 1e3:.0f} ms, "
+        f"all in within {r['drain_s']:.0f} s of the last publish, 1 s resolution); "
         f"broadcast p50 {r['b_p50']:.1f} p99 {r['b_p99']:.1f} max {r['b_max']:.1f} ms, chat p50 {r['c_p50']:.1f} "
         f"p99 {r['c_p99']:.1f} max {r['c_max']:.1f} ms; server CPU {r['cpu_per_s']:.2f} s/s, "
         f"{r['us_per_delivery']:.1f} us/delivery; RSS {r['rss_mb']:.0f} MB, {r['rss_kb_per_stream']:.2f} KB/stream"
@@ -533,7 +555,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         knee(report, streams, args.knee_max, min(duration, 20.0), sample_every, main_run)
     report.note(
         "server CPU = every server process (gunicorn master + 2 workers; puma master + 2 workers; nginx master + 2 "
-        "workers) over the publishing window plus 3 s; RSS per stream = (RSS with the streams held - before) / "
+        "workers) from the first publish to the last delivery (at most 30 s after the last publish; deliveries "
+        "that arrive later are counted lost); RSS per stream = (RSS with the streams held - before) / "
         "streams; the load generator and the publisher share the 2 cores with the server; the gem's workers share "
         "its bus through PostgreSQL (its memory backend is per process), whose own CPU is not counted"
     )
