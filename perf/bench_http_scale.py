@@ -367,7 +367,9 @@ def run(kind: str, streams: int, duration: float, sample_every: int, settle: flo
         held_rss = rss_kb(pids)
         go_r, go_w = os.pipe()
         pub_r, pub_w = os.pipe()
+        loader_pids = list(kids)
         cpu0 = cpu_seconds(pids)
+        lcpu0 = cpu_seconds(loader_pids)
         t0 = time.monotonic()
         kids.append(fork(publisher_main, server, duration, 27, go_r, pub_w))
         os.close(pub_w)
@@ -388,6 +390,7 @@ def run(kind: str, streams: int, duration: float, sample_every: int, settle: flo
             last = total
         drain_s = time.monotonic() - published_at - 1.0  # the last second saw nothing new
         cpu1 = cpu_seconds(pids)
+        lcpu1 = cpu_seconds(loader_pids)
         wall = time.monotonic() - t0
         for ctl in ctls:
             os.write(ctl, b"r")
@@ -430,6 +433,7 @@ def run(kind: str, streams: int, duration: float, sample_every: int, settle: flo
             "cpu_s": cpu,
             "wall_s": wall,
             "cpu_per_s": cpu / wall,
+            "loader_cpu_per_s": (lcpu1 - lcpu0) / wall,
             "us_per_delivery": cpu * 1e6 / max(deliveries, 1),
             "rss_kb_per_stream": (held_rss - idle_rss) / max(parked, 1),
             "rss_mb": held_rss / 1024,
@@ -471,7 +475,8 @@ def describe(r: dict[str, Any]) -> str:
         f"publish errors {r['publish_errors']} (publisher late by up to {r['publisher_late_s'] * 1e3:.0f} ms, "
         f"all in within {r['drain_s']:.0f} s of the last publish, 1 s resolution); "
         f"broadcast p50 {r['b_p50']:.1f} p99 {r['b_p99']:.1f} max {r['b_max']:.1f} ms, chat p50 {r['c_p50']:.1f} "
-        f"p99 {r['c_p99']:.1f} max {r['c_max']:.1f} ms; server CPU {r['cpu_per_s']:.2f} s/s, "
+        f"p99 {r['c_p99']:.1f} max {r['c_max']:.1f} ms; server CPU {r['cpu_per_s']:.2f} s/s (load generator "
+        f"{r['loader_cpu_per_s']:.2f} s/s), "
         f"{r['us_per_delivery']:.1f} us/delivery; RSS {r['rss_mb']:.0f} MB, {r['rss_kb_per_stream']:.2f} KB/stream"
         + (f"; why: {r['why']}" if r["why"] else "")
     )
