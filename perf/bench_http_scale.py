@@ -576,10 +576,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def knee(
     report: c.Report, start: int, cap: int, duration: float, sample_every: int, first: dict[str, Any] | None = None
 ) -> None:
-    """The largest N (within x1.25) where shmbus's broadcast p99 stays <= 1 s with every delivery made: from
-    ``start`` up by x1.25 while it holds (``cap``: the 2 workers' file limits), or down by halves while it does
-    not (not below 1,000); each step is a fresh server and fresh clients (``first``: the main run's result at
-    ``start``, reused)."""
+    """The largest N where shmbus's broadcast p99 stays <= 1 s with every delivery made: from ``start`` up by
+    x1.25 while it holds (``cap``: the 2 workers' file limits), or down by halves while it does not (not below
+    1,000), then two bisections of the bracket; each step is a fresh server and fresh clients (``first``: the main
+    run's result at ``start``, reused)."""
 
     def holds(n: int) -> bool:
         if first is not None and n == start:
@@ -592,19 +592,31 @@ def knee(
         report.log("knee: " + describe(r))
         return clean(r) and r["b_p99"] <= 1000.0
 
-    best, n = 0, start
+    best, fail, n = 0, 0, start
     if holds(n):
         best = n
         while n < cap:
             n = min(cap, int(n * 1.25))
             if not holds(n):
+                fail = n
                 break
             best = n
     else:
+        fail = n
         while n > 1000 and not best:
             n = max(1000, n // 2)
             if holds(n):
                 best = n
+            else:
+                fail = n
+    for _ in range(2):  # narrow the bracket [best, fail) twice
+        if not best or not fail or fail - best < 1000:
+            break
+        n = (best + fail) // 2
+        if holds(n):
+            best = n
+        else:
+            fail = n
     report.note(f"knee: the largest N tried with broadcast p99 <= 1 s and every delivery made: {best:,} (cap {cap:,})")
     report.add("shmbus knee: streams with p99 <= 1 s", [float(best)], "streams", higher_is_better=True)
 
