@@ -23,9 +23,14 @@ class LoopTap(Generic[T]):
     """``get()``: the running loop's state (made by ``factory(loop)``), tapping the bus once per process."""
 
     def __init__(
-        self, bus: Bus, factory: Callable[[asyncio.AbstractEventLoop], T], deliver: Callable[[T, list[Message]], None]
+        self,
+        bus: Bus,
+        factory: Callable[[asyncio.AbstractEventLoop], T],
+        deliver: Callable[[T, list[Message]], None],
+        linger: float = 0.0,
     ) -> None:
         self.bus = bus
+        self.linger = linger  # the bus listener's linger (Bus.tap): the states gather batches for that long anyway
         self._factory = factory
         self._deliver = deliver
         self._states: dict[asyncio.AbstractEventLoop, T] = {}
@@ -43,7 +48,7 @@ class LoopTap(Generic[T]):
                 self._states = {}
                 self._pid = os.getpid()
                 self.bus.untap(self._on_batch)
-                self.bus.tap(self._on_batch)
+                self.bus.tap(self._on_batch, self.linger)
             state = self._states.get(loop)
             if state is None:
                 for old in [lp for lp in self._states if lp.is_closed()]:

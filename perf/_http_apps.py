@@ -7,6 +7,9 @@ Environment: ``SHMBUS_LOAD_BUS`` (bus name), ``SHMBUS_LOAD_OPTS`` (JSON middlewa
 * ``native_app``: the same middleware object, built at import, for ``shmbus.adapters.server.GunicornWorker``
   (``gunicorn -k shmbus.adapters.server.GunicornWorker``), which serves the bus routes of a
   ``MessageBusMiddleware`` natively (a plain function would go through its ASGI bridge).
+* ``ordinary_app``: an ordinary app: ``MessageBusMiddleware`` wrapping an ASGI app whose ``POST /publish`` route
+  calls ``bus.publish`` (as a view would), with all four lookups set (user, groups, site, extra headers); the
+  same object serves the lean worker natively. ``perf/gem_app.ru`` is the same app on the gem.
 * ``bare_asgi``: the same-run baseline, no bus: answers any POST with the same headers and ``[]`` a ``dlp=t``
   poll gets (immediate polls), or with ``?hold=1`` sends the first streamed ``[]`` chunk and holds the request
   open until the client leaves (memory per held request of the server itself).
@@ -46,7 +49,10 @@ async def asgi_app(scope: Any, receive: Any, send: Any) -> None:
 
 
 def __getattr__(name: str) -> Any:
-    """``native_app``: built on first access (the server process sets the environment before importing)."""
+    """``native_app`` and ``ordinary_app``: built on first access (the server process sets the environment
+    before importing)."""
+    if name == "ordinary_app":  # the same object for uvicorn and the lean worker (served natively there)
+        return _ordinary()
     if name != "native_app":
         raise AttributeError(name)
     app = _mb.get("native")
@@ -54,6 +60,97 @@ def __getattr__(name: str) -> Any:
         from shmbus.adapters.asgi import MessageBusMiddleware
 
         app = _mb["native"] = MessageBusMiddleware(None, bus=_bus(), **_opts())
+    return app
+
+
+# ---------------------------------------------------------------------------------------------- the ordinary app
+#: every client is in group 0 ("everyone") and one of 8 others; the bench publishes to group 0, so every client
+#: may see every message but the targeting rules run (as for a Discourse topic visible to a group)
+SITE = "s1"
+EXTRA_HEADERS = {"x-bench-app": "ordinary"}
+ORDINARY_GROUPS = 8
+
+
+def user_of(scope: Any) -> int | None:
+    """The user of a poll: the number after the ``x`` of the bench's client ids (``c0x17`` -> 17)."""
+    parts = scope["path"].split("/")
+    if len(parts) > 2 and "x" in parts[2]:
+        tail = parts[2].rsplit("x", 1)[1]
+        return int(tail) if tail.isdigit() else None
+    return None
+
+
+def groups_of(scope: Any) -> list[int]:
+    user = user_of(scope)
+    return [0] if user is None else [0, 1 + user % ORDINARY_GROUPS]
+
+
+def _form(body: bytes) -> dict[str, str]:
+    from urllib.parse import parse_qsl
+
+    return dict(parse_qsl(body.decode()))
+
+
+async def _publish_view(scope: Any, receive: Any, send: Any) -> None:
+    """The app's own route: ``POST /publish`` (form: channel, data, optional group) calls ``bus.publish``."""
+    if scope["type"] == "lifespan":
+        await lifespan(receive, send)
+        return
+    body = b""
+    while True:
+        m = await receive()
+        body += m.get("body", b"")
+        if not m.get("more_body"):
+            break
+    if scope["method"] != "POST" or scope["path"] != "/publish":
+        await send({"type": "http.response.start", "status": 404, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"not found"})
+        return
+    form = _form(body)
+    group = form.get("group")
+    _bus().publish(form["channel"], form.get("data"), site_id=SITE, group_ids=None if group is None else [int(group)])
+    headers = [(b"content-type", b"text/html"), (b"content-length", b"4")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": b"sent"})
+
+
+def _profile_on_signal(prefix: str) -> None:
+    """``SHMBUS_BENCH_CPROFILE=PREFIX``: SIGUSR2 starts cProfile on this worker's loop thread, the next SIGUSR2
+    stops it and writes PREFIX.<pid> (pstats); the bench sends them around the measured window."""
+    import cProfile
+    import signal
+    import time
+
+    prof = cProfile.Profile(time.thread_time)  # CPU time of the loop thread: wall time counts preemption
+    state = {"on": False}
+
+    def toggle(*_: Any) -> None:
+        if not state["on"]:
+            state["on"] = True
+            prof.enable()
+        else:
+            prof.disable()
+            prof.dump_stats(f"{prefix}.{os.getpid()}")
+
+    signal.signal(signal.SIGUSR2, toggle)
+
+
+def _ordinary() -> Any:
+    app = _mb.get("ordinary")
+    if app is None:
+        if os.environ.get("SHMBUS_BENCH_CPROFILE"):
+            _profile_on_signal(os.environ["SHMBUS_BENCH_CPROFILE"])
+        from shmbus.adapters.asgi import MessageBusMiddleware
+
+        app = _mb["ordinary"] = MessageBusMiddleware(
+            _publish_view,
+            bus=_bus(),
+            user_id_lookup=user_of,
+            group_ids_lookup=groups_of,
+            site_id_lookup=lambda scope: SITE,
+            extra_response_headers_lookup=lambda scope: EXTRA_HEADERS,
+            **_opts(),
+        )
     return app
 
 

@@ -327,6 +327,62 @@ class Uvicorn:
             self.proc.wait(5)
 
 
+def gem_dir() -> str | None:
+    """The message_bus gem's checkout (``MESSAGE_BUS_GEM_DIR``) when it and Debian's ruby and puma can run it,
+    else None; :func:`gem_problem` says why."""
+    return None if gem_problem() else os.environ["MESSAGE_BUS_GEM_DIR"]
+
+
+def gem_problem() -> str:
+    import shutil
+
+    d = os.environ.get("MESSAGE_BUS_GEM_DIR", "")
+    if not d or not os.path.isfile(os.path.join(d, "lib", "message_bus.rb")):
+        return "MESSAGE_BUS_GEM_DIR does not name a checkout of the message_bus gem"
+    if shutil.which("ruby") is None or shutil.which("puma") is None:
+        return "ruby or puma is not installed (Debian: apt-get install ruby puma ruby-rack)"
+    return ""
+
+
+class Puma:
+    """The gem (``perf/gem_app.ru``: the ordinary app, memory backend) under puma in single mode (one process:
+    the memory backend is per process) on a free port, in its own session; same interface as :class:`Uvicorn`."""
+
+    def __init__(self, *, threads: int = 8, max_active: int = 20000, nofile: int = 30000, broadcast: bool = False):
+        import socket
+        import subprocess
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = int(s.getsockname()[1])
+        perf = os.path.dirname(os.path.abspath(__file__))
+        env = dict(os.environ, MB_MAX_ACTIVE=str(max_active), MB_BROADCAST="1" if broadcast else "0")
+        argv = [sys.executable, os.path.abspath(__file__), str(nofile), "puma", "--quiet", "-e", "production"]
+        argv += ["-t", f"{threads}:{threads}", "-b", f"tcp://127.0.0.1:{self.port}?backlog=4096"]
+        argv += [os.path.join(perf, "gem_app.ru")]
+        self.proc = subprocess.Popen(
+            argv, env=env, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
+        )
+        self.workers = 1
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"puma exited with {self.proc.returncode}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("puma did not start")
+
+    def worker_pids(self) -> list[int]:
+        return [self.proc.pid]
+
+    def stop(self) -> None:
+        Uvicorn.stop(self)  # type: ignore[arg-type]
+
+
 if __name__ == "__main__":  # python perf/_http_load.py NOFILE cmd args...: exec with a raised fd limit
     exec_with_nofile(sys.argv[2:], int(sys.argv[1]))
 

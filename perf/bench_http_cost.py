@@ -293,30 +293,30 @@ def client_process(
 
 
 # ---------------------------------------------------------------------------------------------- publishers
-def publisher_process(port: int, first: int, count: int, step: int, rate: float, go_fd: int, ready_fd: int) -> None:
-    """Post messages ``first, first+step, ...`` (``count`` of them) to the broadcast route, each after the previous
-    answer, on a keep-alive connection (a new one when the server closes it: gthread without keep-alive);
-    ``rate`` > 0 paces them (messages per second)."""
+def publisher_process(
+    port: int, first: int, count: int, step: int, rate: float, go_fd: int, ready_fd: int, path: str, extra: str
+) -> None:
+    """Post messages ``first, first+step, ...`` (``count`` of them) to ``path`` (the broadcast route, or the
+    ordinary app's ``/publish``), each after the previous answer, on a keep-alive connection (a new one when the
+    server closes it: gthread without keep-alive); ``rate`` > 0 paces them (messages per second)."""
 
     def connect() -> socket.socket:
         sock = socket.create_connection(("127.0.0.1", port))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock
 
-    sock = connect()
     os.write(ready_fd, b"p")
     os.read(go_fd, 1)
+    sock = connect()  # after "go": an idle connection opened earlier may pass the server's keep-alive timeout
     t0 = time.monotonic()
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-www-form-urlencoded\r\n".encode()
     for n in range(count):
         if rate > 0:
             delay = t0 + n / rate - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-        body = f"channel={CHANNEL.replace('/', '%2F')}&data={first + n * step}:{time.time_ns()}:{PAD}".encode()
-        sock.sendall(
-            b"POST /message-bus/broadcast HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            b"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
-        )
+        body = f"channel={CHANNEL.replace('/', '%2F')}&data={first + n * step}:{time.time_ns()}:{PAD}{extra}".encode()
+        sock.sendall(b"%sContent-Length: %d\r\n\r\n%s" % (head, len(body), body))
         got = b""
         while not got.endswith(b"sent"):
             chunk = sock.recv(4096)
@@ -327,6 +327,30 @@ def publisher_process(port: int, first: int, count: int, step: int, rate: float,
             sock.close()
             sock = connect()
     sock.close()
+    os._exit(0)
+
+
+def direct_publisher_process(
+    bus_name: str, first: int, count: int, step: int, rate: float, go_fd: int, ready_fd: int, group: int | None
+) -> None:
+    """Publish straight into the bus from another process (a job, a worker of another app), as the ordinary app's
+    route would: same site, same targeting."""
+    import _http_apps as apps
+
+    bus = Bus(bus_name, keepalive_interval=0)
+    targeting: dict[str, Any] = {"site_id": apps.SITE}
+    if group is not None:
+        targeting["group_ids"] = [group]
+    os.write(ready_fd, b"p")
+    os.read(go_fd, 1)
+    t0 = time.monotonic()
+    for n in range(count):
+        if rate > 0:
+            delay = t0 + n / rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+        bus.publish(CHANNEL, f"{first + n * step}:{time.time_ns()}:{PAD}", **targeting)  # type: ignore[arg-type]
+    bus.close()
     os._exit(0)
 
 
@@ -353,16 +377,35 @@ def scenario(
     repoll_after: float = MIN_POLL_INTERVAL,
     batch_window: float | None = None,
     strace: str = "",
+    app_kind: str = "bus",
+    publish: str = "broadcast",
+    group: int | None = None,
 ) -> dict[str, Any]:
+    """One run: ``app_kind`` "bus" (the middleware alone) or "ordinary" (the middleware wrapping an app with all
+    four lookups, :mod:`_http_apps`); ``publish`` "broadcast" (``/message-bus/broadcast``), "route" (the
+    ordinary app's ``POST /publish``) or "direct" (``bus.publish`` in other processes); ``group``: publish to
+    that group (every client of the ordinary app is in group 0)."""
     name = c.unique_name(f"cost-{server_kind}")
     bus = Bus(name, keepalive_interval=0)
     bus.publish("/bench/warm", 0)
-    opts: dict[str, Any] = {"max_active_clients": clients + 1000, "long_polling_interval": 120, "allow_broadcast": True}
+    opts: dict[str, Any] = {"max_active_clients": clients + 1000, "long_polling_interval": 120}
+    if publish == "broadcast":
+        opts["allow_broadcast"] = True
     if batch_window is not None:
         opts["batch_window"] = batch_window
     env = {"SHMBUS_LOAD_BUS": name, "SHMBUS_LOAD_OPTS": json.dumps(opts), "SHMBUS_THREADS": "1100"}
-    app, extra = SERVERS[server_kind]
-    server = load.Uvicorn(app, env=env, extra=extra, nofile=clients * 2 + 1000)
+    if strace.startswith("cprofile:"):
+        env["SHMBUS_BENCH_CPROFILE"] = strace[9:]
+    server: Any
+    if server_kind == "gem":
+        server = load.Puma(max_active=clients + 1000, nofile=clients * 2 + 1000, broadcast=publish == "broadcast")
+    else:
+        app, extra = SERVERS[server_kind]
+        if app_kind == "ordinary":
+            app = "_http_apps:ordinary_app" if server_kind != "gthread" else app
+        server = load.Uvicorn(app, env=env, extra=extra, nofile=clients * 2 + 1000)
+    path = "/publish" if publish == "route" else "/message-bus/broadcast"
+    extra_form = "" if group is None or publish == "broadcast" else f"&group={group}"
     kids: list[int] = []
     try:
         ready_r, ready_w = os.pipe()
@@ -392,28 +435,60 @@ def scenario(
         pub_go_r, pub_go_w = os.pipe()
         for k in range(publishers):
             share = len(range(k + 1, messages + 1, publishers))
-            kids.append(
-                fork(
-                    publisher_process,
-                    server.port,
-                    k + 1,
-                    share,
-                    publishers,
-                    rate / publishers if rate else 0.0,
-                    pub_go_r,
-                    ready_w,
+            pace = rate / publishers if rate else 0.0
+            if publish == "direct":
+                kids.append(
+                    fork(direct_publisher_process, name, k + 1, share, publishers, pace, pub_go_r, ready_w, group)
                 )
-            )
+            else:
+                kids.append(
+                    fork(
+                        publisher_process,
+                        server.port,
+                        k + 1,
+                        share,
+                        publishers,
+                        pace,
+                        pub_go_r,
+                        ready_w,
+                        path,
+                        extra_form,
+                    )
+                )
         for _ in range(loaders + publishers):
             if not os.read(ready_r, 1):
                 raise RuntimeError("a client or publisher process died before it was ready")
-        server_pids = [server.proc.pid, *server.worker_pids()]
-        tracer = None
-        if strace:  # count the workers' system calls while the messages flow (a profile of the write pattern)
+        server_pids = sorted({server.proc.pid, *server.worker_pids()})  # puma: one process, both
+        tracers: list[Any] = []
+        if strace.startswith("cprofile:"):  # the ordinary app's workers profile themselves between two SIGUSR2
+            for pid in server.worker_pids():
+                os.kill(pid, signal.SIGUSR2)
+        elif strace.startswith("py-spy:"):  # sample each worker's Python stacks: PREFIX.<pid> (raw, for flamegraphs)
+            import subprocess
+
+            for pid in server.worker_pids():
+                out = f"{strace[7:]}.{pid}"
+                spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
+                argv = [
+                    spy if os.path.exists(spy) else "py-spy",
+                    "record",
+                    "-p",
+                    str(pid),
+                    "-r",
+                    "250",
+                    "-f",
+                    "raw",
+                    "--nonblocking",
+                    "-o",
+                    out,
+                ]
+                tracers.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            time.sleep(1.0)
+        elif strace:  # count the workers' system calls while the messages flow (a profile of the write pattern)
             import subprocess
 
             pid_args = [a for pid in server.worker_pids() for a in ("-p", str(pid))]
-            tracer = subprocess.Popen(["strace", "-c", "-f", "-o", strace, *pid_args], stderr=subprocess.DEVNULL)
+            tracers.append(subprocess.Popen(["strace", "-c", "-f", "-o", strace, *pid_args], stderr=subprocess.DEVNULL))
             time.sleep(1.0)
         cpu0 = cpu_seconds(server_pids)
         pub_cpu0 = cpu_seconds(kids[loaders:])
@@ -428,10 +503,19 @@ def scenario(
             results.append(json.loads(data))
         wall = time.perf_counter() - t0
         cpu1 = cpu_seconds(server_pids)
-        if tracer is not None:
+        if strace.startswith("cprofile:"):
+            for pid in server.worker_pids():
+                os.kill(pid, signal.SIGUSR2)
+            time.sleep(1.0)
+        for tracer in tracers:
             tracer.send_signal(signal.SIGINT)
             tracer.wait(10)
         pub_cpu1 = cpu_seconds(kids[loaders:])
+        for pid in kids[loaders:]:  # a publisher that failed (exit status != 0) explains missing deliveries
+            with contextlib.suppress(ChildProcessError):
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done and os.waitstatus_to_exitcode(status) != 0:
+                    raise RuntimeError(f"a publisher exited with {os.waitstatus_to_exitcode(status)}")
         for r in results:
             if "error" in r:
                 raise RuntimeError(f"load generator failed: {r['error']}")
@@ -466,12 +550,32 @@ def scenario(
 def main(argv: Sequence[str] | None = None) -> int:
     def extra(p: Any) -> None:
         p.add_argument("--servers", default="lean,uvicorn,gthread", help="comma-separated: lean, uvicorn, gthread")
-        p.add_argument("--scenarios", default="burstA,burstB,paced", help="comma-separated: burstA, burstB, paced")
+        p.add_argument(
+            "--scenarios",
+            default="",
+            help="comma-separated: burstA, burstB, paced (default: all); --app ordinary also small, large (the "
+            "marginal cost)",
+        )
+        p.add_argument(
+            "--app",
+            default="bus",
+            help="bus: the middleware alone, messages posted to /message-bus/broadcast (issue 15's case); ordinary: "
+            "the middleware wrapping an app with all four lookups, messages published by its POST /publish route and "
+            "by other processes straight into the bus, the gem side by side (issue 27's case)",
+        )
+        p.add_argument("--publish", default="route,direct", help="--app ordinary: comma-separated: route, direct")
+        p.add_argument(
+            "--group",
+            default="0",
+            help="--app ordinary: publish to this group (every client is in 0); none: untargeted",
+        )
         p.add_argument("--batch-window", type=float, default=None, help="the middleware's batch_window (seconds)")
         p.add_argument(
             "--strace",
             default="",
-            help="write the workers' system call counts (strace -c) to this path; CPU figures then include tracing",
+            help="write the workers' system call counts (strace -c) to this path, or with py-spy:PREFIX their sampled "
+            "Python stacks to PREFIX.<pid>, or with cprofile:PREFIX (--app ordinary) the workers' cProfile there; "
+            "CPU figures then include tracing",
         )
         p.add_argument(
             "--modes",
@@ -486,6 +590,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     load.exit_on_sigterm()
     load.raise_nofile(20000)
     report = c.Report("bench_http_cost", "server CPU-seconds per 1M deliveries (lower is better)", args)
+    if args.app == "ordinary":
+        return ordinary_main(args, report)
     quick = args.quick
     sizes = {
         "burstA": (300, 100, 0.0) if quick else (1000, 200, 0.0),
@@ -493,7 +599,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "paced": (300, 40, 20.0) if quick else (1000, 100, 20.0),
     }
     servers = [s for s in args.servers.split(",") if s]
-    scenarios = [s for s in args.scenarios.split(",") if s]
+    scenarios = [s for s in (args.scenarios or "burstA,burstB,paced").split(",") if s]
     repeats = args.repeats or 1
     report.published(
         "gem burst A, s/1M deliveries",
@@ -559,6 +665,128 @@ def main(argv: Sequence[str] | None = None) -> int:
     report.note(
         "server = every gunicorn process (master and 2 workers) between 'all parked' and 'all delivered'; "
         "the load generator is 2 processes on the same 2 cores"
+    )
+    report.emit()
+    return 1 if failures else 0
+
+
+# ---------------------------------------------------------------------------------------------- the ordinary app
+ORDINARY_SIZES = {  # (clients, messages, rate), full and --quick
+    "burstA": ((1000, 200, 0.0), (300, 100, 0.0)),
+    "burstB": ((100, 1000, 0.0), (100, 300, 0.0)),
+    "small": ((1000, 50, 0.0), (300, 25, 0.0)),  # the marginal cost: large minus small, per extra delivery
+    "large": ((1000, 400, 0.0), (300, 100, 0.0)),
+    "paced": ((1000, 100, 20.0), (300, 40, 20.0)),
+}
+
+
+def ordinary_main(args: Any, report: c.Report) -> int:
+    """Issue 27's case: the ordinary app on the lean worker (and uvicorn if asked) and on the gem, same run.
+
+    Rows: server CPU per 1M deliveries for each scenario and way of publishing, with the gem's as the baseline
+    (the gem has no "direct" row: its memory backend lives in the puma process); the marginal cost per 1M extra
+    deliveries between the ``small`` and ``large`` runs of the same repeat; paced p50/p99 latency."""
+    servers = [s for s in (args.servers if args.servers != "lean,uvicorn,gthread" else "lean,gem").split(",") if s]
+    if "gthread" in servers:
+        raise SystemExit("--app ordinary runs on lean, uvicorn and gem")
+    if "gem" in servers and load.gem_problem():
+        report.log(f"LOUD SKIP of the gem: {load.gem_problem()}")
+        report.note(f"the gem was not measured: {load.gem_problem()}")
+        servers.remove("gem")
+    publishes = [p for p in args.publish.split(",") if p]
+    default_sc = "burstA,burstB,small,large,paced"
+    scenarios = [x for x in (args.scenarios or default_sc).split(",") if x]
+    group = None if args.group == "none" else int(args.group)
+    repeats = args.repeats or 1
+    cpu: dict[str, list[float]] = {}
+    raw: dict[str, list[float]] = {}
+    lat: dict[str, list[float]] = {}
+    failures = 0
+    for _ in range(repeats):
+        for sc in scenarios:
+            n, m, rate = ORDINARY_SIZES[sc][1 if args.quick else 0]
+            for pub in publishes:
+                for kind in servers:
+                    if kind == "gem" and pub == "direct":
+                        continue  # the gem's memory backend is inside puma: nothing else can publish into it
+                    label = f"{kind} {pub} {sc} ({n} x {m}{f' at {rate:g}/s' if rate else ''})"
+                    r = scenario(
+                        kind,
+                        n,
+                        m,
+                        rate,
+                        loaders=2,
+                        publishers=1 if rate else 4,
+                        sample_every=10 if rate else 1000000,
+                        batch_window=args.batch_window,
+                        strace=args.strace if kind != "gem" else "",
+                        app_kind="ordinary",
+                        publish=pub,
+                        group=group,
+                    )
+                    ok = not (r["deliveries"] != r["expected"] or r["short"] or r["extra"] or r["wrong_last_id"])
+                    failures += not ok
+                    report.log(
+                        f"{label}: server {r['server_cpu']:.2f} s CPU, load generator {r['client_cpu']:.2f} s, "
+                        f"{r['deliveries']:,}/{r['expected']:,} deliveries in {r['wall']:.2f} s, "
+                        f"{r['per_chunk']:.1f} messages per chunk"
+                        + (f", p50 {r['p50_ms']:.1f} ms p99 {r['p99_ms']:.1f} ms" if rate else "")
+                        + ("" if ok else f"  LOST/DUPLICATED: {r}")
+                    )
+                    cpu.setdefault(label, []).append(r["server_cpu"] * 1e6 / max(r["deliveries"], 1))
+                    raw.setdefault(f"{kind} {pub} {sc}", []).append(r["server_cpu"])
+                    if rate:
+                        lat.setdefault(label, []).append(r["p99_ms"])
+    for label, values in cpu.items():
+        kind, pub, rest = label.split(" ", 2)
+        gem = f"gem route {rest}"
+        report.add(
+            f"{label} server",
+            values,
+            "s",
+            higher_is_better=False,
+            baselines=[f"{gem} server"] if kind != "gem" and gem in cpu else [],
+        )
+    for label, values in lat.items():
+        report.add(f"{label} p99 latency", values, "ms", higher_is_better=False)
+    if "small" in scenarios and "large" in scenarios:
+        (n, m_small, _), (_, m_large, _) = (ORDINARY_SIZES[x][1 if args.quick else 0] for x in ("small", "large"))
+        extra_deliveries = n * (m_large - m_small)
+        for pub in publishes:
+            for kind in servers:
+                small, large = raw.get(f"{kind} {pub} small"), raw.get(f"{kind} {pub} large")
+                if not small or not large:
+                    continue
+                marg = [(b - a) * 1e6 / extra_deliveries for a, b in zip(small, large, strict=True)]
+                gem_label = f"gem route marginal ({n} x {m_small} -> {m_large}) server"
+                report.add(
+                    f"{kind} {pub} marginal ({n} x {m_small} -> {m_large}) server",
+                    marg,
+                    "s",
+                    higher_is_better=False,
+                    baselines=[gem_label] if kind != "gem" and "gem" in servers else [],
+                )
+    if not args.quick and "lean" in servers and "gem" in servers:
+        for sc in ("burstA", "burstB"):
+            n, m, _ = ORDINARY_SIZES[sc][0]
+            for pub in publishes:
+                lean = cpu.get(f"lean {pub} {sc} ({n} x {m})")
+                gem = cpu.get(f"gem route {sc} ({n} x {m})")
+                if lean and gem:
+                    report.target(
+                        f"lean {pub} {sc}: gem / lean server CPU per delivery",
+                        statistics.median(gem) / statistics.median(lean),
+                        5.0,
+                        unit="x",
+                    )
+    report.note(
+        "ordinary app: MessageBusMiddleware wrapping an ASGI app (POST /publish calls bus.publish) with user, group, "
+        "site and extra-header lookups; the gem runs perf/gem_app.ru (the same app) under puma, memory backend; "
+        f"messages {'to group ' + str(group) if group is not None else 'untargeted'}, site s1; 4 publishers in bursts"
+    )
+    report.note(
+        "server = every server process (gunicorn master and 2 workers, or the puma process) between 'all parked' and "
+        "'all delivered'; the load generator (2 processes) and the publishers share the same 2 cores"
     )
     report.emit()
     return 1 if failures else 0

@@ -84,7 +84,9 @@ class Client:
         self.group_ids = lookups.group_ids
         self.site_id = lookups.site_id
         self.channels = tuple(channels)
-        self.keys = tuple((None if ch.startswith(GLOBAL_PREFIX) else lookups.site_id, ch) for ch in self.channels)
+        self.keys = tuple(
+            _shared_key(None if ch.startswith(GLOBAL_PREFIX) else lookups.site_id, ch) for ch in self.channels
+        )
         self.streaming = streaming
         self.epoch = epoch
         self.last: dict[str, int] = {}
@@ -135,6 +137,20 @@ class Client:
 
     def __repr__(self) -> str:
         return f"Client({self.client_id!r}, seq={self.seq}, streaming={self.streaming})"
+
+
+_KEYS: dict[tuple[str | None, str], tuple[str | None, str]] = {}
+
+
+def _shared_key(site: str | None, channel: str) -> tuple[str | None, str]:
+    """One ``(site, channel)`` tuple object per index key (bounded): memory per parked client."""
+    key = (site, channel)
+    shared = _KEYS.get(key)
+    if shared is None:
+        if len(_KEYS) >= 20_000:
+            _KEYS.clear()
+        shared = _KEYS[key] = key
+    return shared
 
 
 def filter_allows(bus: Bus, msg: Message) -> bool:

@@ -72,6 +72,7 @@ class Options:
     #: Seconds live messages are gathered before they are handed to waiting clients (every shell):
     #: messages published within the window reach each client as one chunk, one write per client instead of one
     #: per message, which is what fan-out costs. Adds at most this much latency; 0 delivers each batch at once.
+    #: The asyncio shells stretch it to the duration of the last dispatch (at most 10 windows) under fan-out load.
     batch_window: float = 0.002
     #: WSGI only: allow parking on a worker that serves one request at a time (gunicorn ``sync``, uwsgi without
     #: threads). Off by default: such workers answer long polls at once (as ``dlp=t``); see ``wsgi.py``.

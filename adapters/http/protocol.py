@@ -30,6 +30,20 @@ from .wire import (
 log = logging.getLogger("shmbus.adapters")
 
 
+_GROUP_SETS: dict[frozenset[Any], frozenset[Any]] = {}
+
+
+def _shared_groups(groups: frozenset[Any]) -> frozenset[Any]:
+    """One frozenset object per distinct group set (bounded): many clients have the same groups, and each parked
+    one would otherwise hold its own copy (~200 bytes); a shared one also hashes once (visibility classes)."""
+    shared = _GROUP_SETS.get(groups)
+    if shared is None:
+        if len(_GROUP_SETS) >= 10_000:
+            _GROUP_SETS.clear()
+        shared = _GROUP_SETS[groups] = groups
+    return shared
+
+
 # ---------------------------------------------------------------------------------------------------- polls
 #: ``immediate``: send the response now; ``long``: wait, then send the long poll's body; ``stream``: send the head
 #: and first chunk now, more chunks as woken.
@@ -108,11 +122,12 @@ class MessageBusProtocol:
 
     @staticmethod
     def lookups(user_id: Any, group_ids: Any, site_id: Any) -> Lookups:
+        """The lookups' results as a client keeps them (equal group sets shared: see :func:`_shared_groups`)."""
         groups: frozenset[Any] = frozenset()
         if group_ids:
             if isinstance(group_ids, (str, bytes)):
                 group_ids = (group_ids,)
-            groups = frozenset(group_ids)
+            groups = _shared_groups(frozenset(group_ids))
         site = None
         if site_id is not None and site_id != "":
             site = str(site_id)

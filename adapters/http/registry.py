@@ -10,13 +10,14 @@ from shmbus.bus import Bus
 from shmbus.message import Message
 
 from .client import Client, Ending, filter_allows
+from .visibility import PRIVATE, Piece, Visibility
 from .wire import EMPTY_CHUNK, MAX_STREAM_BUFFER, encode_message, frame_chunk
 
 
 class _Group:
     """Messages of one (site, channel) in one batch, encoded lazily and once for every recipient."""
 
-    __slots__ = ("enc", "frame", "inner", "is_json", "msgs", "plain")
+    __slots__ = ("enc", "frame", "inner", "is_json", "msgs", "plain", "vis")
 
     def __init__(self, msgs: list[Message], is_json: bool) -> None:
         self.msgs = msgs
@@ -25,6 +26,7 @@ class _Group:
         self.enc: list[bytes] | None = None
         self.inner: bytes | None = None
         self.frame: bytes | None = None
+        self.vis: Visibility | None = None
 
     def encoded(self) -> list[bytes]:
         if self.enc is None:
@@ -40,6 +42,25 @@ class _Group:
         if self.frame is None:
             self.frame = frame_chunk(b"[" + self.shared_inner() + b"]")
         return self.frame
+
+    def piece_for(self, c: Client, ok: list[bool] | None) -> Piece | None:
+        """What ``c`` may see of every message here, computed once per visibility class (see
+        :mod:`.visibility`) and shared by every client of the class; None when ``c`` needs its own."""
+        vis = self.vis
+        if vis is None:
+            vis = self.vis = Visibility(self.msgs)
+        key = vis.key(c.client_id, c.user_id, c.group_ids)
+        if key is PRIVATE:
+            return None
+        piece = vis.pieces.get(key)
+        if piece is None:
+            enc = self.encoded()
+            parts = []
+            for i, m in enumerate(self.msgs):
+                if (ok is None or ok[i]) and c.allowed(m):
+                    parts.append(enc[i])
+            piece = vis.pieces[key] = Piece(b",".join(parts), len(parts), len(parts) < len(enc))
+        return piece
 
 
 # ---------------------------------------------------------------------------------------------------- registry
@@ -227,6 +248,18 @@ class Registry:
             self._push(c, group.shared_frame() if c.streaming else group.shared_inner())
             self.metrics.deliveries += len(msgs)
             return
+        if msgs[0].message_id > last:  # all new to c: what it sees depends only on its visibility class
+            piece = group.piece_for(c, ok)
+            if piece is not None:
+                c.last[channel] = top
+                if piece.withheld:
+                    if c.status_due is None:
+                        c.status_due = set()
+                    c.status_due.add(channel)
+                if piece.count:
+                    self.metrics.deliveries += piece.count
+                    self._push(c, piece.frame() if c.streaming else piece.inner)
+                return
         enc = group.encoded()
         parts = []
         withheld = False

@@ -134,6 +134,20 @@ def _parse_form(text: str, max_fields: int) -> list[tuple[str, str]]:
     return out
 
 
+_CHANNEL_NAMES: dict[str, str] = {}
+
+
+def shared_channel(ch: str) -> str:
+    """One str object per channel name (bounded): a parked client holds its channel names in several places
+    (its channels, index keys and last ids), and thousands of clients name the same channels."""
+    shared = _CHANNEL_NAMES.get(ch)
+    if shared is None:
+        if len(_CHANNEL_NAMES) >= 20_000:
+            _CHANNEL_NAMES.clear()
+        shared = _CHANNEL_NAMES[ch] = ch
+    return shared
+
+
 def _channels_from_items(items: Iterable[tuple[Any, Any]], options: Options) -> tuple[dict[str, int | None], int]:
     channels: dict[str, int | None] = {}
     seq = 0
@@ -141,7 +155,7 @@ def _channels_from_items(items: Iterable[tuple[Any, Any]], options: Options) -> 
         if key == "__seq":
             seq = _parse_seq(value)
             continue
-        ch = check_channel(key)
+        ch = shared_channel(check_channel(key))
         channels[ch] = _parse_id(ch, value)
         if len(channels) > options.max_channels_per_poll:
             raise ProtocolError(400, f"too many channels in one poll (limit {options.max_channels_per_poll})")

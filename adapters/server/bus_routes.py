@@ -32,6 +32,10 @@ def _enc_headers(headers: list[tuple[str, str]]) -> bytes:
 _BASE_BLOCK = _enc_headers(BASE_HEADERS)
 _STREAM_BLOCK = _enc_headers(STREAM_HEADERS) + b"transfer-encoding: chunked\r\n"
 _INTERNAL_ERROR = b"Internal Server Error"
+#: A ``long_polling_interval`` at least this long (seconds; the gem's default is 25) is ended by the server's
+#: 1 s clock (:meth:`HttpConnection.tick`), within a second after it: no timer object and no heap entry per parked
+#: poll, which is memory and CPU at tens of thousands of streams. Shorter intervals keep a precise timer.
+COARSE_EXPIRY = 5.0
 
 
 def _wake(c: Client) -> None:
@@ -126,8 +130,10 @@ class BusRoutes(ConnectionState):
         c = poll.client
         assert c is not None
         self.client = c
-        req.headers = _EMPTY_HEADERS
+        req.headers = _EMPTY_HEADERS  # a parked request keeps only what its end needs (method, version, keep)
         req.body = []
+        req.url = req.raw_path = req.query = b""
+        req.path = ""
         if poll.mode == "long":
             self.kind = ParkedKind.LONG
             self.head = None if poll.headers is BASE_HEADERS else _enc_headers(poll.headers)
@@ -152,7 +158,11 @@ class BusRoutes(ConnectionState):
             if c.done or c.dropped:
                 self.woken(c)
                 return
-        self.timer = srv.loop.call_later(srv.options.long_polling_interval, _expire, self)
+        interval = srv.options.long_polling_interval
+        if interval >= COARSE_EXPIRY:
+            self.expires = srv.loop.time() + interval
+        else:
+            self.timer = srv.loop.call_later(interval, _expire, self)
 
     # ------------------------------------------------------------------ parked polls
     def woken(self, c: Client) -> None:
@@ -189,6 +199,7 @@ class BusRoutes(ConnectionState):
     def _unpark(self) -> Request | None:
         self.client = None
         self.kind = None
+        self.expires = 0.0
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None

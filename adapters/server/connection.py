@@ -40,6 +40,7 @@ class HttpConnection(ParserCallbacks, BusRoutes, asyncio.Protocol):
         self.kind: ParkedKind | None = None
         self.head: bytes | None = None  # a parked long poll's response head (None: the common one)
         self.timer: asyncio.TimerHandle | None = None
+        self.expires = 0.0  # a parked poll's end (loop time), enforced by tick() for long intervals
         self.idle = 0.0  # when the connection became idle (0: busy); the server's clock sweeps idle ones
         self.cycle: Cycle | None = None
         self.drain_fut: asyncio.Future[None] | None = None
@@ -158,11 +159,16 @@ class HttpConnection(ParserCallbacks, BusRoutes, asyncio.Protocol):
         self.phase = phase
 
     def tick(self, now: float, idle_cutoff: float) -> None:
-        """The server's clock, once a second: idle keep-alive, head and body deadlines, lingering closes."""
+        """The server's clock, once a second: parked polls' ends, idle keep-alive, head and body deadlines,
+        lingering closes."""
         if self.closing:
             if self.linger_until and now >= self.linger_until:
                 self.linger_until = 0.0
                 self.transport.abort()  # the client neither read the response nor closed: enough
+            return
+        if self.expires and now >= self.expires:  # a parked poll's long_polling_interval (see COARSE_EXPIRY)
+            self.expires = 0.0
+            self.expire()
             return
         if self.idle:
             self.idle_expired(idle_cutoff)

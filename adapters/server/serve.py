@@ -87,8 +87,7 @@ class Server:
         self.date = b""
         self.now = loop.time()
         self._lifespan: Lifespan | None = None
-        self._chunk_of = b""
-        self._chunk = b""
+        self._chunks: dict[int, tuple[bytes, bytes]] = {}
         self._tick()
 
     @property
@@ -131,12 +130,15 @@ class Server:
         return v
 
     def http_chunk(self, piece: bytes) -> bytes:
-        """``piece`` framed as one HTTP/1.1 chunk. The registry hands every client of a batch the same bytes
-        object, so the framing is made once per batch and reused by identity (one entry: the newest piece)."""
-        if piece is not self._chunk_of:
-            self._chunk_of = piece
-            self._chunk = b"%x\r\n%s\r\n" % (len(piece), piece)
-        return self._chunk
+        """``piece`` framed as one HTTP/1.1 chunk. The registry hands every client of a visibility class the
+        same bytes object, so the framing is made once per class and batch and reused by identity (the newest
+        pieces, keyed by ``id``; each entry holds its piece, so an id is never reused while it is cached)."""
+        framed = self._chunks.get(id(piece))
+        if framed is None or framed[0] is not piece:
+            if len(self._chunks) >= 64:
+                self._chunks.clear()
+            framed = self._chunks[id(piece)] = (piece, b"%x\r\n%s\r\n" % (len(piece), piece))
+        return framed[1]
 
     def protocol_factory(self) -> HttpConnection:
         return HttpConnection(self)

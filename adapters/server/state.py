@@ -28,6 +28,7 @@ class ConnectionState:
         "deadline",
         "drain_fut",
         "eof",
+        "expires",
         "feeding",
         "head",
         "idle",
@@ -55,7 +56,8 @@ class ConnectionState:
     client: Client | None  # the parked poll, if any
     kind: ParkedKind | None  # what the parked poll waits to send
     head: bytes | None  # a parked long poll's response head (None: the common one)
-    timer: asyncio.TimerHandle | None  # the parked poll's long_polling_interval
+    timer: asyncio.TimerHandle | None  # the parked poll's long_polling_interval, when shorter than COARSE_EXPIRY
+    expires: float  # when the parked poll ends (loop time; 0: none): the server's 1 s clock ends it
     idle: float  # when the connection became idle (0: busy); the server's clock sweeps idle ones
     cycle: Cycle | None  # the request being answered by the wrapped ASGI app
     drain_fut: asyncio.Future[None] | None

@@ -118,6 +118,7 @@ class Bus(Publishing, Reading, Subscribing, Listening):
         self._patterns: list[Subscription] = []
         self._catch_all: list[Subscription] = []
         self._batch_listeners: list[BatchListener] = []
+        self._lingers: dict[BatchListener, float] = {}  # batch listener -> its linger (see tap)
         self._engine_refs: dict[tuple[str, bool], int] = {}
         self._owners_gone = False  # set when a subscription's owner is garbage collected (see _sweep_owners)
         self._listener: threading.Thread | None = None

@@ -86,6 +86,9 @@ class Listening(BusState):
                     with self._dispatch_lock:
                         self._dispatch(msgs)
                     metrics.maybe_flush()  # after the delivery, never in front of it
+                    linger = self._linger()
+                    if linger > 0:  # every consumer gathers anyway: let what is published meanwhile come as one
+                        stop.wait(linger)
                     continue
                 if stop.is_set():
                     break
@@ -115,6 +118,14 @@ class Listening(BusState):
                     break
                 log.exception("shmbus: listener error on bus %r", self.name)
                 time.sleep(0.05)
+
+    def _linger(self) -> float:
+        """How long the listener may wait after a batch (:meth:`tap`'s ``linger``): the smallest of the taps',
+        0 when a subscription wants each message at once."""
+        if self._exact or self._patterns or self._catch_all or not self._batch_listeners:
+            return 0.0
+        lingers = self._lingers
+        return min(lingers.get(fn, 0.0) for fn in self._batch_listeners)
 
     def _on_reset(self) -> None:
         with self._lock:

@@ -60,6 +60,7 @@ class BusState:
     _patterns: list[Subscription]
     _catch_all: list[Subscription]
     _batch_listeners: list[BatchListener]
+    _lingers: dict[BatchListener, float]
     _engine_refs: dict[tuple[str, bool], int]
     _listener: Any  # threading.Thread, or a native thread under gevent
     _watchdog: threading.Thread | None

@@ -197,17 +197,28 @@ class Subscribing(BusState):
                 for to, is_pattern in self._engine_keys(sub.channel, sub.kind):
                     self._engine_ref(to, is_pattern, -1)
 
-    def tap(self, listener: BatchListener) -> None:
+    def tap(self, listener: BatchListener, linger: float = 0.0) -> None:
         """Call ``listener(messages)`` on the listener thread with every batch of new messages (all channels,
-        unfiltered). This is how web adapters wake their waiting clients: one call per batch, not per client."""
+        unfiltered). This is how web adapters wake their waiting clients: one call per batch, not per client.
+
+        ``linger`` (seconds): the listener may wait that long after a batch before it looks again, so messages
+        published meanwhile come as one batch: one wake-up of this process (a thread switch, the GIL) per
+        ``linger`` instead of one per message. It applies only while every consumer in the process lingers
+        (the smallest value wins); a subscription (:meth:`subscribe`) turns it off, as it expects each message
+        at once. The first message after a quiet spell is never delayed."""
+        if linger < 0:
+            raise ValueError("linger must be >= 0")
         self._ensure_listener()
         with self._lock:
             self._batch_listeners.append(listener)
+            self._lingers[listener] = linger
 
     def untap(self, listener: BatchListener) -> None:
         with self._lock:
             if listener in self._batch_listeners:
                 self._batch_listeners.remove(listener)
+                if listener not in self._batch_listeners:
+                    self._lingers.pop(listener, None)
 
     def register_client_message_filter(self, prefix: str, fn: Callable[[Message], bool] | None = None) -> None:
         """Register ``fn(message) -> bool`` deciding whether HTTP clients get messages on channels starting

@@ -228,3 +228,18 @@ def test_graceful_shutdown_ends_parked_polls(start: Any) -> None:
     assert s.read_until(b"0\r\n\r\n", timeout=20).endswith(b"[]\r\n|\r\n\r\n0\r\n\r\n")
     server.proc.wait(20)
     assert server.proc.returncode == 0, server.log()
+
+
+def test_a_long_interval_is_ended_by_the_server_clock(start: Any, shared_bus: Bus) -> None:
+    """An interval of COARSE_EXPIRY (5 s) or more has no timer per parked poll: the 1 s clock ends the stream
+    and the long poll, within a second after the interval, with the same bytes as the precise timer."""
+
+    server = start(long_polling_interval=5, workers=1)
+    t0 = time.monotonic()
+    stream = Conn(server.port).send(poll("coarse-s", {"/coarse": 0}, chunk=True))
+    long = Conn(server.port).send(poll("coarse-l", {"/coarse": 0}, headers={"Dont-Chunk": "true"}))
+    assert stream.read_response(timeout=15).raw == b"7\r\n[]\r\n|\r\n\r\n7\r\n[]\r\n|\r\n\r\n0\r\n\r\n"
+    assert long.read_response(timeout=15).body == b"[]"
+    assert time.monotonic() - t0 >= 5.0  # never before the interval (the upper bound is the clock's second)
+    stream.close()
+    long.close()

@@ -686,6 +686,77 @@ def test_one_shared_frame_per_channel_per_batch(bus: Bus) -> None:
     assert proto.registry.parked == 0 and not proto.registry.index and not proto.registry.by_id
 
 
+def _live_data(proto: P.MessageBusProtocol, c: Any) -> list[Any]:
+    return [m["data"] for f in proto.stream_chunks(c) for p in split_stream(f) for m in J(p) if m["message_id"] > 0]
+
+
+def test_a_shared_class_chunk_never_carries_a_message_outside_its_class(bus: Bus) -> None:
+    """Clients that may see the same messages share one chunk (by identity); a chunk never reaches a client that
+    may not see one of its messages, whatever its user, groups or client id (the expected sets are written out)."""
+    proto = P.MessageBusProtocol(bus, P.Options())
+    who = {  # client id: (user id, group ids)
+        "anon": (None, []),
+        "anon2": (None, []),
+        "u1": (1, []),
+        "u3": (3, []),  # a user no message names: the same class as the anonymous clients
+        "g5": (None, [5]),
+        "g5b": (4, [5, 9]),  # groups 9 and user 4 are named by no message: the same class as g5
+        "g67": (2, [6, 7]),
+        "g56": (None, [5, 6]),
+        "s1": ("1", []),  # the string "1" is not the user 1
+    }
+    clients = {}
+    for cid, (uid, gids) in who.items():
+        poll = proto.start_poll(P.PollRequest(cid, {"/priv": None}), proto.lookups(uid, gids, None), [])
+        assert poll.mode == "stream"
+        clients[cid] = poll.client
+    bus.publish("/priv", "all")
+    bus.publish("/priv", "u1", user_ids=[1])
+    bus.publish("/priv", "g5", group_ids=[5])
+    bus.publish("/priv", "g6", group_ids=[6, 8])
+    bus.publish("/priv", "u2-or-g5", user_ids=[2], group_ids=[5])
+    for c in clients.values():
+        c.last["/priv"] = 0
+    proto.dispatch(list(bus.backlog("/priv")))
+    pieces = {cid: proto.registry.take(c) for cid, c in clients.items()}
+    assert all(len(p) == 1 for p in pieces.values())
+    for a, b in (("anon", "anon2"), ("anon", "u3"), ("anon", "s1"), ("g5", "g5b")):
+        assert pieces[a][0] is pieces[b][0], (a, b)  # one class: the same bytes
+    assert len({id(p[0]) for p in pieces.values()}) == 5  # anon, u1, g5, g67, g56
+    seen = {cid: [m["data"] for f in p for x in split_stream(f) for m in J(x)] for cid, p in pieces.items()}
+    assert seen == {
+        "anon": ["all"],
+        "anon2": ["all"],
+        "u1": ["all", "u1"],
+        "u3": ["all"],
+        "g5": ["all", "g5", "u2-or-g5"],
+        "g5b": ["all", "g5", "u2-or-g5"],
+        "g67": ["all", "g6", "u2-or-g5"],
+        "g56": ["all", "g5", "g6", "u2-or-g5"],
+        "s1": ["all"],
+    }
+    # a message for one client id: nobody shares a class; the others still get what their class may see
+    bus.publish("/priv", "for-anon2", client_ids=["anon2"])
+    bus.publish("/priv", "g5-again", group_ids=[5])
+    proto.dispatch(list(bus.backlog("/priv", 5)))
+    assert {cid: _live_data(proto, c) for cid, c in clients.items()} == {
+        "anon": [],
+        "anon2": ["for-anon2"],
+        "u1": [],
+        "u3": [],
+        "g5": ["g5-again"],
+        "g5b": ["g5-again"],
+        "g67": [],
+        "g56": ["g5-again"],
+        "s1": [],
+    }
+    ends = {cid: J(split_stream(b"".join(proto.stream_end(c)))[-1]) for cid, c in clients.items()}
+    assert ends["anon"] == [status({"/priv": 7})]  # withheld messages: the closing status covers them
+    for c in clients.values():
+        proto.abandon(c)
+    assert proto.registry.parked == 0 and not proto.registry.index
+
+
 def test_stream_buffer_limit_drops_client(bus: Bus) -> None:
     proto = P.MessageBusProtocol(bus, P.Options(max_stream_buffer=1000))
     woken = []
@@ -706,3 +777,41 @@ def test_options_validation() -> None:
         P.Options(long_polling_interval=0)
     assert P.normalize_base_route("my/base/route") == "/my/base/route/"
     assert P.normalize_base_route("//my///base/route") == "/my/base/route/"
+
+
+def test_batch_window_stretches_to_the_last_dispatch_and_back(bus: Bus) -> None:
+    """After a dispatch that took longer than ``batch_window`` the next batches are gathered for as long (at most
+    WINDOW_STRETCH windows); a quick dispatch restores the window; ``batch_window=0`` never waits."""
+    import asyncio
+
+    from shmbus.adapters.asgi import WINDOW_STRETCH, _LoopEngine
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        eng = _LoopEngine(bus, P.Options(batch_window=0.002), loop)
+        took = [0.0]
+        eng.proto.dispatch_batches = lambda batches: time.sleep(took[0])  # type: ignore[method-assign]
+        assert eng.wait == 0.002
+        took[0] = 0.008
+        eng.drain()
+        assert 0.0075 <= eng.wait <= 0.002 * WINDOW_STRETCH
+        took[0] = 0.05
+        eng.drain()
+        assert eng.wait == 0.002 * WINDOW_STRETCH
+        took[0] = 0.0
+        eng.drain()
+        assert eng.wait < 0.002 * WINDOW_STRETCH  # back to the window (or to what a preempted dispatch took)
+        zero = _LoopEngine(bus, P.Options(batch_window=0), loop)
+        zero.proto.dispatch_batches = lambda batches: time.sleep(0.005)  # type: ignore[method-assign]
+        zero.drain()
+        assert zero.wait == 0
+
+    asyncio.run(main())
+
+
+def test_equal_group_sets_are_one_object() -> None:
+    """Parked clients with the same groups share one frozenset (memory per stream)."""
+    a = P.MessageBusProtocol.lookups(1, [3, 4], None)
+    b = P.MessageBusProtocol.lookups(2, (4, 3), None)
+    assert a.group_ids == b.group_ids == frozenset({3, 4}) and a.group_ids is b.group_ids
+    assert P.MessageBusProtocol.lookups(3, "7", None).group_ids == frozenset({"7"})
