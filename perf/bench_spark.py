@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -143,6 +144,7 @@ def latency(spark: Any, bus: Bus, seconds: float, rate: float = 20.0) -> list[fl
             done.set()
 
     bus.subscribe("/lat/out", on_out)
+    checkpoint = tempfile.mkdtemp(prefix="shmbus-bench-")
     query = (
         spark.readStream.format("shmbus")
         .option("bus", bus.name)
@@ -151,7 +153,7 @@ def latency(spark: Any, bus: Bus, seconds: float, rate: float = 20.0) -> list[fl
         .select(F.lit("/lat/out").alias("channel"), F.col("data"))
         .writeStream.format("shmbus")
         .option("bus", bus.name)
-        .option("checkpointLocation", tempfile.mkdtemp(prefix="shmbus-bench-"))
+        .option("checkpointLocation", checkpoint)
         .start()
     )
     try:
@@ -172,7 +174,10 @@ def latency(spark: Any, bus: Bus, seconds: float, rate: float = 20.0) -> list[fl
             bus.publish("/lat/in", {"t": time.time(), "i": i})
         done.wait(30)
     finally:
-        stop_gracefully(query)  # between micro-batches: a plain stop() lands mid-write and Spark logs ERRORs
+        try:
+            stop_gracefully(query)  # between micro-batches: a plain stop() lands mid-write and Spark logs ERRORs
+        finally:
+            shutil.rmtree(checkpoint, ignore_errors=True)  # the run leaves nothing in /tmp
         bus.unsubscribe("/lat/out")
     return got
 
