@@ -169,8 +169,9 @@ def spawn_python(
     return spawn([sys.executable, "-c", code, *args], env=env, **popen_kwargs)
 
 
-def group_alive(pgid: int) -> bool:
-    """True if a live (non-zombie) process is still in process group ``pgid`` (reads /proc)."""
+def proc_stats() -> Iterator[tuple[int, list[bytes]]]:
+    """Every process's pid and its ``/proc/<pid>/stat`` fields after the ")" that closes comm (state, ppid, pgrp,
+    ...); processes that end while being read are skipped."""
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -179,11 +180,12 @@ def group_alive(pgid: int) -> bool:
                 stat = fh.read()
         except OSError:
             continue
-        # Fields after the ")" that closes comm: state ppid pgrp ...
-        rest = stat[stat.rfind(b")") + 2 :].split()
-        if len(rest) >= 3 and rest[0] != b"Z" and int(rest[2]) == pgid:
-            return True
-    return False
+        yield int(entry.name), stat[stat.rfind(b")") + 2 :].split()
+
+
+def group_alive(pgid: int) -> bool:
+    """True if a live (non-zombie) process is still in process group ``pgid`` (reads /proc)."""
+    return any(len(f) >= 3 and f[0] != b"Z" and int(f[2]) == pgid for _, f in proc_stats())
 
 
 def _killpg(pgid: int, sig: int) -> None:

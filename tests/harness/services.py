@@ -24,7 +24,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from .procs import free_port, kill_tree, spawn
+from .procs import free_port, kill_tree, proc_stats, spawn
 
 __all__ = [
     "DEFAULT_DATABASE_URL",
@@ -323,19 +323,7 @@ class PostgresServer:
         if self.proc is None or self.proc.poll() is not None:
             return []
         root = self.proc.pid
-        pids = [root]
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry.name}/stat", "rb") as fh:
-                    stat = fh.read()
-            except OSError:
-                continue
-            fields = stat[stat.rfind(b")") + 2 :].split()  # state ppid ...
-            if len(fields) > 1 and int(fields[1]) == root:
-                pids.append(int(entry.name))
-        return pids
+        return [root] + [pid for pid, f in proc_stats() if len(f) > 1 and int(f[1]) == root]
 
     def signal(self, sig: signal.Signals) -> None:
         """Send ``sig`` to the postmaster and every backend and auxiliary process."""

@@ -17,6 +17,7 @@ from typing import Any
 
 import harness
 import pytest
+from harness.prom import sample
 from harness.services import PostgresServer, find_postgres_bindir
 from harness.wait import wait_for
 
@@ -47,30 +48,8 @@ def private_pg() -> Iterator[PostgresServer]:
     try:
         yield server
     finally:
-        _signal_cluster(server, signal.SIGCONT)  # never leave a stopped cluster behind
+        server.signal(signal.SIGCONT)  # never leave a stopped cluster behind
         server.close()
-
-
-def _signal_cluster(server: PostgresServer, sig: int) -> None:
-    """Signal the postmaster and every process it started (backends call setsid: no common process group)."""
-    if server.proc is None or server.proc.poll() is not None:
-        return
-    root = server.proc.pid
-    pids = [root]
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as fh:
-                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            if ppid == root:
-                pids.append(int(entry))
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 def test_a_host_down_past_the_trim_counts_the_loss_and_shows_a_gap(make_host: Callable[..., Bus], sql: Any) -> None:
@@ -232,7 +211,7 @@ def test_a_frozen_server_is_a_typed_error_within_the_timeout(
     a = make_host("a", dsn=dsn, command_timeout=1.0)
     wait_relaying(a)
     a.publish("/f", "before")
-    _signal_cluster(private_pg, signal.SIGSTOP)
+    private_pg.signal(signal.SIGSTOP)
     try:
         t0 = time.monotonic()
         with pytest.raises(PostgresUnavailable, match="did not answer"):
@@ -242,7 +221,7 @@ def test_a_frozen_server_is_a_typed_error_within_the_timeout(
         wait_for(lambda: a.default.health()["relay_state"] != "relaying", timeout=15, what="the relay notices")
         assert a.default.health()["state"] == "unreachable"
     finally:
-        _signal_cluster(private_pg, signal.SIGCONT)
+        private_pg.signal(signal.SIGCONT)
     wait_for(lambda: _publishes(a), timeout=20, what="publishing works again")
     assert a.default.health()["state"] == "ok"
     wait_relaying(a)
@@ -369,7 +348,7 @@ def test_a_relay_without_subscriptions_and_after_a_reset_is_shown(
             what="the child shown relaying",
         )
         assert 'shmbus_relay_up{bus="' in render(looker) and "shmbus_relay_up{" in render(looker)
-        assert _relay_up(render(looker)) == 1
+        assert sample(render(looker), "shmbus_relay_up") == 1
         first = a.publish("/before", "the first history")
         wait_for(lambda: looker.last_id("/before") == first, what="host r relayed the first history")
         epoch = looker.epoch
@@ -379,15 +358,8 @@ def test_a_relay_without_subscriptions_and_after_a_reset_is_shown(
         wait_for(lambda: looker.last_id("/after") == 1, what="the new history relayed")
         snap = read_snapshot(looker, exclude_self=True)
         assert snap.relay is not None and snap.relay.pid == child.pid and snap.relay.relay_state == "relaying"
-        assert _relay_up(render(looker)) == 1
+        assert sample(render(looker), "shmbus_relay_up") == 1
     finally:
         child.kill()
         child.wait(10)
         looker.destroy()
-
-
-def _relay_up(text: str) -> int:
-    for line in text.splitlines():
-        if line.startswith("shmbus_relay_up{"):
-            return int(float(line.rsplit(" ", 1)[1]))
-    raise AssertionError(f"no shmbus_relay_up in {text!r}")
