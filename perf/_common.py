@@ -68,6 +68,18 @@ def parse_args(
     return p.parse_args(argv)
 
 
+def fork(fn: Any, *args: Any) -> int:
+    """Run ``fn(*args)`` in a forked child that never returns into the parent's code (it exits 1 if ``fn`` returns
+    or raises without calling ``os._exit`` itself); the child's pid."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            fn(*args)
+        finally:
+            os._exit(1)
+    return pid
+
+
 def skip(reason: str) -> None:
     """Exit with the 'skipped' code: perf/run reports it but does not count it as an error."""
     print(f"SKIP: {reason}", file=sys.stderr)

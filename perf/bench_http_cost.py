@@ -355,16 +355,6 @@ def direct_publisher_process(
 
 
 # ---------------------------------------------------------------------------------------------- a scenario
-def fork(fn: Any, *args: Any) -> int:
-    pid = os.fork()
-    if pid == 0:
-        try:
-            fn(*args)
-        finally:
-            os._exit(1)
-    return pid
-
-
 def scenario(
     server_kind: str,
     clients: int,
@@ -416,7 +406,7 @@ def scenario(
             ids = [f"c{k}x{i}" for i in range(k * per, min(clients, (k + 1) * per))]
             out_r, out_w = os.pipe()
             kids.append(
-                fork(
+                c.fork(
                     client_process,
                     server.port,
                     ids,
@@ -438,11 +428,11 @@ def scenario(
             pace = rate / publishers if rate else 0.0
             if publish == "direct":
                 kids.append(
-                    fork(direct_publisher_process, name, k + 1, share, publishers, pace, pub_go_r, ready_w, group)
+                    c.fork(direct_publisher_process, name, k + 1, share, publishers, pace, pub_go_r, ready_w, group)
                 )
             else:
                 kids.append(
-                    fork(
+                    c.fork(
                         publisher_process,
                         server.port,
                         k + 1,

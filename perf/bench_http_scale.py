@@ -280,16 +280,6 @@ def publisher_main(server: Any, duration: float, seed: int, go: int, out: int) -
 
 
 # ---------------------------------------------------------------------------------------------- one run
-def fork(fn: Any, *args: Any) -> int:
-    pid = os.fork()
-    if pid == 0:
-        try:
-            fn(*args)
-        finally:
-            os._exit(1)
-    return pid
-
-
 def read_all(fd: int) -> bytes:
     data = b""
     while chunk := os.read(fd, 1 << 20):
@@ -343,7 +333,7 @@ def run(kind: str, streams: int, duration: float, sample_every: int, settle: flo
             ctl_r, ctl_w = os.pipe()
             first, count = k * per, min(per, streams - k * per)
             src = f"127.0.0.{2 + k}"
-            kids.append(fork(loader_main, server.port, wire, first, count, sample_every, src, ctl_r, out_w))
+            kids.append(c.fork(loader_main, server.port, wire, first, count, sample_every, src, ctl_r, out_w))
             os.close(out_w)
             os.close(ctl_r)
             outs.append(out_r)
@@ -371,7 +361,7 @@ def run(kind: str, streams: int, duration: float, sample_every: int, settle: flo
         cpu0 = cpu_seconds(pids)
         lcpu0 = cpu_seconds(loader_pids)
         t0 = time.monotonic()
-        kids.append(fork(publisher_main, server, duration, 27, go_r, pub_w))
+        kids.append(c.fork(publisher_main, server, duration, 27, go_r, pub_w))
         os.close(pub_w)
         os.write(go_w, b"g")
         pub = json.loads(read_all(pub_r))
