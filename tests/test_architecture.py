@@ -46,7 +46,9 @@ def _imports(name: str, path: Path, known: dict[str, Path]) -> Iterator[str]:
             else:
                 prefix = node.module or ""
             # ``from pkg import mod`` imports the module pkg.mod when there is one; else a name of pkg
-            targets = [f"{prefix}.{alias.name}" if f"{prefix}.{alias.name}" in known else prefix for alias in node.names]
+            targets = [
+                f"{prefix}.{alias.name}" if f"{prefix}.{alias.name}" in known else prefix for alias in node.names
+            ]
         else:
             continue
         for target in targets:
