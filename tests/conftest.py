@@ -19,19 +19,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from uuid import uuid4
 
 import pytest
 
-# Make ``import harness`` work whether or not tests/ is a package and from any rootdir.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from harness import require_all, skip_or_fail
-from harness.procs import ProcessTracker, Server, kill_stragglers
-from harness.services import (
+from tests.harness import require_all, skip_or_fail
+from tests.harness.procs import ProcessTracker, Server, kill_stragglers
+from tests.harness.services import (
     DEFAULT_DATABASE_URL,
     DEFAULT_REDIS_URL,
     PostgresServer,
@@ -41,8 +36,8 @@ from harness.services import (
     redis_ping,
     redis_url_problem,
 )
-from harness.shm import SHM_DIR, bus_prefix, files_for_bus, shm_files
-from harness.table import format_table
+from tests.harness.shm import SHM_DIR, bus_prefix, files_for_bus, shm_files
+from tests.harness.table import format_table
 
 _REDIS_HOW = "apt-get install redis-server (or run scripts/test), or set REDIS_URL"
 _PG_HOW = (

@@ -7,8 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness.browser import require_browser, run_page
-from harness.procs import ProcessTracker, free_port, wait_http
+
+from tests.harness.browser import require_browser, run_page
+from tests.harness.procs import ProcessTracker, free_port, wait_http
 
 pytestmark = pytest.mark.e2e
 

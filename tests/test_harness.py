@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import TESTS_DIR, require, require_module, skip_or_fail
-from harness.procs import (
+
+from tests.harness import TESTS_DIR, require, require_module, skip_or_fail
+from tests.harness.procs import (
     ProcessTracker,
     free_port,
     group_alive,
@@ -24,8 +25,8 @@ from harness.procs import (
     wait_http,
     wait_port,
 )
-from harness.services import RedisServer, postgres_problem, redis_ping
-from harness.shm import SHM_DIR, bus_prefix, files_for_bus, shm_files
+from tests.harness.services import RedisServer, postgres_problem, redis_ping
+from tests.harness.shm import SHM_DIR, bus_prefix, files_for_bus, shm_files
 
 
 def _gone(pid: int) -> bool:
@@ -259,6 +260,7 @@ def _child_pytest(
         env.pop(name, None)
     if require_all is not None:
         env["SHMBUS_REQUIRE_ALL"] = require_all
+    env["PYTHONPATH"] = str(TESTS_DIR.parent)  # the child's tests import ``tests.harness``
     env.update(extra_env)
     argv = [sys.executable, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", "-p", "no:xdist"]
     return subprocess.run(
@@ -271,10 +273,8 @@ def _child_pytest(
     )
 
 
-REQUIRE_TESTS = f"""
-import sys
-sys.path.insert(0, {str(TESTS_DIR)!r})
-from harness import require, skip_or_fail
+REQUIRE_TESTS = """
+from tests.harness import require, skip_or_fail
 
 def test_missing_bool():
     require(False, "frobnicator missing (apt-get install frob)")
@@ -316,14 +316,12 @@ def test_skip_or_fail_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 LEAKY_CONFTEST = f"""
-import sys
-sys.path.insert(0, {str(TESTS_DIR)!r})
 exec(compile(open({str(TESTS_DIR / "conftest.py")!r}).read(), "shmbus_conftest", "exec"))
 """
 
 LEAKY_TESTS = """
 import os
-from harness.procs import spawn_python
+from tests.harness.procs import spawn_python
 
 def test_leaves_a_segment(bus_name):
     open(f"/dev/shm/shmbus.{bus_name}", "w").close()
@@ -354,7 +352,7 @@ def test_session_fails_on_leaked_segment_and_stray_process(tmp_path: Path) -> No
 
 PRIVATE_TESTS = """
 import os
-from harness.services import postgres_problem, redis_ping
+from tests.harness.services import postgres_problem, redis_ping
 
 def test_private_services(redis_url, database_url):
     port = int(redis_url.rsplit(":", 1)[1].split("/")[0])

@@ -7,21 +7,17 @@
 
 from __future__ import annotations
 
-import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.append(str(Path(__file__).resolve().parent.parent / "web"))  # web_servers, webapps
-
-from harness.shm import bus_prefix
-from servers import KINDS, Target, make_target, shared_bus
-
 from shmbus.client import MessageBusClient
+from tests.harness.shm import bus_prefix
+
+from .servers import KINDS, Target, make_target, shared_bus
 
 #: intervals small enough for tests (the servers' long polls last 1 s)
 FAST = {"min_poll_interval": 0.05, "max_poll_interval": 1.0, "callback_interval": 0.3, "timeout": 10.0}

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import harness
 import httpx
-from harness.procs import _gunicorn_argv, free_port, kill_tree, spawn, wait_http
-from web_servers import GUNICORN_CONFIG, WEB_DIR, app_spec, env_for
 
 from shmbus import Bus
+from tests import harness
+from tests.harness.procs import _gunicorn_argv, free_port, kill_tree, spawn, wait_http
+from tests.web.web_servers import GUNICORN_CONFIG, WEB_DIR, app_spec, env_for
 
 CLIENT_DIR = Path(__file__).resolve().parent
 GEM_SERVER = CLIENT_DIR / "gem_server.ru"

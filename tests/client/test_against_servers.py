@@ -10,10 +10,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from recorder import Recorder, resolved, wait_until
-from servers import Target
 
 from shmbus.client import MessageBusClient
+
+from .recorder import Recorder, resolved, wait_until
+from .servers import Target
 
 pytestmark = pytest.mark.slow
 MakeClient = Callable[..., MessageBusClient]

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from servers import Target
+
+from .servers import Target
 
 pytestmark = pytest.mark.slow
 NewTarget = Callable[..., Target]

@@ -9,10 +9,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from recorder import Recorder, resolved, wait_until
-from servers import KINDS, Target
 
 from shmbus.client import MessageBusClient
+
+from .recorder import Recorder, resolved, wait_until
+from .servers import KINDS, Target
 
 pytestmark = pytest.mark.slow
 MakeClient = Callable[..., MessageBusClient]

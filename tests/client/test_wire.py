@@ -13,11 +13,12 @@ from typing import Any
 
 import httpx
 import pytest
-from recorder import Recorder, wait_until
-from stub import Reply, Seen, Stub
 
 from shmbus.client import MessageBusClient
 from shmbus.client.pacing import JITTER, Backoff
+
+from .recorder import Recorder, wait_until
+from .stub import Reply, Seen, Stub
 
 MakeClient = Callable[..., MessageBusClient]
 STREAM = {"Content-Type": "text/plain; charset=utf-8"}

@@ -6,10 +6,10 @@ import time
 from typing import Any
 
 import pytest
-from harness.wait import wait_for
 
 import shmbus
 from shmbus import Bus, Message
+from tests.harness.wait import wait_for
 
 
 def collect(bus: Bus, channel: str | None, last_id: int | None = None, **kw: Any) -> list[Message]:

@@ -6,9 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from harness.wait import wait_for
-
 import shmbus
+from tests.harness.wait import wait_for
 
 CHANNEL = "/__shmbus_cache/c"
 

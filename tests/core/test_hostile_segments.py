@@ -17,11 +17,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from harness.wait import wait_for
 
 import shmbus
 from shmbus import Bus
 from shmbus.segment import Segment, layout, segment_path
+from tests.harness.wait import wait_for
 
 
 def _run_bounded(fn: Callable[[], Any], seconds: float = 20.0) -> Any:

@@ -16,10 +16,10 @@ import time
 from typing import Any
 
 import pytest
-from harness.wait import wait_for
 
 import shmbus
 from shmbus import Bus
+from tests.harness.wait import wait_for
 
 FORK = mp.get_context("fork")
 

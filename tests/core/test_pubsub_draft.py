@@ -8,11 +8,11 @@ import json
 from typing import Any
 
 import pytest
-from harness.wait import wait_for
 
 import shmbus
 from shmbus import Bus, Message, PubSubEngine
 from shmbus.errors import EngineError, InvalidChannel, InvalidMessage
+from tests.harness.wait import wait_for
 
 
 class DraftRecorder(PubSubEngine):

@@ -14,9 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import harness
 import pytest
-from dj_util import run_django
+
+from tests import harness
+
+from .dj_util import run_django
 
 harness.require_module("django", "pip install -e '.[all,test]' (the django extra), or run scripts/test")
 
@@ -27,7 +29,7 @@ def djsettings() -> Any:
     from django.conf import settings
 
     if not settings.configured:
-        import djtest.settings as module
+        from .djtest import settings as module
 
         settings.configure(**{k: getattr(module, k) for k in dir(module) if k.isupper()})
         django.setup()

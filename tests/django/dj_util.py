@@ -12,7 +12,7 @@ DJTEST_DIR = Path(__file__).resolve().parent
 
 def run_django(env: dict[str, str], *args: str) -> str:
     """``python -m django ARGS`` in a child process with ``env``; its stdout (fails with its stderr)."""
-    from harness.procs import _child_env
+    from tests.harness.procs import _child_env
 
     proc = subprocess.run(
         [sys.executable, "-m", "django", *args],

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from dj_util import run_django
 
 from shmbus.adapters.integrations.django.checks import Worker, check_settings, startup_checks
+
+from .dj_util import run_django
 
 GOOD = {"BUS": "djchecks"}
 
@@ -48,7 +49,7 @@ def test_setting_errors(djsettings: Any, setting: Any, expected: list[str]) -> N
 
 
 def test_lookups_that_import_pass_and_none_turns_one_off(djsettings: Any) -> None:
-    setting = {"BUS": "x", "USER_ID_LOOKUP": "djtest.urls.whoami", "GROUP_IDS_LOOKUP": None}
+    setting = {"BUS": "x", "USER_ID_LOOKUP": "tests.django.djtest.urls.whoami", "GROUP_IDS_LOOKUP": None}
     assert ids(setting) == []
 
 

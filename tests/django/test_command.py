@@ -6,10 +6,11 @@ import json
 from typing import Any
 
 import pytest
-from dj_util import run_django
 
 from shmbus import Bus
 from shmbus.adapters.integrations.django import get_bus
+
+from .dj_util import run_django
 
 
 def test_publish_stats_tail_on_the_configured_bus(shmbus_setting: Any, capsys: Any) -> None:

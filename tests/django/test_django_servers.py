@@ -19,9 +19,10 @@ from typing import Any
 
 import httpx
 import pytest
-from dj_util import DJTEST_DIR, run_django
 
 from shmbus import Bus
+
+from .dj_util import DJTEST_DIR, run_django
 
 pytestmark = pytest.mark.slow
 

@@ -17,12 +17,13 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import harness
 import pytest
-from dj_util import DJTEST_DIR
 
 from shmbus import Bus, InvalidChannel, InvalidMessage, InvalidMessageTarget
 from shmbus.adapters.integrations.django import get_bus, publish_on_commit
+from tests import harness
+
+from .dj_util import DJTEST_DIR
 
 CHILD = """
 import json, sys

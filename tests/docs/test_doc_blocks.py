@@ -17,8 +17,9 @@ import subprocess
 import sys
 
 import pytest
-from harness import REPO_ROOT
-from harness.shm import files_for_bus
+
+from tests.harness import REPO_ROOT
+from tests.harness.shm import files_for_bus
 
 DOCS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\w+)\s*$")

@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness import REPO_ROOT, require_module
+
+from tests.harness import REPO_ROOT, require_module
 
 CONFIG = REPO_ROOT / "mkdocs.yml"
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 import os
 import re
 
-from harness import REPO_ROOT
-
 from shmbus import Bus
+from tests.harness import REPO_ROOT
 
 README = (REPO_ROOT / "README.md").read_text()
 

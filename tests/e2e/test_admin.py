@@ -19,11 +19,11 @@ from typing import Any
 
 import httpx
 import pytest
-from harness import require_module
-from harness.browser import E2E_DIR, run_page
-from harness.wait import wait_for
 
 from shmbus import Bus
+from tests.harness import require_module
+from tests.harness.browser import E2E_DIR, run_page
+from tests.harness.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -195,7 +195,7 @@ def assert_every_plot_has_its_axes(shot: Path, report: dict[str, Any]) -> None:
     """Measured on the screenshot: every plot has a y axis with tick labels left of its plotting area (the ring's
     seconds a second one on the right) and time labels below it; and each axis says its unit, each series is
     drawn against the axis of its unit (the ring's fill % against 0-100 %, not against the seconds)."""
-    from harness.png import read_png
+    from tests.harness.png import read_png
 
     axes = report["axes"]
     dpr = report["dpr"]
@@ -263,7 +263,7 @@ def test_vendored_uplot_is_the_npm_package() -> None:
     """The admin page's vendored uPlot is byte-identical to the npm package the browser tests install."""
     package = E2E_DIR / "node_modules" / "uplot"
     if not (package / "package.json").exists():
-        import harness
+        from tests import harness
 
         harness.skip_or_fail(f"uplot not installed in {E2E_DIR} (run scripts/test, or npm ci there)")
     static = E2E_DIR.parent.parent / "adapters" / "admin" / "static"

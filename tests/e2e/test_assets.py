@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness.browser import run_page
-from test_browser import SHELLS, VENDORED, require_client, start_server
 
 from shmbus import Bus
+from tests.harness.browser import run_page
+
+from .test_browser import SHELLS, VENDORED, require_client, start_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

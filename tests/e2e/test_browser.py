@@ -18,12 +18,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import harness
 import pytest
-from harness import skip_or_fail
-from harness.browser import E2E_DIR, require_browser, run_page
 
 from shmbus import Bus
+from tests import harness
+from tests.harness import skip_or_fail
+from tests.harness.browser import E2E_DIR, require_browser, run_page
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -67,7 +67,6 @@ def start_server(procs: Any, bus_name: str, shell: str, log_path: Path) -> Any:
     spec, worker_class = SHELLS[shell]
     env = {"SHMBUS_TEST_BUS": bus_name, "SHMBUS_E2E_LOG": str(log_path)}
     if shell == "shmbus-server":
-        env["PYTHONPATH"] = str(E2E_DIR)  # e2e_native (in app_dir) imports e2e_app
         return procs.gunicorn_server(
             spec, workers=2, worker_class=worker_class, env=env, app_dir=SERVER_DIR, health_path="/page"
         )

@@ -18,10 +18,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from harness import REPO_ROOT
-from harness.browser import run_page
-from harness.procs import free_port, group_alive, wait_http
-from harness.shm import files_for_bus
+
+from tests.harness import REPO_ROOT
+from tests.harness.browser import run_page
+from tests.harness.procs import free_port, group_alive, wait_http
+from tests.harness.shm import files_for_bus
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

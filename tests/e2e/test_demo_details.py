@@ -13,11 +13,12 @@ import urllib.request
 from typing import Any
 
 import pytest
-from harness import REPO_ROOT
-from harness.procs import free_port, wait_http
-from test_demo import assert_stopped_cleanly
 
 from shmbus import Bus
+from tests.harness import REPO_ROOT
+from tests.harness.procs import free_port, wait_http
+
+from .test_demo import assert_stopped_cleanly
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

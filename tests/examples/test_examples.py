@@ -21,11 +21,11 @@ from typing import Any
 
 import httpx
 import pytest
-from harness import REPO_ROOT
-from harness.browser import E2E_DIR, require_browser
-from harness.procs import free_port, kill_tree, wait_http
 
 from shmbus.segment import Segment
+from tests.harness import REPO_ROOT
+from tests.harness.browser import E2E_DIR, require_browser
+from tests.harness.procs import free_port, kill_tree, wait_http
 
 EXAMPLES = REPO_ROOT / "examples"
 FENCE = re.compile(r"^```[a-z]*\n(.*?)^```", re.S | re.M)

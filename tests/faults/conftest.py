@@ -15,12 +15,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import harness
 import pytest
-from faults_backends import Backend, PostgresBackend, RedisBackend
-from faults_checker import Verdict, check
-from faults_hosts import Cluster
-from harness.services import PostgresServer, find_postgres_bindir
+
+from tests import harness
+from tests.harness.services import PostgresServer, find_postgres_bindir
+
+from .faults_backends import Backend, PostgresBackend, RedisBackend
+from .faults_checker import Verdict, check
+from .faults_hosts import Cluster
 
 
 @pytest.fixture(scope="session")

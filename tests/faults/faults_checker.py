@@ -26,9 +26,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from faults_hosts import CHANNELS, SENTINEL, Cluster, Host
-
 from shmbus.metrics import read_snapshot
+
+from .faults_hosts import CHANNELS, SENTINEL, Cluster, Host
 
 __all__ = ["HostVerdict", "Verdict", "check"]
 

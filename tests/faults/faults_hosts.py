@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from faults_backends import Backend
-from harness.procs import ProcessTracker, kill_tree
-from harness.wait import wait_for
-
 from shmbus import Bus
 from shmbus.segment import Segment
+from tests.harness.procs import ProcessTracker, kill_tree
+from tests.harness.wait import wait_for
+
+from .faults_backends import Backend
 
 __all__ = ["Ack", "Cluster", "Host", "Ledger"]
 

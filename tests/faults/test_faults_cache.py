@@ -5,9 +5,10 @@ in memory, and a late starter on another host missed a key set before 3,000 othe
 from __future__ import annotations
 
 import pytest
-from faults_hosts import Cluster, until
 
 from shmbus import DistributedCache
+
+from .faults_hosts import Cluster, until
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

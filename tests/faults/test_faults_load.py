@@ -10,8 +10,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from faults_backends import Backend
-from faults_hosts import Cluster, until
+
+from .faults_backends import Backend
+from .faults_hosts import Cluster, until
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

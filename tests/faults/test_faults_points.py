@@ -12,10 +12,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from faults_backends import Backend, PostgresBackend, forged_line, line_for
-from faults_hosts import NODE, Cluster, until
 
 from shmbus import EngineError, PayloadTooLarge
+
+from .faults_backends import Backend, PostgresBackend, forged_line, line_for
+from .faults_hosts import NODE, Cluster, until
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

@@ -1,6 +1,6 @@
 """Shared test harness for shmbus: real services, real processes, loud skips.
 
-Tests import it as ``harness`` (``tests/conftest.py`` puts ``tests/`` on ``sys.path``).
+Tests import it as ``tests.harness`` (``tests/`` is a package; pytest puts the repo root on ``sys.path``).
 
 A missing service or tool normally *skips* the test that needs it, so a developer without
 Chromium can still run the rest.  Under ``SHMBUS_REQUIRE_ALL=1`` (set by ``scripts/test`` when
@@ -10,9 +10,11 @@ Chromium can still run the rest.  Under ``SHMBUS_REQUIRE_ALL=1`` (set by ``scrip
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import NoReturn
@@ -22,6 +24,7 @@ import pytest
 __all__ = [
     "REPO_ROOT",
     "TESTS_DIR",
+    "import_file",
     "message_bus_gem",
     "require",
     "require_all",
@@ -76,6 +79,24 @@ def require_binary(name: str, how: str) -> str:
     if path is None:
         skip_or_fail(f"executable {name!r} not found on PATH ({how})")
     return path
+
+
+def import_file(path: Path, name: str | None = None) -> ModuleType:
+    """Import the module at ``path`` (a perf/ or examples/ script: not a package) without touching ``sys.path``.
+
+    It is registered in ``sys.modules`` under ``name`` (default: its file name) while it runs, as an import would.
+    """
+    name = name or path.stem
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
 
 
 def require_module(name: str, how: str | None = None) -> ModuleType:

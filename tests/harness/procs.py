@@ -25,6 +25,8 @@ from pathlib import Path
 from subprocess import STDOUT
 from typing import Any
 
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
 __all__ = [
     "ProcessTracker",
     "Server",
@@ -115,17 +117,18 @@ def wait_http(url: str, timeout: float = 10.0, proc: subprocess.Popen[Any] | Non
 
 
 def _child_env(env: Env | None, app_dir: PathArg | None = None) -> dict[str, str]:
-    """os.environ overlaid with ``env`` (a None value removes a variable), plus ``app_dir`` on
-    PYTHONPATH so ``module:app`` specs written to a tmp dir are importable."""
+    """os.environ overlaid with ``env`` (a None value removes a variable), plus ``app_dir`` and the repo root on
+    PYTHONPATH so ``module:app`` specs written to a tmp dir are importable and import ``tests.*`` helpers."""
     merged = dict(os.environ)
     for key, value in (env or {}).items():
         if value is None:
             merged.pop(key, None)
         else:
             merged[key] = value
-    if app_dir is not None:
-        parts = [str(app_dir)] + [p for p in merged.get("PYTHONPATH", "").split(os.pathsep) if p]
-        merged["PYTHONPATH"] = os.pathsep.join(parts)
+    # app_dir first (``module:app`` specs), then the repo root so that apps import test helpers as ``tests.x``
+    parts = [str(app_dir)] if app_dir is not None else []
+    parts += [str(_REPO_ROOT)] + [p for p in merged.get("PYTHONPATH", "").split(os.pathsep) if p]
+    merged["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))
     merged.setdefault("PYTHONUNBUFFERED", "1")
     return merged
 

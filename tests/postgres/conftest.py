@@ -9,15 +9,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import harness
 import pytest
 
 from shmbus import Bus
+from tests import harness
 
 psycopg = harness.require_module("psycopg")  # the postgres extra; skipped (failed under SHMBUS_REQUIRE_ALL) if absent
-from pg_util import dsn_for  # noqa: E402
-
 from shmbus.adapters.postgres import PostgresBridge  # noqa: E402
+
+from .pg_util import dsn_for  # noqa: E402
 
 
 @pytest.fixture

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 from wsgiref.util import setup_testing_defaults
 
-import harness
 import pytest
-from harness.wait import wait_for
 
 from shmbus import Bus, DistributedCache
+from tests import harness
+from tests.harness.wait import wait_for
 
 psycopg = harness.require_module("psycopg")
 from shmbus.adapters.postgres.bridge import PostgresBridge  # noqa: E402

@@ -10,24 +10,24 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import harness
 import pytest
-from harness.services import PostgresServer, find_postgres_bindir
-from harness.wait import wait_for
 
 from shmbus import Bus
+from tests import harness
+from tests.harness.services import PostgresServer, find_postgres_bindir
+from tests.harness.wait import wait_for
 
 psycopg = harness.require_module("psycopg")
-from pg_util import dsn_for  # noqa: E402
-
 from shmbus.adapters.postgres import PostgresReadOnly, PostgresUnavailable  # noqa: E402
+
+from .pg_util import dsn_for  # noqa: E402
 
 pytestmark = pytest.mark.postgres
 
 CHILD = """
 import os, sys, time
 from shmbus import Bus
-from shmbus.adapters.postgres import PostgresBridge
+from shmbus.adapters.postgres import PostgresBridge  # noqa: E402
 bus = Bus(sys.argv[1], keepalive_interval=0,
           engine=PostgresBridge(sys.argv[2], notify_channel=sys.argv[3]))  # the default election_interval
 bridge = bus.default

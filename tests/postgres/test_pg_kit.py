@@ -15,19 +15,19 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import harness
 import pytest
-from harness.prom import sample
-from harness.services import PostgresServer, find_postgres_bindir
-from harness.wait import wait_for
 
 from shmbus import Bus, PayloadTooLarge
 from shmbus.metrics import read_snapshot
+from tests import harness
+from tests.harness.prom import sample
+from tests.harness.services import PostgresServer, find_postgres_bindir
+from tests.harness.wait import wait_for
 
 psycopg = harness.require_module("psycopg")
-from pg_util import dsn_for  # noqa: E402
-
 from shmbus.adapters.postgres import PostgresUnavailable  # noqa: E402
+
+from .pg_util import dsn_for  # noqa: E402
 
 pytestmark = pytest.mark.postgres
 
@@ -318,7 +318,7 @@ def test_without_a_usable_engine_a_publish_is_refused_and_says_what_to_set(
 RELAY_ONLY = """
 import sys, time
 from shmbus import Bus
-from shmbus.adapters.postgres import PostgresBridge
+from shmbus.adapters.postgres import PostgresBridge  # noqa: E402
 bus = Bus(sys.argv[1], keepalive_interval=0, engine=PostgresBridge(sys.argv[2], notify_channel=sys.argv[3],
           election_interval=0.05))
 print("READY", flush=True)

@@ -11,19 +11,18 @@ Helpers shared by the test modules are in ``push_util`` (a module: conftest name
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import harness
 import pytest
 
-harness.require_module("pywebpush", "pip install -e '.[push]'")  # the push extra (skipped loudly without it)
-from harness.push_service import PushService  # noqa: E402
+from tests import harness
 
+harness.require_module("pywebpush", "pip install -e '.[push]'")  # the push extra (skipped loudly without it)
 from shmbus import Bus  # noqa: E402
 from shmbus.adapters.push import FileStore, PushConnector, VapidKeys  # noqa: E402
+from tests.harness.push_service import PushService  # noqa: E402
 
 
 @pytest.fixture
@@ -71,8 +70,7 @@ def connector(bus: Bus, vapid: VapidKeys, tmp_path: Path) -> Iterator[Callable[.
 @pytest.fixture
 def pg_dsn(database_url: str, bus_name: str) -> Any:
     psycopg = harness.require_module("psycopg")
-    sys.path.insert(0, str(Path(__file__).parents[1] / "postgres"))
-    from pg_util import dsn_for
+    from tests.postgres.pg_util import dsn_for
 
     schema = f"s_{bus_name}".lower()
     with psycopg.connect(database_url, autocommit=True) as conn:

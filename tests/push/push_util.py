@@ -6,10 +6,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from harness.wait import wait_for
-
 from shmbus.adapters.push import PushConnector
 from shmbus.adapters.push.subscriptions import parse_registration
+from tests.harness.wait import wait_for
 
 #: The endpoint policy of the tests: the local push service only (the default refuses IP literals).
 LOCAL: Callable[[str], bool] = lambda url: url.startswith("http://127.0.0.1:")  # noqa: E731

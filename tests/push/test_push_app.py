@@ -9,12 +9,13 @@ from typing import Any
 
 import httpx
 import pytest
-from harness.push_service import PushService
-from harness.wait import wait_for
-from push_util import LOCAL, wait_leading
 
 from shmbus import Bus
 from shmbus.adapters.push import MAX_PLAINTEXT, PushApp, PushConnector, PushWSGIApp, VapidKeys
+from tests.harness.push_service import PushService
+from tests.harness.wait import wait_for
+
+from .push_util import LOCAL, wait_leading
 
 
 def _user(scope_or_environ: dict[str, Any]) -> Any:

@@ -19,13 +19,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from harness.push_service import PushService
-from harness.wait import wait_for
-from push_util import LOCAL
-
 from shmbus import Bus
 from shmbus.adapters.push import FileStore, VapidKeys
 from shmbus.adapters.push.subscriptions import parse_registration
+from tests.harness.push_service import PushService
+from tests.harness.wait import wait_for
+
+from .push_util import LOCAL
 
 WORKER = str(Path(__file__).with_name("push_worker.py"))
 

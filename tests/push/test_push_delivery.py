@@ -6,13 +6,14 @@ import json
 from collections.abc import Callable
 
 import pytest
-from harness.push_service import PushService
-from harness.wait import wait_for
-from push_util import register, wait_leading
 
 from shmbus import Bus
 from shmbus.adapters.push import MAX_PLAINTEXT, PushConnector, PushOptions, VapidKeys, publish_push
 from shmbus.errors import InvalidMessage, PayloadTooLarge
+from tests.harness.push_service import PushService
+from tests.harness.wait import wait_for
+
+from .push_util import register, wait_leading
 
 
 def test_delivery_decrypts_with_headers(

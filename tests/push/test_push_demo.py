@@ -10,23 +10,19 @@ from typing import Any
 
 import httpx
 import pytest
-from harness import REPO_ROOT
-from harness.wait import wait_for
 
 from shmbus import Bus
+from tests.harness import REPO_ROOT, import_file
+from tests.harness.wait import wait_for
 
 
 @pytest.fixture
 def notify(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
     monkeypatch.setenv("SHMBUS_DEMO_PUSH_DIR", str(tmp_path / "push"))
-    sys.path.insert(0, str(REPO_ROOT / "examples" / "demo"))
     try:
-        import notify
-
-        yield notify
+        yield import_file(REPO_ROOT / "examples" / "demo" / "notify.py", "demo_notify")
     finally:
-        sys.path.remove(str(REPO_ROOT / "examples" / "demo"))
-        sys.modules.pop("notify", None)
+        sys.modules.pop("demo_notify", None)
 
 
 def test_demo_push_routes(notify: Any, bus: Bus, tmp_path: Path) -> None:

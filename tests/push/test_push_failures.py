@@ -8,12 +8,13 @@ from collections import Counter
 from collections.abc import Callable
 
 import pytest
-from harness.push_service import PushService
-from harness.wait import wait_for
-from push_util import register, wait_leading
 
 from shmbus import Bus
 from shmbus.adapters.push import PushConnector, VapidKeys
+from tests.harness.push_service import PushService
+from tests.harness.wait import wait_for
+
+from .push_util import register, wait_leading
 
 
 @pytest.mark.parametrize("status", [404, 410])

@@ -7,14 +7,15 @@ import json
 from collections.abc import Callable
 
 import httpx
-from harness.push_service import PushService
-from harness.wait import wait_for
-from push_util import register, wait_leading
 
 from shmbus import Bus
 from shmbus.adapters.admin import AdminWSGIApp
 from shmbus.adapters.metrics import BusCollector, MetricsWSGIApp, render
 from shmbus.adapters.push import PushConnector, VapidKeys
+from tests.harness.push_service import PushService
+from tests.harness.wait import wait_for
+
+from .push_util import register, wait_leading
 
 
 def test_metrics_and_admin_show_push_figures(

@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness.push_service import PushService
-from push_util import LOCAL
 
 from shmbus import Bus
 from shmbus.adapters.push import FileElector, FileStore, StaleSender, VapidKeys, store_for
 from shmbus.adapters.push.subscriptions import parse_registration
+from tests.harness.push_service import PushService
+
+from .push_util import LOCAL
 
 WRITER = """
 import sys, time

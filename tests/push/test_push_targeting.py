@@ -9,12 +9,12 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-from harness.push_service import PushService
-from harness.wait import wait_for
-from push_util import register, wait_leading
-
 from shmbus import Bus
 from shmbus.adapters.push import PushConnector, VapidKeys
+from tests.harness.push_service import PushService
+from tests.harness.wait import wait_for
+
+from .push_util import register, wait_leading
 
 TOPICS = ["/t", "/tp", "/global/end"]
 MESSAGES = [

@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from harness.wait import wait_for as harness_wait_for
-
 from shmbus import Bus
+from tests.harness.wait import wait_for as harness_wait_for
 
 
 def wait_for(pred: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:

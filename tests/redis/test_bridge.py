@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 import redis
-from bridge_util import wait_for, wait_relaying
 
 from shmbus import Bus, Message
 from shmbus.adapters.redis import layout as rl
+
+from .bridge_util import wait_for, wait_relaying
 
 pytestmark = pytest.mark.redis
 

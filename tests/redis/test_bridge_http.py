@@ -8,11 +8,12 @@ from collections.abc import Callable
 from typing import Any
 from wsgiref.util import setup_testing_defaults
 
-import harness
 import pytest
-from bridge_util import wait_for, wait_relaying
 
 from shmbus import Bus
+from tests import harness
+
+from .bridge_util import wait_for, wait_relaying
 
 wsgi = harness.require_module("shmbus.adapters.wsgi")
 pytestmark = pytest.mark.redis

@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 import redis
-from bridge_util import wait_for, wait_relaying
-from harness.services import RedisServer
 
 from shmbus import Bus, EngineError
 from shmbus.adapters.redis import RedisReadOnly, RedisUnavailable
+from tests.harness.services import RedisServer
+
+from .bridge_util import wait_for, wait_relaying
 
 pytestmark = pytest.mark.redis
 

@@ -15,11 +15,12 @@ from typing import Any
 
 import pytest
 import redis
-from bridge_util import wait_for, wait_relaying
-from harness.prom import sample
 
 from shmbus import Bus, PayloadTooLarge
 from shmbus.metrics import read_snapshot
+from tests.harness.prom import sample
+
+from .bridge_util import wait_for, wait_relaying
 
 pytestmark = pytest.mark.redis
 

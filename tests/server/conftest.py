@@ -9,7 +9,6 @@ Raw HTTP helpers come from tests/web/rawhttp.py.
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,6 @@ from shmbus import Bus
 
 SERVER_DIR = Path(__file__).resolve().parent
 WEB_DIR = SERVER_DIR.parent / "web"
-if str(WEB_DIR) not in sys.path:
-    sys.path.append(str(WEB_DIR))  # rawhttp
 
 WORKER = "shmbus.adapters.server.GunicornWorker"
 

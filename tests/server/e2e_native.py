@@ -11,10 +11,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import e2e_app
-
 from shmbus.adapters import asgi
 from shmbus.adapters.http import Client, MessageBusProtocol, Poll
+from tests.e2e import e2e_app
 
 _entries: dict[int, dict[str, Any]] = {}
 

@@ -15,9 +15,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import hostile  # tests/web/hostile.py (tests/server/conftest.py puts tests/web on sys.path)
 import pytest
-from wire import Conn, poll, request
+
+from tests.web import hostile
+
+from .wire import Conn, poll, request
 
 SERVER_DIR = Path(__file__).resolve().parent
 LIMITS = {"header_timeout": 2, "body_timeout": 2, "max_pipeline_bytes": 65536, "linger": 1}

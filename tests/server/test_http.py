@@ -16,13 +16,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-import harness.procs
 import pytest
-from wire import Conn, poll, request
 
 from shmbus import Bus
+from tests import harness
+from tests.harness.procs import free_port, wait_http
 
-SERVER_DIR = Path(__file__).resolve().parent  # not "from conftest import": tests/web has a conftest too
+from .wire import Conn, poll, request
+
+SERVER_DIR = Path(__file__).resolve().parent
 pytestmark = pytest.mark.slow
 
 
@@ -197,7 +199,7 @@ def test_plain_app_with_shmbus_options_and_max_requests(start: Any, procs: Any, 
 
 
 def test_standalone_cli(procs: Any, bus_name: str, shared_bus: Bus) -> None:
-    port = harness.procs.free_port()
+    port = free_port()
     p = procs.spawn(
         [
             sys.executable,
@@ -212,7 +214,7 @@ def test_standalone_cli(procs: Any, bus_name: str, shared_bus: Bus) -> None:
         env={"SHMBUS_TEST_BUS": bus_name, "PYTHONPATH": str(SERVER_DIR)},
         cwd=str(SERVER_DIR),
     )
-    harness.procs.wait_http(f"http://127.0.0.1:{port}/pid", timeout=30, proc=p)
+    wait_http(f"http://127.0.0.1:{port}/pid", timeout=30, proc=p)
     s = Conn(port).send(poll("cli", {"/c": 0}, chunk=True))
     s.read_until(b"[]\r\n|\r\n")
     shared_bus.publish("/c", "via-cli")

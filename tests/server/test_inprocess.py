@@ -20,16 +20,17 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import pytest
-from harness import skip_or_fail
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from mock_transport import FakeLoop, FakeTransport, Response, responses, without_date
-from wire import poll, request
 
 from shmbus import Bus
 from shmbus.adapters.asgi import MessageBusMiddleware
 from shmbus.adapters.server import Limits, Server, connection, parser
 from shmbus.adapters.server.connection import HttpConnection
+from tests.harness import skip_or_fail
+
+from .mock_transport import FakeLoop, FakeTransport, Response, responses, without_date
+from .wire import poll, request
 
 LIMITS = Limits(header_timeout=5, body_timeout=7, max_pipeline_bytes=4096, linger=2, max_body_size=1000)
 LONG_POLL = 30.0  # the middleware's long_polling_interval here

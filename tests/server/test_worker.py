@@ -15,11 +15,12 @@ import signal
 import time
 from typing import Any
 
-import harness
 import pytest
-from wire import Conn, poll, request, wire_chunk
 
 from shmbus import Bus
+from tests import harness
+
+from .wire import Conn, poll, request, wire_chunk
 
 pytestmark = pytest.mark.slow
 

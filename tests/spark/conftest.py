@@ -13,8 +13,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from harness import skip_or_fail
-from harness.spark import spark_problem
+
+from tests.harness import skip_or_fail
+from tests.harness.spark import spark_problem
 
 
 @pytest.fixture(scope="session")

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import skip_or_fail
-from harness.spark import spark_problem
 
 from shmbus import Bus
+from tests.harness import skip_or_fail
+from tests.harness.spark import spark_problem
 
 pytestmark = pytest.mark.spark
 

@@ -11,9 +11,9 @@ import importlib.util
 from typing import Any
 
 import pytest
-from harness import skip_or_fail
 
 from shmbus import Bus, DistributedCache, InvalidChannel
+from tests.harness import skip_or_fail
 
 pytestmark = pytest.mark.spark
 

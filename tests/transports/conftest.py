@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from transport_util import SSEClient
 
 from shmbus import Bus
+
+from .transport_util import SSEClient
 
 APP_DIR = Path(__file__).resolve().parent
 

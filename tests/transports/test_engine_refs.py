@@ -8,13 +8,13 @@ import asyncio
 import json
 from typing import Any
 
-from transport_util import Recorder, drive, http_scope
-
 from shmbus import Bus, PubSubEngine
 from shmbus.adapters.guble import GubleApp
 from shmbus.adapters.transports.sse import SSEApp
 from shmbus.adapters.transports.sse_wsgi import SSEWSGIApp
 from shmbus.adapters.transports.websocket import WebSocketApp
+
+from .transport_util import Recorder, drive, http_scope
 
 
 class Recording(PubSubEngine):

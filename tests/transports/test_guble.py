@@ -14,12 +14,12 @@ from typing import Any
 
 import httpx
 import pytest
-from harness import skip_or_fail
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shmbus import Bus
 from shmbus.adapters.guble.protocol import BadRequest, Cancel, Receive, Replay, Send, parse_command
+from tests.harness import skip_or_fail
 
 try:
     from websockets.exceptions import ConnectionClosed

@@ -8,9 +8,6 @@ import io
 import json
 from typing import Any
 
-from harness.wait import wait_for
-from transport_util import Recorder, drive, http_scope
-
 from shmbus import Bus
 from shmbus.adapters.guble import GubleApp
 from shmbus.adapters.http import MessageBusProtocol
@@ -18,6 +15,9 @@ from shmbus.adapters.transports.hub import Sink
 from shmbus.adapters.transports.identity import Identity
 from shmbus.adapters.transports.sse import SSEApp
 from shmbus.adapters.wsgi import MessageBusMiddleware
+from tests.harness.wait import wait_for
+
+from .transport_util import Recorder, drive, http_scope
 
 
 def _header(scope: Any, name: bytes) -> str | None:

@@ -10,7 +10,6 @@ import json
 from typing import Any
 
 import pytest
-from transport_util import Recorder, drive, http_scope
 
 from shmbus import Bus, InvalidChannel
 from shmbus.adapters.guble import GubleApp
@@ -22,6 +21,8 @@ from shmbus.adapters.transports.rest import AsgiRestPublish, WsgiRestPublish
 from shmbus.adapters.transports.sse import SSEApp
 from shmbus.adapters.transports.sse_wsgi import SSEWSGIApp
 from shmbus.adapters.transports.websocket import WebSocketApp
+
+from .transport_util import Recorder, drive, http_scope
 
 BAD_GLOBS = ["/a[]", "/a[!]", "/a[z-a]"]
 DEEP = "[" * 100_000

@@ -14,10 +14,11 @@ from typing import Any
 
 import httpx
 import pytest
-from harness.wait import wait_for
-from transport_util import SSEClient
 
 from shmbus import Bus
+from tests.harness.wait import wait_for
+
+from .transport_util import SSEClient
 
 SERVERS = ["uvicorn", "gunicorn-gevent", "gunicorn-gthread"]
 END = "/srv/direct"  # the sentinel: every connection is subscribed to it
@@ -172,9 +173,9 @@ def test_websocket_connections_are_subscribed_server_side(
 def test_messages_published_while_an_async_on_open_waits_arrive_exactly_once(bus: Bus) -> None:
     """Live batches that reach the stream while ``on_open`` awaits are held: the opening replay sends each
     message once (without the hold, the message published after the subscription would come twice)."""
-    from transport_util import Recorder, http_scope
-
     from shmbus.adapters.transports.sse import SSEApp
+
+    from .transport_util import Recorder, http_scope
 
     bus.publish("/o", "before the stream")  # older than the stream: not replayed without Last-Event-ID
 

@@ -7,12 +7,12 @@ import json
 from typing import Any
 from urllib.parse import unquote
 
-import harness
 import httpx
 import pytest
 
 from shmbus import Bus
 from shmbus.adapters.transports.rest import AsgiRestPublish, WsgiRestPublish
+from tests import harness
 
 TOKEN = {"x-token": "secret"}
 JSON = {"content-type": "application/json", **TOKEN}

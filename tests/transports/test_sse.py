@@ -11,11 +11,12 @@ from typing import Any
 
 import httpx
 import pytest
-from harness.wait import wait_for
-from transport_util import Recorder, http_scope
 
 from shmbus import Bus
 from shmbus.adapters.transports.sse import SSEApp, format_event, parse_event_id
+from tests.harness.wait import wait_for
+
+from .transport_util import Recorder, http_scope
 
 SENTINEL = "/global/end"
 

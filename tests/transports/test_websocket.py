@@ -11,11 +11,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from harness import skip_or_fail
-from transport_util import Recorder
 
 from shmbus import Bus
 from shmbus.adapters.transports.websocket import WebSocketApp
+from tests.harness import skip_or_fail
+
+from .transport_util import Recorder
 
 try:
     from websockets.exceptions import ConnectionClosed

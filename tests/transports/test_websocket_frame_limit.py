@@ -18,7 +18,7 @@ from typing import Any
 from shmbus import Bus
 
 HUGE = 16 << 20
-APP_DIR = Path(__file__).resolve().parent  # not "from conftest import": other folders have a conftest too
+APP_DIR = Path(__file__).resolve().parent
 
 
 def _handshake(port: int) -> tuple[socket.socket, bytes]:

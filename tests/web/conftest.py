@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rawhttp import split_stream
 
 from shmbus import Bus
 from shmbus.adapters.asgi import MessageBusMiddleware as AsgiMiddleware
 from shmbus.adapters.wsgi import MessageBusMiddleware as WsgiMiddleware
+
+from .rawhttp import split_stream
 
 WEB_DIR = Path(__file__).resolve().parent
 END = object()

@@ -9,10 +9,11 @@ import json
 from typing import Any
 
 import pytest
-import rawhttp
-from web_servers import start
 
 from shmbus import Bus
+
+from . import rawhttp
+from .web_servers import start
 
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
 JSONH = {"Content-Type": "application/json"}

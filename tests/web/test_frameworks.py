@@ -6,11 +6,11 @@ import asyncio
 import json
 from typing import Any
 
-import harness
 import httpx
 import pytest
 
 from shmbus import Bus
+from tests import harness
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

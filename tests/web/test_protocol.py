@@ -11,11 +11,12 @@ import time
 from typing import Any
 
 import pytest
-from harness.wait import wait_for
-from rawhttp import split_stream
 
 from shmbus import Bus
 from shmbus.adapters import http as P
+from tests.harness.wait import wait_for
+
+from .rawhttp import split_stream
 
 BASE = [
     ("cache-control", "must-revalidate, private, max-age=0"),

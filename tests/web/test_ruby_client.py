@@ -16,11 +16,12 @@ import subprocess
 import time
 from typing import Any
 
-import harness
 import pytest
-from web_servers import WEB_DIR, start
 
 from shmbus import Bus
+from tests import harness
+
+from .web_servers import WEB_DIR, start
 
 pytestmark = pytest.mark.slow
 SEP = b"\r\n|\r\n"

@@ -12,11 +12,12 @@ import sys
 from typing import Any
 
 import pytest
-import rawhttp
-from harness.wait import wait_for
-from web_servers import WEB_DIR, env_for, start
 
 from shmbus import Bus
+from tests.harness.wait import wait_for
+
+from . import rawhttp
+from .web_servers import WEB_DIR, env_for, start
 
 pytestmark = pytest.mark.slow
 

@@ -14,15 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import rawhttp
-from harness import skip_or_fail
-from harness.procs import free_port, wait_http
-from test_servers import publish_elsewhere
-from web_servers import env_for
 
 from shmbus import Bus
+from tests.harness import skip_or_fail
+from tests.harness.procs import free_port, wait_http
 
-WEB_DIR = Path(__file__).resolve().parent  # not "from conftest import": tests/server has a conftest too
+from . import rawhttp
+from .test_servers import publish_elsewhere
+from .web_servers import env_for
+
+WEB_DIR = Path(__file__).resolve().parent
 
 pytestmark = pytest.mark.slow
 

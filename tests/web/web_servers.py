@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-import harness
+from tests import harness
 
-WEB_DIR = Path(__file__).resolve().parent  # not "from conftest import": tests/server has a conftest too
+WEB_DIR = Path(__file__).resolve().parent
 GUNICORN_CONFIG = "python:shmbus.adapters.integrations.gunicorn"
 
 

@@ -14,19 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
-import harness
 import pytest
-from harness import REPO_ROOT, skip_or_fail
 
 from shmbus import Bus
+from tests import harness
+from tests.harness import REPO_ROOT, skip_or_fail
 
 PERF = REPO_ROOT / "perf"
-sys.path.insert(0, str(PERF))
-import _http_load as load  # noqa: E402
+load = harness.import_file(PERF / "_http_load.py")
 
 pytestmark = pytest.mark.slow
 CHANNEL = "/load/all"

@@ -12,7 +12,7 @@ SECRET_KEY = "tests-only"
 DEBUG = False
 ALLOWED_HOSTS = ["*"]
 USE_TZ = True
-ROOT_URLCONF = "djtest.urls"
+ROOT_URLCONF = f"{__package__}.urls"  # djtest.urls in a served child, tests.django.djtest.urls in pytest
 INSTALLED_APPS = [
     "django.contrib.auth",
     "django.contrib.contenttypes",
