@@ -4,7 +4,7 @@ The sender reads the bus's global log after its cursor (``Bus.global_backlog``),
 channels, finds each one's devices (:class:`~.subscriptions.Recipients`) and hands one job per device to the
 lanes (:mod:`.sender`). The cursor is the newest global id below which every message is *settled* (each of its
 pushes sent, failed, expired or dropped); it is saved at most every ``save_interval`` seconds when it moved (and
-every ``HEARTBEAT`` seconds anyway), under the sender's term (:class:`~.stores.StaleSender` ends a sender that
+every ``HEARTBEAT`` seconds anyway), under the sender's term (:class:`~.state.StaleSender` ends a sender that
 lost its election without noticing).
 
 What the cursor admits (the duplicate window): a sender killed at any point is replaced by one that starts after
