@@ -43,7 +43,7 @@ from ..wsgi_support import (
     server_threads,
     start_simple,
 )
-from .connection import Connection
+from .connection import Connection, check_hooks
 from .hub import DEFAULT_MAX_BUFFER, Sink, SinkIndex
 from .identity import LookupOptions
 from .sse import (
@@ -125,9 +125,7 @@ class SSEWSGIApp:
         **lookups: Any,
     ) -> None:
         check_keepalive(keepalive_interval)
-        for name, hook in (("on_open", on_open), ("on_close", on_close)):
-            if hook is not None and not callable(hook):
-                raise TypeError(f"{name} must be callable, got {hook!r}")
+        check_hooks(on_open, on_close)
         self.app = app
         self.bus = bus_or_default(bus)
         self.path = path
