@@ -34,8 +34,18 @@ from typing import Any
 from shmbus.bus import Bus
 from shmbus.message import Message
 
-from .asgi_support import Receive, Scope, Send, encode_headers, lifespan, maybe_await, send_response, until_disconnect
-from .http import Client, MessageBusProtocol, Options, Poll, ProtocolError, Response
+from .asgi_support import (
+    Receive,
+    Scope,
+    Send,
+    encode_headers,
+    lifespan,
+    maybe_await,
+    send_response,
+    send_whole,
+    until_disconnect,
+)
+from .http import Client, MessageBusProtocol, Options, Poll, ProtocolError
 from .http.client import Ending
 from .http.flow import Flow, ReadBody, RequestHead, advance, serve
 from .http.options import bus_or_default
@@ -44,8 +54,6 @@ from .http.wire import CHUNKED_BODY_REFUSED
 from .looptap import LoopTap
 
 __all__ = ["MessageBusMiddleware"]
-
-_NOT_FOUND = Response(404, [("content-type", "text/plain")], b"not found")
 
 
 class _Wait:
@@ -80,8 +88,9 @@ def _expire(c: Client) -> None:
 WINDOW_STRETCH = 10
 
 
-class _LoopEngine:
-    """One loop's protocol engine plus the batches the listener thread queued for it.
+class _LoopFanout:
+    """One loop's fan-out: its protocol (the clients waiting on this loop) plus the batches the listener thread
+    queued for it.
 
     Batches that arrive before the loop gets to run are merged: the listener appends to ``batches`` and
     schedules :meth:`drain` only when none is pending, so per-client work (encoding, waking, writing) happens
@@ -135,10 +144,10 @@ class _LoopEngine:
         self.wait = min(max(self.window, spent), self.window * WINDOW_STRETCH)
 
 
-def _queue_batch(eng: _LoopEngine, msgs: list[Message]) -> None:
+def _queue_batch(fanout: _LoopFanout, msgs: list[Message]) -> None:
     """Listener thread: queue the batch for a loop with waiting clients (merged until the loop runs)."""
-    if eng.proto.registry.index:  # nobody waits on this loop: skip the hop
-        eng.add(msgs)
+    if fanout.proto.registry.index:  # nobody waits on this loop: skip the hop
+        fanout.add(msgs)
 
 
 class MessageBusMiddleware:
@@ -152,17 +161,17 @@ class MessageBusMiddleware:
         self.app = app
         self.bus = bus = bus_or_default(bus)
         self.options = Options.from_kwargs(options)
-        self._loops: LoopTap[_LoopEngine] = LoopTap(
-            bus, lambda loop: _LoopEngine(self.bus, self.options, loop), _queue_batch, self.options.batch_window
+        self._loops: LoopTap[_LoopFanout] = LoopTap(
+            bus, lambda loop: _LoopFanout(self.bus, self.options, loop), _queue_batch, self.options.batch_window
         )
 
     # ------------------------------------------------------------------ plumbing
-    def _engine(self) -> _LoopEngine:
+    def _fanout(self) -> _LoopFanout:
         return self._loops.get()
 
     def protocol(self) -> MessageBusProtocol:
-        """The protocol engine of the running loop (for tests and introspection)."""
-        return self._engine().proto
+        """The protocol of the running loop (for tests and introspection)."""
+        return self._fanout().proto
 
     def close(self) -> None:
         self._loops.close()
@@ -181,7 +190,7 @@ class MessageBusMiddleware:
             path = path[len(root) :]
         if not path.startswith(self.options.prefix):
             if self.app is None:
-                await _send(send, _NOT_FOUND)
+                await send_whole(send, 404, [("content-type", "text/plain")], b"not found")
             else:
                 await self.app(scope, receive, send)
             return
@@ -269,9 +278,9 @@ class MessageBusMiddleware:
             override=scope.get("message_bus.channels"),
             override_seq=scope.get("message_bus.seq"),
         )
-        eng = self._engine()
-        proto = eng.proto
-        loop = eng.loop
+        fanout = self._fanout()
+        proto = fanout.proto
+        loop = fanout.loop
         wait = _Wait(loop.create_future(), asyncio.current_task())
         try:
             poll = await self._run(serve(proto, head, waker=_wake, signal=wait), scope, receive, headers)
@@ -279,7 +288,8 @@ class MessageBusMiddleware:
             return
         if poll.mode == "immediate":
             assert poll.response is not None
-            await _send(send, poll.response)
+            resp = poll.response
+            await send_whole(send, resp.status, resp.headers, resp.body)
             return
         c = poll.client
         assert c is not None
@@ -342,7 +352,3 @@ def _disconnected(c: Client) -> None:
         w: _Wait = c.signal
         if not w.fut.done():
             w.fut.set_result(None)
-
-
-async def _send(send: Send, resp: Response) -> None:
-    await send_response(send, resp.status, encode_headers(resp.headers, len(resp.body)), resp.body)

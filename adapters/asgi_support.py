@@ -98,6 +98,11 @@ async def send_response(send: Send, status: int, headers: list[tuple[bytes, byte
     await send({"type": "http.response.body", "body": body})
 
 
+async def send_whole(send: Send, status: int, headers: Iterable[tuple[str, str]], body: bytes) -> None:
+    """A whole response with ``(name, value)`` string headers, ``content-length`` last."""
+    await send_response(send, status, encode_headers(headers, len(body)), body)
+
+
 async def send_simple(
     send: Send,
     status: int,

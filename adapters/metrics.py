@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from shmbus.metrics import Snapshot, read_snapshot
 
-from .asgi_support import Receive, Scope, Send, send_simple
+from .asgi_support import Receive, Scope, Send, fallback, send_whole
+from .wsgi_support import Environ, StartResponse, start_whole
 
 if TYPE_CHECKING:
     from shmbus import Bus
@@ -216,85 +217,69 @@ class BusCollector:
             yield out
 
 
-class MetricsApp:
+class _MetricsEndpoint:
+    """Both shells' options and their answer to a request for ``path`` (sans-IO)."""
+
+    def __init__(
+        self,
+        app: Callable[..., Any] | None = None,
+        *,
+        bus: Bus,
+        path: str = "/metrics",
+        allow: Callable[[Any], bool] | None = None,
+        extra: Iterable[FamilySource] = (),
+    ) -> None:
+        self.app = app
+        self.bus = bus
+        self.path = path
+        self.allow = allow
+        self.extra = list(extra)
+
+    def refusal(self, method: str | None, request: Any) -> tuple[int, bytes] | None:
+        """Why not to answer (status, text) — not a GET, or ``allow(request)`` said no — else None."""
+        if method not in ("GET", "HEAD"):
+            return 405, b"GET only\n"
+        if self.allow is not None and not self.allow(request):
+            return 403, b"forbidden\n"
+        return None
+
+    def render(self) -> bytes:
+        return render(self.bus, self.extra).encode()
+
+
+class MetricsApp(_MetricsEndpoint):
     """ASGI: ``GET {path}`` answers the metrics; other requests go to ``app`` (404 without one).
 
     Protect it like any internal endpoint (a network policy, or ``allow(scope) -> bool``: refused with 403).
     ``extra``: more metric families, each a callable read at scrape time (``[connector.metric_families]``).
     """
 
-    def __init__(
-        self,
-        app: Callable[..., Any] | None = None,
-        *,
-        bus: Bus,
-        path: str = "/metrics",
-        allow: Callable[[Scope], bool] | None = None,
-        extra: Iterable[FamilySource] = (),
-    ) -> None:
-        self.app = app
-        self.bus = bus
-        self.path = path
-        self.allow = allow
-        self.extra = list(extra)
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("path") != self.path:
-            if self.app is not None:
-                await self.app(scope, receive, send)
-                return
-            if scope["type"] != "http":
-                return
-            await _answer(send, 404, b"not found\n", "text/plain")
+            await fallback(self.app, scope, receive, send)
             return
-        if scope.get("method") not in ("GET", "HEAD"):
-            await _answer(send, 405, b"GET only\n", "text/plain")
-        elif self.allow is not None and not self.allow(scope):
-            await _answer(send, 403, b"forbidden\n", "text/plain")
+        refused = self.refusal(scope.get("method"), scope)
+        if refused is not None:
+            status, body, content_type = *refused, "text/plain"
         else:
             # in a thread: a scrape reads the segment's stats under its lock, which must never stall the event loop
-            body = await asyncio.to_thread(render, self.bus, self.extra)
-            await _answer(send, 200, body.encode(), CONTENT_TYPE)
+            status, body, content_type = 200, await asyncio.to_thread(self.render), CONTENT_TYPE
+        await send_whole(send, status, [("content-type", content_type), *_NO_STORE], body)
 
 
-async def _answer(send: Send, status: int, body: bytes, content_type: str) -> None:
-    await send_simple(send, status, body, content_type, [(b"cache-control", b"no-store")])
-
-
-class MetricsWSGIApp:
+class MetricsWSGIApp(_MetricsEndpoint):
     """WSGI twin of :class:`MetricsApp` (``allow(environ) -> bool``)."""
 
-    def __init__(
-        self,
-        app: Callable[..., Any] | None = None,
-        *,
-        bus: Bus,
-        path: str = "/metrics",
-        allow: Callable[[dict[str, Any]], bool] | None = None,
-        extra: Iterable[FamilySource] = (),
-    ) -> None:
-        self.app = app
-        self.bus = bus
-        self.path = path
-        self.allow = allow
-        self.extra = list(extra)
-
-    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+    def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         if environ.get("PATH_INFO") != self.path:
             if self.app is not None:
                 result: Iterable[bytes] = self.app(environ, start_response)
                 return result
-            return _wsgi_answer(start_response, "404 Not Found", b"not found\n", "text/plain")
-        if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
-            return _wsgi_answer(start_response, "405 Method Not Allowed", b"GET only\n", "text/plain")
-        if self.allow is not None and not self.allow(environ):
-            return _wsgi_answer(start_response, "403 Forbidden", b"forbidden\n", "text/plain")
-        return _wsgi_answer(start_response, "200 OK", render(self.bus, self.extra).encode(), CONTENT_TYPE)
+            return start_whole(start_response, 404, [("content-type", "text/plain"), *_NO_STORE], b"not found\n")
+        refused = self.refusal(environ.get("REQUEST_METHOD"), environ)
+        if refused is not None:
+            return start_whole(start_response, refused[0], [("content-type", "text/plain"), *_NO_STORE], refused[1])
+        return start_whole(start_response, 200, [("content-type", CONTENT_TYPE), *_NO_STORE], self.render())
 
 
-def _wsgi_answer(start_response: Callable[..., Any], status: str, body: bytes, content_type: str) -> list[bytes]:
-    start_response(
-        status,
-        [("Content-Type", content_type), ("Content-Length", str(len(body))), ("Cache-Control", "no-store")],
-    )
-    return [body]
+_NO_STORE = [("cache-control", "no-store")]

@@ -45,54 +45,39 @@ before the response, so non-streaming long polls end at the timeout or the first
 from __future__ import annotations
 
 import logging
-import os
-import select
-import socket
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from shmbus.bus import Bus
 from shmbus.message import Message
 
-from .http import MessageBusProtocol, Options, ProtocolError, Response
+from .http import MessageBusProtocol, Options, ProtocolError
 from .http.client import Ending
 from .http.flow import RequestHead, run_sync, serve
 from .http.options import bus_or_default
-from .http.wire import CHUNKED_BODY_REFUSED, status_line
+from .http.wire import CHUNKED_BODY_REFUSED
+from .looptap import ProcessTap
+from .wsgi_support import (
+    PEER_CHECK_INTERVAL,
+    BatchDispatcher,
+    Environ,
+    StartResponse,
+    configure_server,
+    may_park,
+    peer_closed,
+    server_threads,
+    start_whole,
+)
 
-log = logging.getLogger("shmbus.adapters")
+log = logging.getLogger(__name__)
 
-#: Largest single ``wsgi.input.read()``: bodies are read in bounded pieces, never all at once.
+#: Largest single ``wsgi.input.read()``: bodies are read in pieces, never all at once.
 READ_PIECE = 16 * 1024
 
 __all__ = ["MessageBusMiddleware", "configure_server", "server_threads"]
-
-StartResponse = Callable[..., Any]
-Environ = dict[str, Any]
-
-_server: dict[str, Any] = {"threads": None, "worker_class": None}
-#: How often a waiting request checks whether its client went away (when the server exposes the socket).
-PEER_CHECK_INTERVAL = 1.0
-
-
-def configure_server(*, threads: int | None = None, worker_class: str | None = None) -> None:
-    """Tell the middleware how many request threads this worker process has (the gunicorn hooks do this)."""
-    _server["threads"] = threads
-    _server["worker_class"] = worker_class
-
-
-def server_threads() -> int | None:
-    threads: int | None = _server["threads"]
-    if threads is None:
-        env = os.environ.get("SHMBUS_WSGI_THREADS")
-        if env and env.isdigit():
-            return int(env)
-    return threads
-
 
 _SYNC_WARNING = (
     "shmbus: this WSGI server handles one request at a time (%s), so long polls are answered at once and "
@@ -119,12 +104,6 @@ def warn_if_sync_server(options: Options, where: str | None = None) -> bool:
     return True
 
 
-def gevent_active() -> bool:
-    """True in a gevent-patched process (its ``threading`` is gevent's): waits must go through the hub."""
-    monkey = sys.modules.get("gevent.monkey")
-    return bool(monkey is not None and monkey.is_module_patched("threading"))
-
-
 def _release(c: Any) -> None:
     lock = c.signal
     try:
@@ -133,71 +112,18 @@ def _release(c: Any) -> None:
         pass
 
 
-def peer_closed(sock: Any) -> bool:
-    """Has the client closed its side of ``sock`` (``gunicorn.socket``)? Checked without blocking."""
-    try:
-        readable, _, _ = select.select([sock], [], [], 0)
-        if not readable:
-            return False
-        return bool(sock.recv(1, socket.MSG_PEEK) == b"")
-    except (OSError, ValueError):
-        return True
-
-
-class _Engine:
-    """Per-process state: the protocol (registry) and how batches reach it."""
+class _ProcessFanout:
+    """This process's protocol (its registry of waiting requests) and the dispatcher that hands it the bus
+    listener's batches."""
 
     def __init__(self, bus: Bus, options: Options) -> None:
-        self.pid = os.getpid()
-        self.gevent = gevent_active()
         self.proto = MessageBusProtocol(bus, options, threading.Lock())
-        self.queue: deque[list[Message]] = deque()
-        self.window = options.batch_window
-        self.lock = threading.Lock()
-        self.draining = False
-        self.watcher: Any = None
-        if self.gevent:
-            import gevent
+        self.dispatcher = BatchDispatcher(self.proto.dispatch_batches, options.batch_window)
 
-            self.watcher = gevent.get_hub().loop.async_()
-            self.watcher.start(self._on_async)
-            self._spawn = gevent.spawn
 
-    def on_batch(self, msgs: list[Message]) -> None:
-        """Listener thread: hand the batch to the gevent hub (one async send per batch), or deliver it from a
-        timer thread after ``batch_window`` (batches arriving meanwhile go with it: one chunk per client), or
-        at once when the window is 0. The listener itself never waits."""
-        if self.gevent:
-            self.queue.append(msgs)
-            self.watcher.send()
-        elif self.window > 0:
-            with self.lock:
-                self.queue.append(msgs)
-                if self.draining:
-                    return
-                self.draining = True
-            timer = threading.Timer(self.window, self._drain)
-            timer.daemon = True
-            timer.start()
-        else:
-            self.proto.dispatch(msgs)
-
-    def _on_async(self) -> None:  # in the hub: never block here
-        if not self.draining:  # one drain at a time gathers every batch queued meanwhile
-            self.draining = True
-            self._spawn(self._drain)
-
-    def _drain(self) -> None:
-        if self.gevent and self.window > 0:
-            import gevent
-
-            gevent.sleep(self.window)
-        with self.lock:
-            batches = list(self.queue)
-            self.queue.clear()
-            self.draining = False
-        if batches:
-            self.proto.dispatch_batches(batches)
+def _hand_on(fanout: _ProcessFanout, msgs: list[Message]) -> None:
+    """Listener thread: the batch goes to this process's dispatcher."""
+    fanout.dispatcher.on_batch(msgs)
 
 
 class MessageBusMiddleware:
@@ -211,43 +137,26 @@ class MessageBusMiddleware:
         self.app = app
         self.bus = bus = bus_or_default(bus)
         self.options = Options.from_kwargs(options)
-        self._engine: _Engine | None = None
-        self._lock = threading.Lock()
+        self._fanout: ProcessTap[_ProcessFanout] = ProcessTap(bus, lambda: _ProcessFanout(bus, self.options), _hand_on)
         warn_if_sync_server(self.options)  # at start-up: gunicorn's sync worker polls at once, silently otherwise
 
     # ------------------------------------------------------------------ plumbing
-    def _get_engine(self) -> _Engine:
-        eng = self._engine
-        if eng is not None and eng.pid == os.getpid():
-            return eng
-        with self._lock:
-            eng = self._engine
-            if eng is None or eng.pid != os.getpid():
-                eng = _Engine(self.bus, self.options)
-                self.bus.untap(self._on_batch)
-                self.bus.tap(self._on_batch)
-                self._engine = eng
-        return eng
-
-    def _on_batch(self, msgs: list[Message]) -> None:
-        eng = self._engine
-        if eng is not None and eng.pid == os.getpid():
-            eng.on_batch(msgs)
-
     @property
     def protocol(self) -> MessageBusProtocol:
-        return self._get_engine().proto
+        return self._fanout.get().proto
 
     def close(self) -> None:
         """Stop receiving batches (the bus itself stays open)."""
-        self.bus.untap(self._on_batch)
+        fanout = self._fanout.close()
+        if fanout is not None:
+            fanout.dispatcher.close()
 
     # ------------------------------------------------------------------ WSGI
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO") or ""
         if not path.startswith(self.options.prefix):
             if self.app is None:
-                return _send(start_response, Response(404, [("content-type", "text/plain")], b"not found"))
+                return start_whole(start_response, 404, [("content-type", "text/plain")], b"not found")
             response: Iterable[bytes] = self.app(environ, start_response)
             return response
         return self._handle(environ, start_response, path)
@@ -291,22 +200,19 @@ class MessageBusMiddleware:
             return b"".join(parts)
         return b""
 
-    def _can_park(self, eng: _Engine, environ: Environ) -> bool:
-        if eng.gevent:
+    def _can_park(self, fanout: _ProcessFanout, environ: Environ) -> bool:
+        if fanout.dispatcher.gevent:
             return True
         if not environ.get("wsgi.multithread"):
             warn_if_sync_server(self.options, "wsgi.multithread is false and gevent is not active")
             return self.options.long_polling_on_sync_workers
-        threads = server_threads()
-        if threads is not None:
-            return eng.proto.registry.parked < threads - max(1, threads // 8)
-        return True
+        return may_park(fanout.proto.registry.parked)
 
     def _handle(self, environ: Environ, start_response: StartResponse, path: str) -> Iterable[bytes]:
         opts = self.options
-        eng = self._get_engine()
-        proto = eng.proto
-        can_park = self._can_park(eng, environ)
+        fanout = self._fanout.get()
+        proto = fanout.proto
+        can_park = self._can_park(fanout, environ)
         signal = None
         if can_park:
             signal = threading.Lock()
@@ -328,7 +234,8 @@ class MessageBusMiddleware:
         )
         if poll.mode == "immediate":
             assert poll.response is not None
-            return _send(start_response, poll.response)
+            resp = poll.response
+            return start_whole(start_response, resp.status, resp.headers, resp.body)
         c = poll.client
         assert c is not None
         sock = environ.get("gunicorn.socket")
@@ -382,8 +289,3 @@ def _stream(proto: MessageBusProtocol, c: Any, first: bytes, deadline: float, so
                 yield b"".join(end)
     finally:
         proto.abandon(c)
-
-
-def _send(start_response: StartResponse, resp: Response) -> list[bytes]:
-    start_response(status_line(resp.status), [*resp.headers, ("content-length", str(len(resp.body)))])
-    return [resp.body]

@@ -30,15 +30,16 @@ import secrets
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from urllib.parse import parse_qs
 
 from shmbus.errors import InvalidArgument
 
-from ..asgi_support import Receive, Scope, Send, encode_headers, maybe_await, relative_path, send_response
+from ..asgi_support import Receive, Scope, Send, fallback, maybe_await, relative_path, send_whole
 from ..transports.connection import Connection
 from ..transports.sse import SSEApp
 from ..transports.sse_wsgi import SSEWSGIApp
+from ..wsgi_support import Environ, StartResponse, start_whole
 from .sampler import Sampler, parse_tail, read_tail
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
 
 __all__ = ["VIEW_CHANNEL_PREFIX", "AdminApp", "AdminWSGIApp"]
 
-log = logging.getLogger("shmbus.admin")
+log = logging.getLogger(__name__)
 
 #: Each open page listens on ``VIEW_CHANNEL_PREFIX + <its view id>``.
 VIEW_CHANNEL_PREFIX = "/_shmbus_admin/"
@@ -70,16 +71,32 @@ _SECURITY = [
 Reply = tuple[int, list[tuple[str, str]], bytes]
 
 
+class _Feeds(Protocol):
+    """How a shell feeds its open pages (a task per page on an event loop, a thread per page under WSGI)."""
+
+    def __init__(self, admin: _Admin) -> None: ...
+
+    def open(self, conn: Connection) -> None: ...
+
+    def close(self, conn: Connection) -> None: ...
+
+
 class _Admin:
-    """What both shells share: options, the sampler, routing to a reply."""
+    """What both shells share: options, the sampler, the event stream and routing to a reply (sans-IO)."""
+
+    #: the shell's event-stream app (:class:`SSEApp` or :class:`SSEWSGIApp`) and how it feeds open pages
+    _stream_app: ClassVar[Callable[..., Any]]
+    _feeds_of: ClassVar[type[_Feeds]]
 
     def __init__(
         self,
+        app: Callable[..., Any] | None = None,
+        *,
         bus: Bus,
         is_admin_lookup: Callable[[Any], Any],
-        path: str,
-        interval: float,
-        tail_default: str | None,
+        path: str = "/admin",
+        interval: float = 1.0,
+        tail: str | None = None,
         panels: dict[str, Callable[[], dict[str, Any]]] | None = None,
     ) -> None:
         if not callable(is_admin_lookup):
@@ -91,16 +108,25 @@ class _Admin:
             raise ValueError(f"path must start with '/' and not end with one, got {path!r}")
         if interval <= 0:
             raise ValueError(f"interval must be positive, got {interval!r}")
+        self.app = app
         self.bus = bus
         self.is_admin_lookup = is_admin_lookup
         self.path = path
         self.interval = interval
-        self.tail_default = tail_default
+        self.tail_default = tail
         self.panels = dict(panels or {})
         self.sampler = Sampler(bus, min_interval=interval * 0.9)
         # The user id the event stream gives its clients and the samples are targeted at: random per app, so no
         # user id any other transport's lookup returns can equal it.
         self.viewer = f"shmbus-admin:{secrets.token_hex(16)}"
+        self.feeds = type(self)._feeds_of(self)
+        self.events = type(self)._stream_app(
+            bus=bus,
+            path=path + "/events",
+            on_open=self.feeds.open,
+            on_close=self.feeds.close,
+            user_id_lookup=self.viewer_id,
+        )
 
     def viewer_id(self, _scope_or_environ: Any) -> str:
         """``user_id_lookup`` of the admin event stream (it is only reached after the admin check)."""
@@ -130,6 +156,23 @@ class _Admin:
 
     def owns(self, path: str) -> bool:
         return path == self.path or path.startswith(self.path + "/")
+
+    def answer(self, path: str, raw_query: str, root: str) -> Reply | None:
+        """An admin's GET of ``path`` (below ``root``, the shell's mount point): its reply, or None for the event
+        stream once its request checks out. Reads files and samples: the ASGI shell calls it in a thread."""
+        query = _query(raw_query)
+        if "__bad__" in query:
+            return _text(400, "malformed query string")
+        reply = self.reply(path, query)
+        if reply is None:
+            try:
+                self.check_view(query)
+            except ValueError as exc:
+                return _text(400, str(exc))
+            return None
+        if reply[0] == 308:  # relative to the mount point, like any redirect of a mounted app
+            return 308, [("location", root + self.path + "/")], b""
+        return reply
 
     def reply(self, path: str, query: dict[str, list[str]]) -> Reply | None:
         """The reply to an admin's GET (None: the event stream, which only the ASGI shell serves)."""
@@ -190,6 +233,37 @@ def _query(raw: str) -> dict[str, list[str]]:
         return {"__bad__": [""]}
 
 
+class _TaskFeeds:
+    """A task per open page on the event loop, publishing a sample a second until the page goes."""
+
+    def __init__(self, admin: _Admin) -> None:
+        self.admin = admin
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+
+    def open(self, conn: Connection) -> None:
+        channel, tail = parse_view(_query(conn.scope.get("query_string", b"").decode("latin-1")))
+        conn.subscribe(channel)
+        self.tasks[id(conn)] = asyncio.ensure_future(self._feed(conn, channel, tail))
+
+    def close(self, conn: Connection) -> None:
+        feed = self.tasks.pop(id(conn), None)
+        if feed is not None:
+            feed.cancel()
+
+    async def _feed(self, conn: Connection, channel: str, tail: Tail) -> None:
+        admin = self.admin
+        try:
+            while conn.open and not conn.live:  # the stream is still opening
+                await asyncio.sleep(0.005)
+            while conn.open:
+                body, after = await asyncio.to_thread(admin.body, tail)
+                tail = (tail[0], after, tail[2])
+                admin.publish_view(channel, body)
+                await asyncio.sleep(admin.interval)
+        except Exception:  # the bus closed under it, or a bug (a cancel when the page goes is no Exception)
+            log.exception("shmbus: the admin feed of %s stopped", channel)
+
+
 class AdminApp(_Admin):
     """ASGI: the admin page under ``path``; other requests go to ``app`` (404 without one).
 
@@ -198,96 +272,61 @@ class AdminApp(_Admin):
     tables of figures, each a callable read with every sample (``{"push": connector.stats}``).
     """
 
-    def __init__(
-        self,
-        app: Callable[..., Any] | None = None,
-        *,
-        bus: Bus,
-        is_admin_lookup: Callable[[Any], Any],
-        path: str = "/admin",
-        interval: float = 1.0,
-        tail: str | None = None,
-        panels: dict[str, Callable[[], dict[str, Any]]] | None = None,
-    ) -> None:
-        super().__init__(bus, is_admin_lookup, path, interval, tail, panels)
-        self.app = app
-        self.events = SSEApp(
-            bus=bus,
-            path=path + "/events",
-            on_open=self._open_view,
-            on_close=self._close_view,
-            user_id_lookup=self.viewer_id,
-        )
-        self._feeds: dict[int, asyncio.Task[None]] = {}
+    _stream_app = SSEApp
+    _feeds_of = _TaskFeeds
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = relative_path(scope) if scope["type"] == "http" else ""
         if scope["type"] != "http" or not self.owns(path):
-            if self.app is not None:
-                await self.app(scope, receive, send)
-            elif scope["type"] == "http":
-                await _send(send, _text(404, "not found"))
+            await fallback(self.app, scope, receive, send)
             return
-        if scope.get("method") not in ("GET", "HEAD"):
-            await _send(send, _text(405, "GET only"))
+        refused = _method_refused(scope.get("method"))
+        if refused is None and not await maybe_await(self.is_admin_lookup(scope)):
+            refused = _FORBIDDEN
+        reply = refused or await asyncio.to_thread(
+            self.answer, path, scope.get("query_string", b"").decode("latin-1"), scope.get("root_path", "")
+        )
+        if reply is None:
+            await self.events(scope, receive, send)
             return
-        if not await maybe_await(self.is_admin_lookup(scope)):
-            await _send(send, _text(403, "forbidden: the admin page is for admins (is_admin_lookup said no)"))
-            return
-        query = _query(scope.get("query_string", b"").decode("latin-1"))
-        if "__bad__" in query:
-            await _send(send, _text(400, "malformed query string"))
-            return
-        reply = await asyncio.to_thread(self.reply, path, query)
-        if reply is not None and reply[0] == 308:
-            reply = (308, [("location", scope.get("root_path", "") + self.path + "/")], b"")
-        if reply is not None:
-            await _send(send, reply)
-            return
-        try:
-            await asyncio.to_thread(self.check_view, query)
-        except ValueError as exc:
-            await _send(send, _text(400, str(exc)))
-            return
-        await self.events(scope, receive, send)
+        status, headers, body = reply
+        await send_whole(send, status, [*headers, *_SECURITY], body)
 
-    def _open_view(self, conn: Connection) -> None:
-        channel, tail = parse_view(_query(conn.scope.get("query_string", b"").decode("latin-1")))
+
+class _ThreadFeeds:
+    """A thread (a greenlet under gevent's patching) per open page, like the stream it feeds."""
+
+    def __init__(self, admin: _Admin) -> None:
+        self.admin = admin
+        self.stops: dict[int, threading.Event] = {}
+        self.lock = threading.Lock()
+
+    def open(self, conn: Connection) -> None:
+        channel, tail = parse_view(_query(conn.scope.get("QUERY_STRING", "")))
         conn.subscribe(channel)
-        self._feeds[id(conn)] = asyncio.ensure_future(self._feed(conn, channel, tail))
+        stop = threading.Event()
+        with self.lock:
+            self.stops[id(conn)] = stop
+        threading.Thread(target=self._feed, args=(conn, channel, tail, stop), daemon=True).start()
 
-    def _close_view(self, conn: Connection) -> None:
-        feed = self._feeds.pop(id(conn), None)
-        if feed is not None:
-            feed.cancel()
+    def close(self, conn: Connection) -> None:
+        with self.lock:
+            stop = self.stops.pop(id(conn), None)
+        if stop is not None:
+            stop.set()
 
-    async def _feed(self, conn: Connection, channel: str, tail: Tail) -> None:
-        """One sample a second to one open page, as a bus message, until the page goes."""
+    def _feed(self, conn: Connection, channel: str, tail: Tail, stop: threading.Event) -> None:
+        admin = self.admin
         try:
-            while conn.open and not conn.live:  # the stream is still opening
-                await asyncio.sleep(0.005)
-            while conn.open:
-                body, after = await asyncio.to_thread(self.body, tail)
+            while conn.open and not conn.live and not stop.is_set():  # the stream is still opening
+                stop.wait(0.005)
+            while conn.open and not stop.is_set():
+                body, after = admin.body(tail)
                 tail = (tail[0], after, tail[2])
-                self.publish_view(channel, body)
-                await asyncio.sleep(self.interval)
-        except Exception:  # the bus closed under it, or a bug (a cancel when the page goes is no Exception)
+                admin.publish_view(channel, body)
+                stop.wait(admin.interval)
+        except Exception:  # the bus closed under it, or a bug: the page shows it stopped updating
             log.exception("shmbus: the admin feed of %s stopped", channel)
-
-
-async def _send(send: Send, reply: Reply) -> None:
-    status, headers, body = reply
-    await send_response(send, status, encode_headers([*headers, ("content-length", str(len(body))), *_SECURITY]), body)
-
-
-_REASONS = {
-    200: "OK",
-    308: "Permanent Redirect",
-    400: "Bad Request",
-    403: "Forbidden",
-    404: "Not Found",
-    405: "Method Not Allowed",
-}
 
 
 class AdminWSGIApp(_Admin):
@@ -296,95 +335,41 @@ class AdminWSGIApp(_Admin):
     sync worker refuses it with 503 (a stream would hold the worker) and the page polls ``snapshot.json`` once a
     second instead."""
 
-    def __init__(
-        self,
-        app: Callable[..., Any] | None = None,
-        *,
-        bus: Bus,
-        is_admin_lookup: Callable[[Any], Any],
-        path: str = "/admin",
-        interval: float = 1.0,
-        tail: str | None = None,
-        panels: dict[str, Callable[[], dict[str, Any]]] | None = None,
-    ) -> None:
-        super().__init__(bus, is_admin_lookup, path, interval, tail, panels)
-        self.app = app
-        self.events = SSEWSGIApp(
-            bus=bus,
-            path=path + "/events",
-            on_open=self._open_view,
-            on_close=self._close_view,
-            user_id_lookup=self.viewer_id,
-        )
-        self._feeds: dict[int, threading.Event] = {}
-        self._feeds_lock = threading.Lock()
+    _stream_app = SSEWSGIApp
+    _feeds_of = _ThreadFeeds
 
-    def _open_view(self, conn: Connection) -> None:
-        channel, tail = parse_view(_query(conn.scope.get("QUERY_STRING", "")))
-        conn.subscribe(channel)
-        stop = threading.Event()
-        with self._feeds_lock:
-            self._feeds[id(conn)] = stop
-        # a thread (a greenlet under gevent's patching) per open page, like the stream it feeds
-        threading.Thread(target=self._feed, args=(conn, channel, tail, stop), daemon=True).start()
-
-    def _close_view(self, conn: Connection) -> None:
-        with self._feeds_lock:
-            stop = self._feeds.pop(id(conn), None)
-        if stop is not None:
-            stop.set()
-
-    def _feed(self, conn: Connection, channel: str, tail: Tail, stop: threading.Event) -> None:
-        """One sample a second to one open page, as a bus message, until the page goes."""
-        try:
-            while conn.open and not conn.live and not stop.is_set():  # the stream is still opening
-                stop.wait(0.005)
-            while conn.open and not stop.is_set():
-                body, after = self.body(tail)
-                tail = (tail[0], after, tail[2])
-                self.publish_view(channel, body)
-                stop.wait(self.interval)
-        except Exception:  # the bus closed under it, or a bug: the page shows it stopped updating
-            log.exception("shmbus: the admin feed of %s stopped", channel)
-
-    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+    def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
         if not self.owns(path):
             if self.app is not None:
                 result: Iterable[bytes] = self.app(environ, start_response)
                 return result
-            return _wsgi(start_response, _text(404, "not found"))
-        if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
-            return _wsgi(start_response, _text(405, "GET only"))
+            return _start(start_response, _text(404, "not found"))
+        refused = _method_refused(environ.get("REQUEST_METHOD"))
+        if refused is None and not self._plain_verdict(environ):
+            refused = _FORBIDDEN
+        reply = refused or self.answer(path, environ.get("QUERY_STRING", ""), environ.get("SCRIPT_NAME", ""))
+        if reply is None:
+            events: Iterable[bytes] = self.events(environ, start_response)
+            return events
+        return _start(start_response, reply)
+
+    def _plain_verdict(self, environ: Environ) -> bool:
         verdict = self.is_admin_lookup(environ)
         if inspect.isawaitable(verdict):
             if inspect.iscoroutine(verdict):
                 verdict.close()
             raise TypeError("AdminWSGIApp needs a plain (not async) is_admin_lookup")
-        if not verdict:
-            return _wsgi(
-                start_response, _text(403, "forbidden: the admin page is for admins (is_admin_lookup said no)")
-            )
-        query = _query(environ.get("QUERY_STRING", ""))
-        if "__bad__" in query:
-            return _wsgi(start_response, _text(400, "malformed query string"))
-        reply = self.reply(path, query)
-        if reply is None:
-            try:
-                self.check_view(query)
-            except ValueError as exc:
-                return _wsgi(start_response, _text(400, str(exc)))
-            events: Iterable[bytes] = self.events(environ, start_response)
-            return events
-        if reply[0] == 308:  # relative to the script root (SCRIPT_NAME) like any WSGI redirect
-            reply = (308, [("location", environ.get("SCRIPT_NAME", "") + self.path + "/")], b"")
-        return _wsgi(start_response, reply)
+        return bool(verdict)
 
 
-def _wsgi(start_response: Callable[..., Any], reply: Reply) -> list[bytes]:
+def _method_refused(method: str | None) -> Reply | None:
+    return None if method in ("GET", "HEAD") else _text(405, "GET only")
+
+
+_FORBIDDEN = _text(403, "forbidden: the admin page is for admins (is_admin_lookup said no)")
+
+
+def _start(start_response: StartResponse, reply: Reply) -> list[bytes]:
     status, headers, body = reply
-    start_response(
-        f"{status} {_REASONS.get(status, '')}",
-        [*headers, ("content-length", str(len(body))), *_SECURITY],
-    )
-    return [body]
+    return start_whole(start_response, status, [*headers, *_SECURITY], body)

@@ -27,6 +27,7 @@ from typing import Any
 from shmbus.bus import Bus
 
 from ..wsgi import MessageBusMiddleware
+from ..wsgi_support import Environ
 
 __all__ = ["init_app", "with_request_context"]
 
@@ -42,7 +43,7 @@ def init_app(app: Any, *, bus: Bus | None = None, **options: Any) -> MessageBusM
 def with_request_context(app: Any, fn: Callable[[], Any]) -> Callable[[dict[str, Any]], Any]:
     """Make a lookup ``environ -> fn()`` that runs ``fn`` inside ``app.request_context(environ)``."""
 
-    def lookup(environ: dict[str, Any]) -> Any:
+    def lookup(environ: Environ) -> Any:
         with app.request_context(environ):
             return fn()
 

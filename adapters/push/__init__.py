@@ -10,7 +10,8 @@ from .app import PushApp, PushWSGIApp
 from .connector import PushConnector
 from .election import Elector, FileElector
 from .options import MAX_PLAINTEXT, PushOptions, publish_push
-from .stores import FileStore, SenderState, StaleSender, Store, store_for
+from .state import SenderState, StaleSender, Store
+from .stores import FileStore, store_for
 from .subscriptions import Registration, default_endpoint_allowed
 from .vapid import VapidKeys
 

@@ -31,8 +31,8 @@ from shmbus.errors import ShmbusError
 
 from ..asgi_support import Receive, Scope, Send, fallback, read_body, relative_path, send_simple
 from ..http import ProtocolError
-from ..http.wire import status_line
 from ..transports.identity import Identity, LookupOptions
+from ..wsgi_support import Environ, StartResponse, start_whole
 from .connector import PushConnector
 from .options import message_options
 from .subscriptions import default_endpoint_allowed, may_receive, parse_registration
@@ -202,7 +202,7 @@ class PushApp(_PushRoutes):
 class PushWSGIApp(_PushRoutes):
     """WSGI twin of :class:`PushApp` (lookups get the environ and must be plain functions)."""
 
-    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+    def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         method = environ.get("REQUEST_METHOD", "GET")
         try:
             try:
@@ -227,5 +227,4 @@ class PushWSGIApp(_PushRoutes):
             headers = [("content-type", JSON_TYPE), ("cache-control", "no-store")]
         except ProtocolError as exc:
             status, out, headers = exc.status, exc.reason.encode(), [("content-type", "text/plain; charset=utf-8")]
-        start_response(status_line(status), [*headers, ("content-length", str(len(out)))])
-        return [out]
+        return start_whole(start_response, status, headers, out)

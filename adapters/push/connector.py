@@ -4,7 +4,7 @@ The sender reads the bus's global log after its cursor (``Bus.global_backlog``),
 channels, finds each one's devices (:class:`~.subscriptions.Recipients`) and hands one job per device to the
 lanes (:mod:`.sender`). The cursor is the newest global id below which every message is *settled* (each of its
 pushes sent, failed, expired or dropped); it is saved at most every ``save_interval`` seconds when it moved (and
-every ``HEARTBEAT`` seconds anyway), under the sender's term (:class:`~.stores.StaleSender` ends a sender that
+every ``HEARTBEAT`` seconds anyway), under the sender's term (:class:`~.state.StaleSender` ends a sender that
 lost its election without noticing).
 
 What the cursor admits (the duplicate window): a sender killed at any point is replaced by one that starts after
@@ -31,62 +31,20 @@ from typing import Any
 from shmbus.bus import Bus
 from shmbus.message import Message
 
+from .cursor import CursorTracker
 from .election import Elector, FileElector
+from .figures import metric_families
 from .options import PushOptions, message_options, payload_for
 from .sender import Job, Outcome, Sender
-from .stores import COUNTERS, SenderState, StaleSender, Store, store_for
+from .state import COUNTERS, HEARTBEAT, SenderState, StaleSender, Store
+from .stores import FileStore, store_for
 from .subscriptions import Recipients, Registration, topic_matches
 from .vapid import VapidKeys
 
 __all__ = ["PushConnector"]
 
-log = logging.getLogger("shmbus.push")
+log = logging.getLogger(__name__)
 Undelivered = tuple[int, Registration, str, str]
-HEARTBEAT = 5.0  # seconds between saves of an idle sender (its state's ``updated``: shmbus_push_sender_up)
-_COUNTER_HELP = (
-    ("sent", "sent", "Pushes the push services accepted."),
-    ("failed", "failed", "Pushes refused by a push service or given up after retries."),
-    ("retried", "retried", "Pushes sent again after a 429, a 5xx or a network error."),
-    ("expired", "expired", "Subscriptions removed after a 404 or 410."),
-    ("dropped", "dropped", "Pushes dropped because their push service's queue was full and stalled."),
-    ("missed_messages", "missed", "Messages gone from the bus before the sender read them."),
-    ("unroutable_messages", "unroutable", "Group-targeted messages with no group lookup to route them."),
-)
-
-
-class _Tracker:
-    """Which read messages still have pushes in flight; the cursor is everything below the oldest of them."""
-
-    def __init__(self, cursor: int) -> None:
-        self.read_upto = cursor
-        self.pending: dict[int, int] = {}
-        self.lock = threading.Lock()
-
-    def open(self, gid: int, jobs: int) -> None:
-        with self.lock:
-            self.pending[gid] = jobs
-            self.read_upto = gid
-
-    def skip(self, gid: int) -> None:
-        with self.lock:
-            self.read_upto = gid
-
-    def settle(self, gid: int) -> None:
-        with self.lock:
-            left = self.pending[gid] - 1
-            if left:
-                self.pending[gid] = left
-            else:
-                del self.pending[gid]
-
-    @property
-    def cursor(self) -> int:
-        with self.lock:
-            return min(self.pending) - 1 if self.pending else self.read_upto
-
-    @property
-    def in_flight(self) -> int:
-        return len(self.pending)
 
 
 def _after_fork(ref: weakref.ReferenceType[PushConnector]) -> None:
@@ -150,7 +108,7 @@ class PushConnector:
         self.group_ids_for = group_ids_for
         self.options_for = options_for
         self.default_options = default_options or PushOptions()
-        self.sender_options: dict[str, Any] = dict(
+        self.lane_options: dict[str, Any] = dict(
             workers_per_service=workers_per_service, max_queue=max_queue, timeout=timeout,
             max_attempts=max_attempts, max_retry_after=max_retry_after, stall_after=stall_after,
         )  # fmt: skip
@@ -168,14 +126,12 @@ class PushConnector:
         self._state: SenderState | None = None
         self._sender: Sender | None = None
         self._gone: set[str] = set()  # endpoints answered 404/410 this term (before the store reload drops them)
-        self._started_in: int | None = None
+        self._started = False  # started and not closed: a forked child starts again
         self._grace = 0.0
         self._saved_counters: dict[str, int] = {}
         os.register_at_fork(after_in_child=functools.partial(_after_fork, weakref.ref(self)))
 
     def _default_elector(self) -> Elector:
-        from .stores import FileStore
-
         if isinstance(self.store, FileStore):
             return FileElector(self.store.base + ".sender.lock")
         from .pgstore import PostgresElector, PostgresStore
@@ -192,22 +148,22 @@ class PushConnector:
             self.bus.untap(self._on_batch)  # after a fork the tap came along
             self.bus.tap(self._on_batch)
             self._thread = threading.Thread(target=self._run, name="shmbus-push", daemon=True)
-            self._started_in = os.getpid()
+            self._started = True
             self._thread.start()
         return self
 
     def close(self, grace: float = 2.0) -> None:
         """Stop (a sender first finishes its in-flight pushes for up to ``grace`` seconds and saves its cursor)."""
         self._grace = grace
-        self._started_in = None  # a child forked from now on does not start again
+        self._started = False  # a child forked from now on does not start again
         self._stop.set()
         self._wake.set()
         if self._thread is not None and self._thread.ident != threading.get_ident():
-            self._thread.join(timeout=grace + self.sender_options["timeout"] + 5)
+            self._thread.join(timeout=grace + self.lane_options["timeout"] + 5)
         self.bus.untap(self._on_batch)
 
     def _after_fork(self) -> None:
-        started = self._started_in is not None
+        started = self._started
         self._thread, self._sender, self.leading = None, None, False
         self._stop, self._wake, self._counts_lock = threading.Event(), threading.Event(), threading.Lock()
         if started:
@@ -227,22 +183,7 @@ class PushConnector:
     def metric_families(self) -> list[Any]:
         """The push figures for :mod:`shmbus.adapters.metrics` (``MetricsApp(..., extra=[c.metric_families])``):
         the store's, so every worker of every host reports the same cluster-wide totals."""
-        from ..metrics import Family
-
-        st = self.store.load()
-        labels = {"bus": self.bus.name, "namespace": self.namespace}
-        out = [
-            Family(f"shmbus_push_{name}_total", "counter", help_, [(dict(labels), float(st.counters.get(key, 0)))])
-            for name, key, help_ in _COUNTER_HELP
-        ]
-        out.append(Family("shmbus_push_queue_depth", "gauge", "Pushes queued or on the wire at the sender's last save.",
-                          [(dict(labels), float(st.queue_depth))]))  # fmt: skip
-        out.append(Family("shmbus_push_cursor", "gauge", "Global id below which every push is settled.",
-                          [(dict(labels), float(st.cursor or 0))]))  # fmt: skip
-        up = 1.0 if st.updated and time.time() - st.updated < 3 * HEARTBEAT else 0.0
-        out.append(Family("shmbus_push_sender_up", "gauge", "1 while an elected sender saves its state.",
-                          [(dict(labels), up)]))  # fmt: skip
-        return out
+        return metric_families(self.store.load(), {"bus": self.bus.name, "namespace": self.namespace})
 
     def _count(self, name: str, n: int = 1) -> None:
         with self._counts_lock:
@@ -279,8 +220,8 @@ class PushConnector:
             state.cursor = head
         epoch = self.bus.epoch
         log.info("shmbus push: %s sends from global id %d (term %d)", me, state.cursor, state.term)
-        tracker = _Tracker(state.cursor)
-        sender = Sender(self.vapid, on_event=self._count, **self.sender_options)
+        tracker = CursorTracker(state.cursor)
+        sender = Sender(self.vapid, on_event=self._count, **self.lane_options)
         with self._counts_lock:
             self._state, self._sender = state, sender
         self._gone.clear()
@@ -293,7 +234,7 @@ class PushConnector:
             while not self._stop.is_set() and self.elector.held():
                 if self.bus.epoch != epoch:  # reset: every message of the new epoch is new
                     log.warning("shmbus push: the bus was reset; sending its new messages from the start")
-                    epoch, tracker = self.bus.epoch, _Tracker(0)
+                    epoch, tracker = self.bus.epoch, CursorTracker(0)
                 v = self.store.version()
                 if v != version:
                     version = v
@@ -323,12 +264,12 @@ class PushConnector:
                 except Exception:  # StaleSender, or the store is down: the next sender starts from the last save
                     log.warning("shmbus push: %s could not save its last cursor", me, exc_info=True)
 
-    def _changed(self, state: SenderState, tracker: _Tracker) -> bool:
+    def _changed(self, state: SenderState, tracker: CursorTracker) -> bool:
         """Anything to save since the last save (the cursor or a counter)?"""
         with self._counts_lock:
             return tracker.cursor != state.cursor or state.counters != self._saved_counters
 
-    def _save(self, state: SenderState, tracker: _Tracker, sender: Sender) -> None:
+    def _save(self, state: SenderState, tracker: CursorTracker, sender: Sender) -> None:
         with self._counts_lock:
             state.cursor = tracker.cursor
             state.queue_depth = sender.queue_depth()
@@ -339,7 +280,7 @@ class PushConnector:
         self.store.save(snapshot)
 
     # ------------------------------------------------------------------ reading and dispatching
-    def _read(self, tracker: _Tracker, recipients: Recipients, sender: Sender) -> None:
+    def _read(self, tracker: CursorTracker, recipients: Recipients, sender: Sender) -> None:
         seg = self.bus.segment
         while tracker.in_flight < self.max_in_flight and not self._stop.is_set():
             start = tracker.read_upto
@@ -356,7 +297,7 @@ class PushConnector:
                     return
                 self._dispatch(msg, tracker, recipients, sender)
 
-    def _dispatch(self, msg: Message, tracker: _Tracker, recipients: Recipients, sender: Sender) -> None:
+    def _dispatch(self, msg: Message, tracker: CursorTracker, recipients: Recipients, sender: Sender) -> None:
         gid = msg.global_id
         try:
             if not self.pushes(msg.channel):

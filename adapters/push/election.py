@@ -15,6 +15,8 @@ import fcntl
 import os
 from typing import Protocol
 
+from shmbus.perprocess import Birth
+
 __all__ = ["Elector", "FileElector"]
 
 
@@ -36,7 +38,7 @@ class FileElector:
     def __init__(self, path: str) -> None:
         self.path = path
         self._fd: int | None = None
-        self._pid = os.getpid()
+        self._birth = Birth()
 
     def try_acquire(self) -> bool:
         self._forget_inherited()
@@ -62,8 +64,8 @@ class FileElector:
             os.close(fd)
 
     def _forget_inherited(self) -> None:
-        if self._pid != os.getpid():  # forked: the parent's description is not ours to hold
-            self._pid = os.getpid()
+        if not self._birth.here:  # forked: the parent's description is not ours to hold
+            self._birth.renew()
             if self._fd is not None:
                 fd, self._fd = self._fd, None
                 with contextlib.suppress(OSError):

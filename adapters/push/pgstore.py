@@ -17,7 +17,9 @@ from typing import Any
 
 import psycopg
 
-from .stores import SenderState, StaleSender
+from shmbus.perprocess import Birth
+
+from .state import SenderState, StaleSender
 from .subscriptions import Registration, user_key
 
 __all__ = ["PostgresElector", "PostgresStore"]
@@ -56,7 +58,7 @@ def _registration(row: tuple[Any, ...]) -> Registration:
 
 
 class PostgresStore:
-    """The :class:`~shmbus.adapters.push.stores.Store` on PostgreSQL. One connection per process (made again
+    """The :class:`~shmbus.adapters.push.state.Store` on PostgreSQL. One connection per process (made again
     after a fork or a failure), used under a lock: each call is one short statement or transaction."""
 
     def __init__(self, dsn: str, namespace: str = "default", connect_timeout: float = 5.0) -> None:
@@ -65,15 +67,16 @@ class PostgresStore:
         self.connect_timeout = connect_timeout
         self._lock = threading.Lock()
         self._conn: psycopg.Connection[Any] | None = None
-        self._pid = os.getpid()
+        self._birth = Birth()
         self._ready = False
 
     def __repr__(self) -> str:
         return f"PostgresStore(namespace={self.namespace!r})"
 
     def _connection(self) -> psycopg.Connection[Any]:
-        if self._pid != os.getpid():
-            self._pid, self._conn = os.getpid(), None  # the parent's socket is not ours
+        if not self._birth.here:
+            self._birth.renew()
+            self._conn = None  # the parent's socket is not ours
         if self._conn is None or self._conn.closed:
             conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=max(1, int(self.connect_timeout)))
             if not self._ready:
@@ -176,7 +179,7 @@ class PostgresStore:
 
     def close(self) -> None:
         with self._lock:
-            if self._conn is not None and self._pid == os.getpid():
+            if self._conn is not None and self._birth.here:
                 self._conn.close()
             self._conn = None
 
@@ -190,21 +193,21 @@ class PostgresElector:
         self.namespace = namespace
         self.connect_timeout = connect_timeout
         self._conn: psycopg.Connection[Any] | None = None
-        self._pid = os.getpid()
+        self._birth = Birth()
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
-        if conn is not None and self._pid == os.getpid():
+        if conn is not None and self._birth.here:
             try:
                 conn.close()
             except Exception:  # the session is gone either way
                 pass
-        self._pid = os.getpid()
+        self._birth.renew()
 
     def try_acquire(self) -> bool:
-        if self._pid != os.getpid():
+        if not self._birth.here:
             self._conn = None
-            self._pid = os.getpid()
+            self._birth.renew()
         if self._conn is not None and self.held():
             return True
         try:
@@ -223,7 +226,7 @@ class PostgresElector:
         return False
 
     def held(self) -> bool:
-        if self._conn is None or self._pid != os.getpid():
+        if self._conn is None or not self._birth.here:
             return False
         try:
             self._conn.execute("SELECT 1")

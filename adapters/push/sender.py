@@ -36,7 +36,7 @@ from .vapid import VapidKeys
 
 __all__ = ["Job", "Outcome", "Sender"]
 
-log = logging.getLogger("shmbus.push")
+log = logging.getLogger(__name__)
 MAX_BACKOFF = 60.0
 
 
@@ -106,14 +106,15 @@ class Sender:
         self,
         vapid: VapidKeys,
         *,
-        workers_per_service: int = 4,
-        max_queue: int = 10_000,
-        timeout: float = 10.0,
-        max_attempts: int = 5,
-        max_retry_after: float = 600.0,
-        stall_after: float | None = None,
+        workers_per_service: int,
+        max_queue: int,
+        timeout: float,
+        max_attempts: int,
+        max_retry_after: float,
+        stall_after: float | None,
         on_event: Callable[[str], None] | None = None,
     ) -> None:
+        """The options are the connector's of the same names (their defaults are there, in one place)."""
         self.vapid = vapid
         self.workers_per_service = workers_per_service
         self.max_queue = max_queue

@@ -1,12 +1,13 @@
 """Where push subscriptions and the sender's cursor live: never in process memory only.
 
-:class:`Store` is the contract; :class:`FileStore` keeps them in files next to a file-backed bus (one host), and
-:class:`~shmbus.adapters.push.pgstore.PostgresStore` in the PostgreSQL bridge's database (every host).
-:func:`store_for` picks the one the bus's users already have state in.
+:class:`~.state.Store` (in :mod:`.state`) is the contract; :class:`FileStore` keeps them in files next to a
+file-backed bus (one host), and :class:`~shmbus.adapters.push.pgstore.PostgresStore` in the PostgreSQL bridge's
+database (every host). :func:`store_for` picks the one the bus's users already have state in.
 
-The sender's state (:class:`SenderState`) is the cursor (the newest global id whose pushes are all settled), the
-counters, and a *term*: each new sender increments it when it takes over, and a cursor save names its term, so a
-sender that lost its election without noticing can never move the cursor (:class:`StaleSender`).
+The sender's state (:class:`~.state.SenderState`) is the cursor (the newest global id whose pushes are all
+settled), the counters, and a *term*: each new sender increments it when it takes over, and a cursor save names
+its term, so a sender that lost its election without noticing can never move the cursor
+(:class:`~.state.StaleSender`).
 """
 
 from __future__ import annotations
@@ -17,65 +18,13 @@ import json
 import os
 import secrets
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from dataclasses import asdict
+from typing import Any
 
+from .state import SenderState, StaleSender, Store
 from .subscriptions import Registration, user_key
 
-__all__ = ["FileStore", "SenderState", "StaleSender", "Store", "store_for"]
-
-COUNTERS = ("sent", "failed", "retried", "expired", "dropped", "missed", "unroutable")
-
-
-class StaleSender(Exception):
-    """A cursor save by a sender whose term is over (another sender took over)."""
-
-
-@dataclass
-class SenderState:
-    """What the elected sender persists: ``cursor`` (None before the first sender ran), counters since the store
-    was made, the queue depth at the last save, who saves it and its ``term``."""
-
-    cursor: int | None = None
-    term: int = 0
-    counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
-    queue_depth: int = 0
-    leader: str = ""
-    updated: float = 0.0
-
-    @classmethod
-    def from_json(cls, item: dict[str, Any]) -> SenderState:
-        counters = dict.fromkeys(COUNTERS, 0)
-        counters.update({k: int(v) for k, v in (item.get("counters") or {}).items() if k in counters})
-        return cls(item.get("cursor"), int(item.get("term") or 0), counters, int(item.get("queue_depth") or 0),
-                   str(item.get("leader") or ""), float(item.get("updated") or 0.0))  # fmt: skip
-
-
-class Store(Protocol):
-    """Durable subscriptions and sender state, shared by every process (and host) of one push namespace."""
-
-    def add(self, reg: Registration) -> None:
-        """Insert or replace the device ``reg.endpoint`` (a browser that signs in as another user moves to them)."""
-
-    def remove(self, endpoint: str, user_id: Any = None) -> bool:
-        """Remove a device (only if it is ``user_id``'s, when given); True when one was removed."""
-
-    def of_user(self, user_id: Any) -> list[Registration]: ...
-
-    def all(self) -> list[Registration]: ...
-
-    def version(self) -> Any:
-        """Changes whenever the subscriptions change (the sender reloads them then)."""
-
-    def take_over(self, leader: str) -> SenderState:
-        """Start a new term for ``leader`` and return the state (called by a newly elected sender)."""
-
-    def save(self, state: SenderState) -> None:
-        """Persist ``state`` (its cursor, counters, queue depth); :class:`StaleSender` when its term is over."""
-
-    def load(self) -> SenderState: ...
-
-    def close(self) -> None: ...
+__all__ = ["FileStore", "store_for", "write_atomically"]
 
 
 def write_atomically(path: str, data: bytes) -> None:

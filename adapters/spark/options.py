@@ -22,7 +22,7 @@ from shmbus.channels import check_channel
 
 from .readers import Location
 
-log = logging.getLogger("shmbus.spark")
+log = logging.getLogger(__name__)
 
 FORMAT_NAME = "shmbus"
 #: Where the idempotent sink records its progress: ``/__shmbus_spark/sink/<sinkId>``.

@@ -41,7 +41,7 @@ from .options import (
     encode_offset,
 )
 
-log = logging.getLogger("shmbus.spark")
+log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------------------------- reading

@@ -26,7 +26,7 @@ from .options import (
     sink_channel,
 )
 
-log = logging.getLogger("shmbus.spark")
+log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------------------------- writing
@@ -129,12 +129,12 @@ class _BusWriterBase:
 
             return ShmReader(loc).bus
         if loc.postgres_dsn:
-            return _PostgresSinkBus(loc.postgres_dsn, loc.postgres_channel)
-        return _RedisSinkBus(loc.redis_url or "")
+            return _BridgeSinkBus.postgres(loc.postgres_dsn, loc.postgres_channel)
+        return _BridgeSinkBus.redis(loc.redis_url or "")
 
     def _sink_markers(self, bus: Any, sink: str) -> list[Any]:
         """The sink channel's progress records, oldest first (from Redis when writing through it)."""
-        if isinstance(bus, (_RedisSinkBus, _PostgresSinkBus)):
+        if isinstance(bus, _BridgeSinkBus):
             from .readers import open_reader
 
             reader = open_reader(self.opts.location)
@@ -266,67 +266,46 @@ def _already_done(markers: list[Any], batch_id: int, partition: int) -> bool:
     return False
 
 
-class _RedisSinkBus:
-    """What an executor publishes through when the sink writes via ``redis_url`` (a cluster): a private, throwaway
-    segment whose engine is the Redis bridge with relaying off, so rows go to Redis with Redis-assigned ids (the
-    gem's layout) and each bus host's relay copies them into its own segment. Destroyed when the task ends."""
+class _BridgeSinkBus:
+    """What an executor publishes through when the sink writes via a cluster (``redis_url`` or ``postgres_dsn``):
+    a private, throwaway segment whose engine is that bridge with relaying off, so rows go to Redis or the gem's
+    PostgreSQL table with the ids they assign (the gem's layout), in round trips of up to 1000 rows in order, and
+    each bus host's relay copies them into its own segment. Destroyed when the task ends."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, bridge: Any) -> None:
         import uuid
 
         from shmbus import Bus
 
+        self.bridge = bridge
+        self.bus = Bus(
+            f"spark-sink-{os.getpid()}-{uuid.uuid4().hex[:8]}",
+            ring_size=1 << 20,
+            max_channels=1024,
+            keepalive_interval=0,
+            engine=bridge,
+        )
+        self._batch = bridge.batch()
+        self._batch.__enter__()  # pipelined
+
+    @classmethod
+    def redis(cls, url: str) -> _BridgeSinkBus:
         from ..redis import RedisBridge
 
-        self.bridge = RedisBridge(url, relay=False, local_wait=0)
-        self.bus = Bus(
-            f"spark-sink-{os.getpid()}-{uuid.uuid4().hex[:8]}",
-            ring_size=1 << 20,
-            max_channels=1024,
-            keepalive_interval=0,
-            engine=self.bridge,
-        )
-        self._batch = self.bridge.batch()
-        self._batch.__enter__()  # pipelined: rows are sent in round trips of up to 1000, in order
+        return cls(RedisBridge(url, relay=False, local_wait=0))
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.bus, name)
-
-    def close(self) -> None:
-        try:
-            self._batch.__exit__(None, None, None)  # sends what is queued; raises if Redis refused it
-        finally:
-            self.bus.destroy()
-
-
-class _PostgresSinkBus:
-    """As :class:`_RedisSinkBus`, through the PostgreSQL bridge: rows go into the gem's table with the table's
-    ids, in statements of up to 1000 rows, and each bus host's relay copies them into its segment."""
-
-    def __init__(self, dsn: str, notify_channel: str | None) -> None:
-        import uuid
-
-        from shmbus import Bus
-
+    @classmethod
+    def postgres(cls, dsn: str, notify_channel: str | None) -> _BridgeSinkBus:
         from ..postgres import PostgresBridge
 
-        self.bridge = PostgresBridge(dsn, notify_channel=notify_channel, relay=False, local_wait=0)
-        self.bus = Bus(
-            f"spark-sink-{os.getpid()}-{uuid.uuid4().hex[:8]}",
-            ring_size=1 << 20,
-            max_channels=1024,
-            keepalive_interval=0,
-            engine=self.bridge,
-        )
-        self._batch = self.bridge.batch()
-        self._batch.__enter__()
+        return cls(PostgresBridge(dsn, notify_channel=notify_channel, relay=False, local_wait=0))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.bus, name)
 
     def close(self) -> None:
         try:
-            self._batch.__exit__(None, None, None)  # sends what is queued; raises if PostgreSQL refused it
+            self._batch.__exit__(None, None, None)  # sends what is queued; raises if the bridge refused it
         finally:
             self.bus.destroy()
 

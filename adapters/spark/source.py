@@ -53,7 +53,7 @@ from .sink import (
 
 __all__ = ["FORMAT_NAME", "ShmbusDataSource", "register", "spark_session"]
 
-log = logging.getLogger("shmbus.spark")
+log = logging.getLogger(__name__)
 
 
 def spark_session(app_name: str = "shmbus", master: str = "local[2]", **conf: str) -> Any:

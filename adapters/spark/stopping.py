@@ -30,7 +30,7 @@ from typing import Any
 
 __all__ = ["is_held", "stop_gracefully"]
 
-log = logging.getLogger("shmbus.spark")
+log = logging.getLogger(__name__)
 
 _POLL = 0.01
 

@@ -12,7 +12,7 @@ from shmbus.bus import Bus
 
 from ..asgi_support import Scope, maybe_await
 from ..http.options import bus_or_default
-from .connection import Connection
+from .connection import Connection, check_hooks
 from .hub import Hub, Sink, loop_runner
 from .identity import LookupOptions
 
@@ -34,9 +34,7 @@ class TransportApp:
         on_open: Callable[[Connection], Any] | None = None,
         on_close: Callable[[Connection], Any] | None = None,
     ) -> None:
-        for name, hook in (("on_open", on_open), ("on_close", on_close)):
-            if hook is not None and not callable(hook):
-                raise TypeError(f"{name} must be callable, got {hook!r}")
+        check_hooks(on_open, on_close)
         self.on_open = on_open
         self.on_close = on_close
         self.app = app

@@ -29,7 +29,7 @@ from ..http import ProtocolError
 from .identity import Identity
 from .validation import PATTERN_KINDS, check_channel, check_pattern
 
-__all__ = ["Connection", "ConnectionSink", "DataCallback"]
+__all__ = ["Connection", "ConnectionSink", "DataCallback", "check_hooks"]
 
 #: ``callback(channel, data)``: the message's channel (the matching one, for a pattern) and its data.
 DataCallback = Callable[[str, Any], Any]
@@ -232,3 +232,10 @@ class Connection:
                 callback(msg.channel, msg.data)
 
         return deliver
+
+
+def check_hooks(on_open: Callable[[Connection], Any] | None, on_close: Callable[[Connection], Any] | None) -> None:
+    """Refuse an ``on_open``/``on_close`` hook that cannot be called (at construction, not at the first client)."""
+    for name, hook in (("on_open", on_open), ("on_close", on_close)):
+        if hook is not None and not callable(hook):
+            raise TypeError(f"{name} must be callable, got {hook!r}")

@@ -27,7 +27,7 @@ from shmbus.errors import InvalidChannel, InvalidMessage, PayloadTooLarge
 
 from ..asgi_support import Receive, Scope, Send, fallback, maybe_await, read_body, relative_path, send_simple
 from ..http import MAX_BODY_SIZE, MAX_CLIENT_ID_LENGTH, ProtocolError
-from ..http.wire import status_line
+from ..wsgi_support import Environ, StartResponse, start_simple
 from .validation import check_channel
 
 __all__ = ["AsgiRestPublish", "PublishRequest", "WsgiRestPublish", "parse_publish"]
@@ -251,7 +251,7 @@ class AsgiRestPublish(_RestPublish):
 class WsgiRestPublish(_RestPublish):
     """WSGI app: ``POST <prefix><channel>`` (PATH_INFO, below SCRIPT_NAME); other paths go to ``app`` (or 404)."""
 
-    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+    def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         try:
             try:
                 path = environ.get("PATH_INFO", "").encode("latin-1").decode("utf-8")
@@ -268,11 +268,11 @@ class WsgiRestPublish(_RestPublish):
             body = self._body(environ)
             headers = {k[5:].replace("_", "-").lower(): str(v) for k, v in environ.items() if k.startswith("HTTP_")}
             answer = self.answer(channel, environ.get("QUERY_STRING", ""), environ.get("CONTENT_TYPE"), body, headers)
-            return _respond(start_response, 200, answer, JSON_TYPE)
+            return start_simple(start_response, 200, answer, JSON_TYPE)
         except ProtocolError as exc:
-            return _respond(start_response, exc.status, exc.reason.encode(), extra=_allow(exc.status))
+            return start_simple(start_response, exc.status, exc.reason.encode(), extra=_allow(exc.status))
 
-    def _body(self, environ: dict[str, Any]) -> bytes:
+    def _body(self, environ: Environ) -> bytes:
         stream = environ.get("wsgi.input")
         if stream is None:
             return b""
@@ -281,15 +281,3 @@ class WsgiRestPublish(_RestPublish):
         data = stream.read(int(cl)) if cl else stream.read(self.max_body_size + 1)
         self.check_size(len(data))
         return bytes(data)
-
-
-def _respond(
-    start_response: Callable[..., Any],
-    status: int,
-    body: bytes,
-    content_type: str = "text/plain; charset=utf-8",
-    extra: list[tuple[str, str]] | None = None,
-) -> list[bytes]:
-    headers = [("content-type", content_type), ("content-length", str(len(body))), *(extra or [])]
-    start_response(status_line(status), headers)
-    return [body]

@@ -43,6 +43,7 @@ from .app import TransportApp
 from .connection import Connection
 from .hub import DEFAULT_MAX_BUFFER, Sink
 from .replay import replay_since
+from .sse_stream import StreamPace, check_keepalive
 from .validation import MAX_SUBSCRIPTIONS, check_channel, check_pattern
 
 __all__ = ["SSEApp", "StreamRequest", "format_event", "parse_event_id", "parse_request"]
@@ -54,7 +55,6 @@ SSE_HEADERS = [
     (b"cache-control", b"no-cache, no-transform"),
     (b"x-accel-buffering", b"no"),  # nginx: do not buffer the stream
 ]
-KEEPALIVE = b": keepalive\n\n"
 #: values of the ``events`` query parameter
 EVENT_NAMING = ("channel", "message")
 
@@ -201,8 +201,7 @@ class SSEApp(TransportApp):
         on_close: Callable[[Connection], Any] | None = None,
         **lookups: Any,
     ) -> None:
-        if not keepalive_interval > 0:
-            raise ValueError("keepalive_interval must be > 0 seconds")
+        check_keepalive(keepalive_interval)
         super().__init__(app, bus, path, max_buffer, max_subscriptions, lookups, on_open, on_close)
         self.keepalive_interval = keepalive_interval
         self.retry_ms = retry_ms
@@ -294,17 +293,16 @@ class SSEApp(TransportApp):
             await send({"type": "http.response.body", "body": b""})
             gone.cancel()
             return
-        head = (b"retry: %d\n" % self.retry_ms if self.retry_ms else b"") + b": connected\n\n"
+        pace = StreamPace(sink, self.keepalive_interval, self.retry_ms)
         try:
-            first = head + b"".join(sink.take())
+            first = pace.opening(loop.time())
             sink.max_buffer = self.max_buffer
             sending[0] = True
             await send({"type": "http.response.body", "body": first, "more_body": True})
             sending[0] = False
-            next_ping = loop.time() + self.keepalive_interval
             while not sink.closed and not sink.dropped:
-                timeout = next_ping - loop.time()
-                if timeout > 0 and not sink.pending:
+                timeout = pace.timeout(loop.time())
+                if timeout > 0:
                     try:
                         await asyncio.wait_for(ready.wait(), timeout)
                     except asyncio.TimeoutError:
@@ -312,15 +310,10 @@ class SSEApp(TransportApp):
                 ready.clear()
                 if sink.closed or sink.dropped:
                     break
-                out = sink.take()
-                if loop.time() >= next_ping:
-                    sink.check_epoch()
-                    out += sink.take()
-                    out.append(KEEPALIVE)
-                    next_ping = loop.time() + self.keepalive_interval
+                out = pace.next_write(loop.time())
                 if out:
                     sending[0] = True
-                    await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
                     sending[0] = False
             if sink.dropped:
                 self.dropped += 1

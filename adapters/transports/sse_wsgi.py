@@ -9,7 +9,7 @@ only the waiting differs. A stream holds its worker thread or greenlet for its w
   listener (a real OS thread) hands every batch to the hub with one ``loop.async_()`` watcher and a greenlet
   fans it out. Streams are limited only by ``max_streams``.
 * **threads** (gunicorn ``gthread``, uwsgi ``--threads``): each stream blocks its thread on an event the
-  listener thread sets. When the thread count is known (:func:`shmbus.adapters.wsgi.configure_server` or the
+  listener thread sets. When the thread count is known (:func:`shmbus.adapters.wsgi_support.configure_server` or the
   gunicorn hooks), at most ``threads - max(1, threads // 8)`` streams run at once, so ordinary requests always
   find a thread; beyond that, and beyond ``max_streams``, a stream is refused with 503 and the reason.
 * **one request at a time** (gunicorn ``sync``): a stream would block the worker, so it is refused with 503
@@ -22,10 +22,8 @@ exposes its socket (``gunicorn.socket``). Lookups and hooks are plain functions 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any
 
@@ -34,13 +32,21 @@ from shmbus.message import Message
 
 from ..http import ProtocolError
 from ..http.options import bus_or_default
-from ..http.wire import status_line
-from ..wsgi import PEER_CHECK_INTERVAL, gevent_active, peer_closed, server_threads
-from .connection import Connection
+from ..looptap import ProcessTap
+from ..wsgi_support import (
+    PEER_CHECK_INTERVAL,
+    BatchDispatcher,
+    Environ,
+    StartResponse,
+    may_park,
+    peer_closed,
+    server_threads,
+    start_simple,
+)
+from .connection import Connection, check_hooks
 from .hub import DEFAULT_MAX_BUFFER, Sink, SinkIndex
 from .identity import LookupOptions
 from .sse import (
-    KEEPALIVE,
     SSE_HEADERS,
     finish_open,
     message_encoders,
@@ -48,59 +54,28 @@ from .sse import (
     parse_request,
     start_open,
 )
+from .sse_stream import StreamPace, check_keepalive
 from .validation import MAX_SUBSCRIPTIONS
 
 __all__ = ["SSEWSGIApp"]
 
 log = logging.getLogger(__name__)
 
-Environ = dict[str, Any]
-StartResponse = Callable[..., Any]
 _HEADERS = [(k.decode(), v.decode()) for k, v in SSE_HEADERS]
 
 
 class _ProcessHub:
-    """This process's streams: one bus tap, one index, one lock (the listener thread or the gevent hub's
-    greenlet dispatches; request threads subscribe and take under the same lock)."""
+    """This process's streams: one index and one lock (the dispatcher delivers under it, on the listener thread
+    or in a gevent greenlet; request threads subscribe and take under the same lock)."""
 
     def __init__(self, bus: Bus) -> None:
-        self.pid = os.getpid()
-        self.bus = bus
         self.lock = threading.RLock()
         self.index = SinkIndex(None, bus)
-        self.gevent = gevent_active()
-        self.queue: deque[list[Message]] = deque()
-        self.draining = False
-        self.watcher: Any = None
-        if self.gevent:
-            import gevent
+        self.dispatcher = BatchDispatcher(self._deliver)
 
-            self.watcher = gevent.get_hub().loop.async_()
-            self.watcher.start(self._on_async)
-            self._spawn = gevent.spawn
-        bus.tap(self.on_batch)
-
-    def on_batch(self, msgs: list[Message]) -> None:
-        """Listener thread: fan out here (threads), or hand the batch to the gevent hub (one async send)."""
-        if not self.index.sinks or self.pid != os.getpid():
-            return
-        if self.gevent:
-            self.queue.append(msgs)
-            self.watcher.send()
-        else:
-            with self.lock:
-                self.index.dispatch(msgs)
-
-    def _on_async(self) -> None:  # in the gevent hub: never block here
-        if not self.draining:
-            self.draining = True
-            self._spawn(self._drain)
-
-    def _drain(self) -> None:
-        self.draining = False
-        while self.queue:
-            msgs = self.queue.popleft()
-            with self.lock:
+    def _deliver(self, batches: list[list[Message]]) -> None:
+        with self.lock:
+            for msgs in batches:
                 self.index.dispatch(msgs)
 
     def register(self, sink: Sink) -> None:
@@ -118,10 +93,11 @@ class _ProcessHub:
         with self.lock:
             fn()
 
-    def close(self) -> None:
-        self.bus.untap(self.on_batch)
-        if self.gevent:
-            self.watcher.stop()
+
+def _hand_on(hub: _ProcessHub, msgs: list[Message]) -> None:
+    """Listener thread: a batch for a process with open streams goes to its dispatcher."""
+    if hub.index.sinks:
+        hub.dispatcher.on_batch(msgs)
 
 
 class SSEWSGIApp:
@@ -148,11 +124,8 @@ class SSEWSGIApp:
         on_close: Callable[[Connection], Any] | None = None,
         **lookups: Any,
     ) -> None:
-        if not keepalive_interval > 0:
-            raise ValueError("keepalive_interval must be > 0 seconds")
-        for name, hook in (("on_open", on_open), ("on_close", on_close)):
-            if hook is not None and not callable(hook):
-                raise TypeError(f"{name} must be callable, got {hook!r}")
+        check_keepalive(keepalive_interval)
+        check_hooks(on_open, on_close)
         self.app = app
         self.bus = bus_or_default(bus)
         self.path = path
@@ -167,44 +140,33 @@ class SSEWSGIApp:
         self.lookups = LookupOptions(**lookups)
         self.dropped = 0
         self._encoders = message_encoders(self.bus.codec.is_json)
-        self._hub: _ProcessHub | None = None
-        self._hub_lock = threading.Lock()
-
-    def _get_hub(self) -> _ProcessHub:
-        hub = self._hub
-        if hub is not None and hub.pid == os.getpid():
-            return hub
-        with self._hub_lock:
-            hub = self._hub
-            if hub is None or hub.pid != os.getpid():
-                hub = self._hub = _ProcessHub(self.bus)  # a forked child never touches its parent's hub
-        return hub
+        # a forked child never touches its parent's hub: it makes its own on its first stream
+        self._hubs: ProcessTap[_ProcessHub] = ProcessTap(self.bus, lambda: _ProcessHub(self.bus), _hand_on)
 
     def stats(self) -> dict[str, int]:
-        hub = self._hub
-        live = len(hub.index.sinks) if hub is not None and hub.pid == os.getpid() else 0
-        return {"connections": live, "dropped": self.dropped}
+        hub = self._hubs.current()
+        return {"connections": len(hub.index.sinks) if hub is not None else 0, "dropped": self.dropped}
 
     def close(self) -> None:
         """Stop receiving batches (open streams end at their next wake-up; the bus stays open)."""
-        hub, self._hub = self._hub, None
-        if hub is not None and hub.pid == os.getpid():
-            hub.close()
+        hub = self._hubs.close()
+        if hub is not None:
+            hub.dispatcher.close()
 
     # ------------------------------------------------------------------ WSGI
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         if (environ.get("PATH_INFO") or "/") != self.path:
             if self.app is None:
-                return _simple(start_response, 404, "not found")
+                return start_simple(start_response, 404, b"not found")
             response: Iterable[bytes] = self.app(environ, start_response)
             return response
         method = environ.get("REQUEST_METHOD", "GET")
         if method not in ("GET", "HEAD"):
-            return _simple(start_response, 405, "use GET", [("allow", "GET")])
-        hub = self._get_hub()
+            return start_simple(start_response, 405, b"use GET", extra=[("allow", "GET")])
+        hub = self._hubs.get()
         refusal = self._capacity_problem(hub, environ)
         if refusal:
-            return _simple(start_response, 503, refusal, [("retry-after", "5")])
+            return start_simple(start_response, 503, refusal.encode(), extra=[("retry-after", "5")])
         try:
             request = parse_request(
                 environ.get("QUERY_STRING", ""),
@@ -214,7 +176,7 @@ class SSEWSGIApp:
             )
             identity = self.lookups.identity_sync(environ, request.query)
         except ProtocolError as exc:
-            return _simple(start_response, exc.status, exc.reason)
+            return start_simple(start_response, exc.status, exc.reason.encode())
         bus = self.bus
         event = threading.Event()
         encode = self._encoders[request.named]
@@ -225,6 +187,7 @@ class SSEWSGIApp:
         conn = None
         if self.on_open or self.on_close:
             conn = Connection(bus, sink, environ, hub.run, self.max_subscriptions)
+        pace = StreamPace(sink, self.keepalive_interval, self.retry_ms)
         try:
             with hub.lock:
                 start = start_open(bus, sink, request)
@@ -232,25 +195,24 @@ class SSEWSGIApp:
                 self.on_open(conn)
             with hub.lock:
                 finish_open(bus, sink, request.resume, start)
-                first = sink.take()
+                first = pace.opening(time.monotonic())
         except Exception:
             log.exception("shmbus: opening an SSE stream failed (on_open hook %r)", self.on_open)
             self._end(hub, sink, conn)
-            return _simple(start_response, 500, "the application's on_open hook failed (see the server log)")
+            return start_simple(start_response, 500, b"the application's on_open hook failed (see the server log)")
         start_response("200 OK", list(_HEADERS))
         if method == "HEAD":
             self._end(hub, sink, conn)
             return [b""]
         sink.max_buffer = self.max_buffer
-        head = (b"retry: %d\n" % self.retry_ms if self.retry_ms else b"") + b": connected\n\n"
-        stream = self._stream(hub, sink, conn, event, head + b"".join(first), environ.get("gunicorn.socket"))
+        stream = self._stream(hub, pace, conn, event, first, environ.get("gunicorn.socket"))
         return _Response(stream, lambda: self._end(hub, sink, conn))
 
     def _capacity_problem(self, hub: _ProcessHub, environ: Environ) -> str | None:
         streams = len(hub.index.sinks)
         if streams >= self.max_streams:
             return f"too many event streams in this worker (max_streams={self.max_streams}); retry later"
-        if hub.gevent:
+        if hub.dispatcher.gevent:
             return None
         if not environ.get("wsgi.multithread"):
             if self.allow_sync_workers:
@@ -259,42 +221,35 @@ class SSEWSGIApp:
                 "event streams need a gevent or threaded WSGI worker (gunicorn -k gevent / gthread); this worker "
                 "serves one request at a time, so a stream would block it"
             )
-        threads = server_threads()
-        if threads is not None and streams >= threads - max(1, threads // 8):
-            return f"all of this worker's stream threads are busy ({threads} threads, some kept for requests)"
+        if not may_park(streams):
+            return f"all of this worker's stream threads are busy ({server_threads()} threads, some kept for requests)"
         return None
 
     def _stream(
         self,
         hub: _ProcessHub,
-        sink: Sink,
+        pace: StreamPace,
         conn: Connection | None,
         event: threading.Event,
         first: bytes,
         sock: Any,
     ) -> Generator[bytes, None, None]:
+        sink = pace.sink
         try:
             yield first
-            next_ping = time.monotonic() + self.keepalive_interval
             while not sink.closed and not sink.dropped:
-                now = time.monotonic()
-                timeout = next_ping - now
+                timeout = pace.timeout(time.monotonic())
                 if sock is not None:
                     timeout = min(timeout, PEER_CHECK_INTERVAL)
-                if timeout > 0 and not sink.pending:
+                if timeout > 0:
                     event.wait(timeout)
                 event.clear()
                 if sink.closed or sink.dropped or (sock is not None and peer_closed(sock)):
                     break
                 with hub.lock:
-                    out = sink.take()
-                    if time.monotonic() >= next_ping:
-                        sink.check_epoch()
-                        out += sink.take()
-                        out.append(KEEPALIVE)
-                        next_ping = time.monotonic() + self.keepalive_interval
+                    out = pace.next_write(time.monotonic())
                 if out:
-                    yield b"".join(out)
+                    yield out
             if sink.dropped:
                 self.dropped += 1
         finally:
@@ -331,12 +286,3 @@ class _Response:
             self._stream.close()
         finally:
             self._end()
-
-
-def _simple(
-    start_response: StartResponse, status: int, text: str, extra: list[tuple[str, str]] | None = None
-) -> list[bytes]:
-    body = text.encode()
-    headers = [("content-type", "text/plain; charset=utf-8"), ("content-length", str(len(body))), *(extra or [])]
-    start_response(status_line(status), headers)
-    return [body]

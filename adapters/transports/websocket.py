@@ -27,7 +27,6 @@ message over ``max_frame`` closes the socket with code 1009 (run the server with
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -37,13 +36,14 @@ from shmbus.bus import Bus
 from shmbus.errors import ShmbusError
 
 from ..asgi_support import Receive, Scope, Send, fallback, maybe_await, relative_path
-from ..http import MAX_ID, ProtocolError, encode_message
+from ..http import ProtocolError, encode_message
 from .app import TransportApp
 from .connection import Connection
 from .hub import DEFAULT_MAX_BUFFER, Sink
 from .identity import Identity
 from .replay import replay_since
-from .validation import MAX_SUBSCRIPTIONS, PATTERN_KINDS, check_channel, check_pattern
+from .validation import MAX_SUBSCRIPTIONS, check_channel
+from .ws_commands import BadInput, dumps, frame, ids_field, int_field, parse_command, target
 
 __all__ = ["WebSocketApp"]
 
@@ -58,34 +58,6 @@ MAX_REPLAY = 1000
 CLOSE_POLICY = 1008
 CLOSE_TOO_BIG = 1009
 CLOSE_SERVER_ERROR = 1011
-
-
-class _BadInput(Exception):
-    pass
-
-
-def _dumps(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
-
-
-def _int(
-    obj: dict[str, Any], key: str, *, default: int | None = None, lo: int = -MAX_ID, hi: int = MAX_ID
-) -> int | None:
-    v = obj.get(key)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise _BadInput(f"{key} must be an integer between {lo} and {hi}")
-    return v
-
-
-def _ids(obj: dict[str, Any], key: str) -> list[Any] | None:
-    v = obj.get(key)
-    if v is None:
-        return None
-    if not isinstance(v, list) or not v or not all(isinstance(x, (int, str)) and not isinstance(x, bool) for x in v):
-        raise _BadInput(f"{key} must be a non-empty list of integers or strings")
-    return v
 
 
 class WebSocketApp(TransportApp):
@@ -206,12 +178,12 @@ class WebSocketApp(TransportApp):
     def refusal(self, reason: str, internal: bool) -> str:
         """The frame explaining why the connection is closed at connect (bad input, or a server failure when
         ``internal``), sent before the close."""
-        return _dumps({"op": "error", "reason": reason})
+        return dumps({"op": "error", "reason": reason})
 
     def hello(self, sink: Sink) -> str:
         """The first frame."""
         client_id = sink.identity.client_id
-        return _dumps({"op": "status", "status": "connected", "epoch": sink.epoch, "client_id": client_id})
+        return dumps({"op": "status", "status": "connected", "epoch": sink.epoch, "client_id": client_id})
 
     async def _writer(self, sink: Sink, ready: asyncio.Event, drop: asyncio.Event, send: Send) -> None:
         while not sink.dropped and not sink.closed:
@@ -264,32 +236,16 @@ class WebSocketApp(TransportApp):
 
     # ------------------------------------------------------------------ ops
     def _error(self, sink: Sink, reason: str, ref: Any = None) -> None:
-        frame: dict[str, Any] = {"op": "error", "reason": reason}
-        if ref is not None:
-            frame["ref"] = ref
-        sink.push(_dumps(frame))
+        sink.push(frame(ref, op="error", reason=reason))
 
     def _status(self, sink: Sink, status: str, ref: Any, **fields: Any) -> None:
-        frame: dict[str, Any] = {"op": "status", "status": status, **fields}
-        if ref is not None:
-            frame["ref"] = ref
-        sink.push(_dumps(frame))
+        sink.push(frame(ref, op="status", status=status, **fields))
 
     async def _handle(self, sink: Sink, scope: Scope, text: str) -> None:
         ref = None
         try:
-            try:
-                obj = json.loads(text)
-            except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser's limit
-                raise _BadInput("invalid JSON (or nested too deeply)")
-            if not isinstance(obj, dict):
-                raise _BadInput("a command must be a JSON object with an 'op'")
+            obj = parse_command(text)
             ref = obj.get("ref")
-            if ref is not None and not (
-                isinstance(ref, (str, int)) and not isinstance(ref, bool) and len(str(ref)) <= 100
-            ):
-                ref = None
-                raise _BadInput("ref must be a string or integer (at most 100 characters)")
             op = obj.get("op")
             if op == "subscribe":
                 self._subscribe(sink, obj, ref)
@@ -300,15 +256,12 @@ class WebSocketApp(TransportApp):
             elif op == "publish":
                 await self._publish(sink, scope, obj, ref)
             elif op == "ping":
-                frame: dict[str, Any] = {"op": "pong"}
-                if ref is not None:
-                    frame["ref"] = ref
-                sink.push(_dumps(frame))
+                sink.push(frame(ref, op="pong"))
             elif isinstance(op, str):
-                raise _BadInput(f"unknown op {op[:40]!r} (subscribe, unsubscribe, replay, publish, ping)")
+                raise BadInput(f"unknown op {op[:40]!r} (subscribe, unsubscribe, replay, publish, ping)")
             else:
-                raise _BadInput("missing or non-string 'op'")
-        except _BadInput as exc:
+                raise BadInput("missing or non-string 'op'")
+        except BadInput as exc:
             self._error(sink, str(exc), ref)
         except ProtocolError as exc:
             self._error(sink, exc.reason, ref)
@@ -316,27 +269,16 @@ class WebSocketApp(TransportApp):
             log.exception("shmbus: WebSocket command failed")
             self._error(sink, f"internal error ({type(exc).__name__}); see the server log", ref)
 
-    def _target(self, obj: dict[str, Any]) -> tuple[str | None, tuple[str, str] | None]:
-        channel, pattern = obj.get("channel"), obj.get("pattern")
-        if (channel is None) == (pattern is None):
-            raise _BadInput("give exactly one of 'channel' or 'pattern'")
-        if channel is not None:
-            return check_channel(channel), None
-        kind = obj.get("kind", "prefix")
-        if kind not in PATTERN_KINDS:
-            raise _BadInput(f"kind must be one of {list(PATTERN_KINDS)}")
-        return None, (check_pattern(pattern, kind), kind)
-
     def _subscribe(self, sink: Sink, obj: dict[str, Any], ref: Any) -> None:
-        channel, pat = self._target(obj)
+        channel, pat = target(obj)
         new = (channel not in sink.channels) if channel is not None else (pat not in sink.patterns)
         if new and sink.subscription_count() >= self.max_subscriptions:
-            raise _BadInput(f"too many subscriptions (limit {self.max_subscriptions})")
+            raise BadInput(f"too many subscriptions (limit {self.max_subscriptions})")
         bus = self.bus
         upto = bus.segment.global_id()
         site = sink.site or ""
         if channel is not None:
-            last_id = _int(obj, "last_id")
+            last_id = int_field(obj, "last_id")
             gap = False
             if last_id is not None:
                 last = bus.last_id(channel, site)
@@ -348,7 +290,7 @@ class WebSocketApp(TransportApp):
             self._status(sink, "subscribed", ref, channel=channel, last_id=bus.last_id(channel, site), gap=gap)
             return
         assert pat is not None
-        after_gid = _int(obj, "last_global_id", lo=0)
+        after_gid = int_field(obj, "last_global_id", lo=0)
         gap = False
         if after_gid is not None:
             rp = replay_since(bus, [], [pat], sink.site, after_gid, upto)
@@ -358,7 +300,7 @@ class WebSocketApp(TransportApp):
         self._status(sink, "subscribed", ref, pattern=pat[0], kind=pat[1], global_id=upto, gap=gap)
 
     def _unsubscribe(self, sink: Sink, obj: dict[str, Any], ref: Any) -> None:
-        channel, pat = self._target(obj)
+        channel, pat = target(obj)
         if channel is not None:
             removed = sink.drop_channel(channel)
             self._status(sink, "unsubscribed", ref, channel=channel, removed=removed)
@@ -370,10 +312,10 @@ class WebSocketApp(TransportApp):
     def _replay(self, sink: Sink, obj: dict[str, Any], ref: Any) -> None:
         channel = obj.get("channel")
         if channel is None:
-            raise _BadInput("replay needs a 'channel' (patterns cannot be replayed by message id)")
+            raise BadInput("replay needs a 'channel' (patterns cannot be replayed by message id)")
         channel = check_channel(channel)
-        start = _int(obj, "start_id", default=0)
-        count = _int(obj, "count", default=MAX_REPLAY, lo=1, hi=MAX_REPLAY)
+        start = int_field(obj, "start_id", default=0)
+        count = int_field(obj, "count", default=MAX_REPLAY, lo=1, hi=MAX_REPLAY)
         assert start is not None and count is not None
         site = sink.site or ""
         last = self.bus.last_id(channel, site)
@@ -391,21 +333,25 @@ class WebSocketApp(TransportApp):
     async def _publish(self, sink: Sink, scope: Scope, obj: dict[str, Any], ref: Any) -> None:
         channel = check_channel(obj.get("channel"))
         if self.allow_publish is None:
-            raise _BadInput("publishing over this WebSocket is disabled")
+            raise BadInput("publishing over this WebSocket is disabled")
         if "data" not in obj:
-            raise _BadInput("publish needs 'data'")
-        user_ids, group_ids, client_ids = _ids(obj, "user_ids"), _ids(obj, "group_ids"), _ids(obj, "client_ids")
+            raise BadInput("publish needs 'data'")
+        user_ids, group_ids, client_ids = (
+            ids_field(obj, "user_ids"),
+            ids_field(obj, "group_ids"),
+            ids_field(obj, "client_ids"),
+        )
         if not await maybe_await(self.allow_publish(scope, channel)):
-            raise _BadInput(f"not allowed to publish on {channel[:80]!r}")
+            raise BadInput(f"not allowed to publish on {channel[:80]!r}")
         site = sink.site or ""  # the connection's own site; "" = no site (never the bus's zero-argument lookup)
         try:
             mid = self.bus.publish(
                 channel, obj["data"], site_id=site, user_ids=user_ids, group_ids=group_ids, client_ids=client_ids
             )
         except (ShmbusError, TypeError, ValueError) as exc:
-            raise _BadInput(f"publish refused: {exc}")
+            raise BadInput(f"publish refused: {exc}")
         if mid is None:
-            raise _BadInput("the bus is off (publishing disabled)")
+            raise BadInput("the bus is off (publishing disabled)")
         self._status(sink, "published", ref, channel=channel, message_id=mid)
 
     def _on_reset(self, sink: Sink, old: int, new: int) -> None:

@@ -19,7 +19,6 @@ import time
 
 def relay(spec: dict) -> None:  # type: ignore[type-arg]
     from shmbus import Bus
-
     from tests.faults.faults_backends import make_engine
 
     bus = Bus(spec["bus"], keepalive_interval=0, engine=make_engine(spec["backend"]), **spec["bus_options"])

@@ -70,11 +70,11 @@ class LoggingProtocol(MessageBusProtocol):
         self._end(entry)
 
 
-class _Engine(asgi._LoopEngine):
+class _LoggingFanout(asgi._LoopFanout):
     def __init__(self, bus: Any, options: Any, loop: Any) -> None:
         super().__init__(bus, options, loop)
         self.proto = LoggingProtocol(bus, options, asgi.null_lock())
 
 
-asgi._LoopEngine = _Engine  # type: ignore[misc]  # this process only (the test server)
+asgi._LoopFanout = _LoggingFanout  # type: ignore[misc]  # this process only (the test server)
 app = asgi.MessageBusMiddleware(e2e_app._asgi_inner, bus=e2e_app.bus)

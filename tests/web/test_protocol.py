@@ -788,11 +788,11 @@ def test_batch_window_stretches_to_the_last_dispatch_and_back(bus: Bus) -> None:
     WINDOW_STRETCH windows); a quick dispatch restores the window; ``batch_window=0`` never waits."""
     import asyncio
 
-    from shmbus.adapters.asgi import WINDOW_STRETCH, _LoopEngine
+    from shmbus.adapters.asgi import WINDOW_STRETCH, _LoopFanout
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        eng = _LoopEngine(bus, P.Options(batch_window=0.002), loop)
+        eng = _LoopFanout(bus, P.Options(batch_window=0.002), loop)
         took = [0.0]
         eng.proto.dispatch_batches = lambda batches: time.sleep(took[0])  # type: ignore[method-assign]
         assert eng.wait == 0.002
@@ -805,7 +805,7 @@ def test_batch_window_stretches_to_the_last_dispatch_and_back(bus: Bus) -> None:
         took[0] = 0.0
         eng.drain()
         assert eng.wait < 0.002 * WINDOW_STRETCH  # back to the window (or to what a preempted dispatch took)
-        zero = _LoopEngine(bus, P.Options(batch_window=0), loop)
+        zero = _LoopFanout(bus, P.Options(batch_window=0), loop)
         zero.proto.dispatch_batches = lambda batches: time.sleep(0.005)  # type: ignore[method-assign]
         zero.drain()
         assert zero.wait == 0

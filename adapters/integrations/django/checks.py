@@ -22,7 +22,7 @@ from .conf import ENGINE_SCHEMES, LOOKUP_KEYS, BusSettings, SettingError, read_s
 __all__ = ["TAG", "Worker", "check_settings", "gunicorn_worker", "startup_checks"]
 
 TAG = "shmbus"
-log = logging.getLogger("shmbus.django")
+log = logging.getLogger(__name__)
 
 
 def _error(msg: str, check_id: str, hint: str | None = None) -> Any:

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from importlib import import_module
 from typing import Any
 
+from ...wsgi_support import Environ
+
 __all__ = ["asgi_lookup", "authenticated_user_pk", "django_request", "user_group_ids", "wsgi_lookup"]
 
 #: Where the Django request built for a poll is kept on its environ or scope.
@@ -83,7 +85,7 @@ def _call(fn: Callable[..., Any], environ_or_scope: dict[str, Any], *args: Any) 
 def wsgi_lookup(fn: Callable[..., Any]) -> Callable[..., Any]:
     """A middleware lookup ``environ -> fn(request)`` (``on_middleware_error``: ``(environ, exc)``)."""
 
-    def lookup(environ: dict[str, Any], *args: Any) -> Any:
+    def lookup(environ: Environ, *args: Any) -> Any:
         return _call(fn, environ, *args)
 
     lookup.__qualname__ = f"wsgi_lookup({getattr(fn, '__qualname__', fn)!s})"
