@@ -32,8 +32,8 @@ from .errors import RedisBridgeError, RedisReadOnly, RedisUnavailable
 from .urls import redact_url
 
 if TYPE_CHECKING:
-    from shmbus.bus import Bus
     from shmbus.engines import BacklogGap, Envelope
+    from shmbus.host import BusHost
     from shmbus.segment import Segment
 
 __all__ = ["RedisBackend"]
@@ -128,7 +128,7 @@ class RedisBackend:
         public = redact_url(self.url).replace(":***@", "@") if password else self.url
         return BridgeRecord(self.kind, public, bool(password), {"pubsub_channel": self.pubsub_channel})
 
-    def check(self, bus: Bus) -> None:
+    def check(self, bus: BusHost) -> None:
         self._codec = bus.codec
 
     def after_fork(self) -> None:
@@ -145,7 +145,7 @@ class RedisBackend:
         return {"redis_url": redact_url(self.url), "pubsub_channel": self.pubsub_channel, "redis_role": self.redis_role}
 
     # ------------------------------------------------------------------ publish
-    def publish(self, bus: Bus, envelopes: list[Envelope]) -> list[tuple[int, int]]:
+    def publish(self, bus: BusHost, envelopes: list[Envelope]) -> list[tuple[int, int]]:
         args = [layout.script_args(e, bus.codec, bus.max_global_backlog_size, self.pubsub_channel) for e in envelopes]
         if len(args) == 1:
             return [self._eval_one(args[0])]
@@ -293,11 +293,11 @@ class RedisBackend:
     def newest_id(self) -> int:
         return self._newest
 
-    def maintain(self, bus: Bus, position: int, active: dict[str, int]) -> None:
+    def maintain(self, bus: BusHost, position: int, active: dict[str, int]) -> None:
         return None  # the publish script trims
 
     # ------------------------------------------------------------------ reads older than the segment
-    def fill_backlog(self, bus: Bus, gap: BacklogGap) -> Backlog | None:
+    def fill_backlog(self, bus: BusHost, gap: BacklogGap) -> Backlog | None:
         """Fill a gap in the segment's backlog from Redis's channel backlog. Only ids Redis can still hold are asked
         for (it trims to ``max_backlog_size`` like the segment), so a client that is simply too far behind costs
         no Redis command. None: nothing better than ``partial``."""
