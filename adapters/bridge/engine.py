@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from shmbus.engines import BacklogGap, Engine, Envelope, RelayFigures
 from shmbus.errors import EngineError
+from shmbus.perprocess import Birth
 
 from .backend import Backend
 from .election import RelayElection
@@ -85,7 +85,7 @@ class BridgeEngine(Engine):
         self._bus: BusHost | None = None
         self._started = False
         self._closed = False
-        self._pid = os.getpid()
+        self._birth = Birth()
         self._tls = threading.local()
         self.election: RelayElection | None = None
         self.relayer: Relay | None = None
@@ -121,9 +121,9 @@ class BridgeEngine(Engine):
 
     def after_fork(self, bus: BusHost) -> None:
         """In the child: the parent's threads are gone; its sockets and lock must be neither used nor released."""
-        if self._pid == os.getpid():
+        if self._birth.here:
             return
-        self._pid = os.getpid()
+        self._birth.renew()
         self._tls = threading.local()
         self.backend.after_fork()
         self.status.after_fork()
@@ -147,7 +147,7 @@ class BridgeEngine(Engine):
     def close(self) -> None:
         """Stop relaying and electing, release the relay lock, drop connections. Idempotent."""
         self._closed = True
-        mine = self._pid == os.getpid()
+        mine = self._birth.here
         if self.relayer is not None:
             self.relayer.close(join=mine)
         if self.queue is not None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +20,7 @@ import psycopg
 from psycopg import sql as pgsql
 
 from shmbus.channels import backend_name
+from shmbus.perprocess import Birth
 from shmbus.segment import BridgeRecord
 
 from ..bridge.backend import Page, Row
@@ -124,7 +124,7 @@ class PostgresBackend:
 
     def after_fork(self) -> None:
         """What must not cross a fork: connections (the parent's are abandoned, never closed: its sockets)."""
-        self._pid = os.getpid()
+        self._birth = Birth()  # where these connections are made
         self._tls = threading.local()
         self._conns: list[psycopg.Connection[Any]] = []
         self._conns_lock = threading.Lock()
@@ -172,7 +172,7 @@ class PostgresBackend:
 
     def conn(self) -> psycopg.Connection[Any]:
         """This thread's command connection (publish, the relay's reads, gap reads), made on first use."""
-        if self._pid != os.getpid():
+        if not self._birth.here:
             self.after_fork()
         conn: psycopg.Connection[Any] | None = getattr(self._tls, "conn", None)
         if conn is None or conn.closed:
@@ -190,7 +190,7 @@ class PostgresBackend:
                 conn.close()
 
     def close(self) -> None:
-        if self._pid == os.getpid():
+        if self._birth.here:
             with self._conns_lock:
                 conns, self._conns = self._conns, []
             for c in conns:

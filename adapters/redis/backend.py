@@ -9,7 +9,6 @@ id the global backlog no longer holds is a trimmed one: lost for a host that had
 from __future__ import annotations
 
 import contextlib
-import os
 import secrets
 import threading
 import time
@@ -23,6 +22,7 @@ from shmbus.bus import Backlog
 from shmbus.channels import backend_name
 from shmbus.codecs import Codec, get_codec
 from shmbus.message import Message
+from shmbus.perprocess import Birth
 from shmbus.segment import BridgeRecord
 
 from ..bridge.backend import Page, Row
@@ -100,7 +100,7 @@ class RedisBackend:
         self.connect_timeout = connect_timeout
         self.redis_role: str | None = None
         self._client: redis.Redis | None = None
-        self._pid = os.getpid()
+        self._birth = Birth()  # where _client was made
         self._gone = 0
         self._newest = 0
         self._codec: Codec = get_codec(None)
@@ -111,7 +111,7 @@ class RedisBackend:
         """This process's command connection pool (publish, catch-up, gap reads). No automatic retries: a retried
         EVALSHA whose reply was lost would publish twice."""
         c = self._client
-        if c is None or self._pid != os.getpid():
+        if c is None or not self._birth.here:
             c = redis.Redis.from_url(
                 self.url,
                 socket_timeout=self.socket_timeout,
@@ -120,7 +120,8 @@ class RedisBackend:
                 health_check_interval=0,
                 protocol=2,
             )  # RESP2: pub/sub replies are plain
-            self._client, self._pid = c, os.getpid()
+            self._client = c
+            self._birth.renew()
         return c
 
     def record(self) -> BridgeRecord:
@@ -133,7 +134,7 @@ class RedisBackend:
 
     def after_fork(self) -> None:
         self._client = None  # the parent's sockets are left alone
-        self._pid = os.getpid()
+        self._birth.renew()
 
     def close(self) -> None:
         if self._client is not None:
