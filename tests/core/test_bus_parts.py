@@ -28,16 +28,18 @@ class Recorder(Engine):
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, bool]] = []
 
-    def subscribe(self, to: str, is_pattern: bool = False) -> bool:
-        self.calls.append(("sub", to, is_pattern))
+    def _note(self, *call: Any) -> bool:
+        self.calls.append(call)
         return True
+
+    def subscribe(self, to: str, is_pattern: bool = False) -> bool:
+        return self._note("sub", to, is_pattern)
 
     def unsubscribe(self, from_: str, is_pattern: bool = False) -> bool:
-        self.calls.append(("unsub", from_, is_pattern))
-        return True
+        return self._note("unsub", from_, is_pattern)
 
     def publish(self, bus: Any, envelope: Envelope) -> int | None:
-        self.calls.append(("pub", envelope.channel, False))
+        self._note("pub", envelope.channel, False)
         return 7
 
 
