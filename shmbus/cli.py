@@ -8,6 +8,7 @@ itself among the bus's processes.
 from __future__ import annotations
 
 import argparse
+import importlib
 import inspect
 import os
 import sys
@@ -21,10 +22,9 @@ from .errors import ShmbusError
 
 
 def _guble_cli() -> Any:
-    """The guble client lives with the guble adapter; imported only for that command (the core stays light)."""
-    from shmbus.adapters.guble import cli
-
-    return cli
+    """The guble client lives with the guble adapter: loaded by name for that command only (the core imports no
+    adapter, and stays light)."""
+    return importlib.import_module("shmbus.adapters.guble.cli")
 
 
 def _client_cli() -> Any:

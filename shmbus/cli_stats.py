@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -161,31 +162,14 @@ def _stats_once(args: argparse.Namespace) -> int:
     return 0
 
 
-def _redis_view(url: str, seg_path: str, seg_global_id: int, seg_history: int) -> dict[str, Any]:
-    """How this host's segment stands against the Redis it is bridged to (for the bridge's health). The lag is a
-    difference of ids only when both hold the same history (Redis's history key is the one the segment recorded):
-    after a FLUSHDB or a restart without persistence the ids are not comparable, and the view says so."""
-    try:
-        import redis
+#: Where the view of a bridged bus's Redis lives: a module name (data, not an import: the core imports no adapter).
+REDIS_VIEW = "shmbus.adapters.redis.view"
 
-        from shmbus.adapters.redis import redact_url, relay_active
-        from shmbus.adapters.redis.layout import GLOBAL_ID_KEY, HISTORY_KEY
+
+def _redis_view(url: str, seg_path: str, seg_global_id: int, seg_history: int) -> dict[str, Any]:
+    """:func:`shmbus.adapters.redis.view.segment_view`, or why it cannot run."""
+    try:
+        view = importlib.import_module(REDIS_VIEW)
     except ImportError as exc:
         return {"url": url, "error": f"the redis extra is not installed ({exc})"}
-    view: dict[str, Any] = {"url": redact_url(url), "relay_active": relay_active(seg_path)}
-    try:
-        r = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
-        gid = int(r.get(GLOBAL_ID_KEY) or 0)
-        history = int(r.get(HISTORY_KEY) or 0)
-        view.update(role=r.execute_command("ROLE")[0].decode(), global_id=gid, history=history)
-        r.close()
-    except Exception as exc:
-        view["error"] = str(exc)
-        return view
-    if seg_history and history != seg_history:
-        view.update(lag=None, standing="another history: Redis was flushed or restarted; the relay resets the bus")
-    elif gid < seg_global_id:
-        view.update(lag=None, standing=f"the segment is AHEAD of Redis by {seg_global_id - gid}: not this Redis?")
-    else:
-        view.update(lag=gid - seg_global_id, standing=f"segment lags by {gid - seg_global_id}")
-    return view
+    return dict(view.segment_view(url, seg_path, seg_global_id, seg_history))
