@@ -3,7 +3,8 @@
 The bus is a facade: it validates its options and owns one object per concept (see ``docs/architecture.md``):
 the :class:`~.attachment.Attachment` (the segment), :class:`~.names.Names` (keys and decoded messages), the
 :class:`~.engine_table.EngineTable`, the :class:`~.publishing.Publisher`, the :class:`~.reading.Reader`, the
-:class:`~.subscriptions.SubscriptionTable` and the :class:`~.listener.Listener` thread.
+:class:`~.subscriptions.SubscriptionTable`, the :class:`~.subscribing.Subscriber` and the :class:`~.listener.Listener`
+thread.
 """
 
 from __future__ import annotations
