@@ -45,8 +45,16 @@ def _kind(kind: str) -> _Kind | None:
 
 
 def _kind_of(scheme: str) -> str | None:
-    for name in PROVIDERS.keys() | _kinds.keys():
-        found = _kinds.get(name) if name in _kinds else _kind(name)
+    """The kind whose schemes include ``scheme``: the registered kinds first, then the providers not loaded yet (one
+    that cannot be imported is skipped: it cannot be the one)."""
+    for name, kind in list(_kinds.items()):
+        if scheme in kind.schemes:
+            return name
+    for name in sorted(PROVIDERS.keys() - _kinds.keys()):
+        try:
+            found = _kind(name)
+        except ImportError:
+            continue
         if found is not None and scheme in found.schemes:
             return name
     return None
