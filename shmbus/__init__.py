@@ -8,36 +8,15 @@ functions act on a default bus (name from ``SHMBUS_NAME``, else ``"default"``), 
 
 from __future__ import annotations
 
-import logging
-import os
-import threading
 from typing import Any
 
-from . import forks
+from . import errors, forks
 from .bus import Backlog, Bus, Subscription
 from .cache import DistributedCache
 from .codecs import Codec, JsonCodec, MsgpackCodec
+from .default import configure, default_bus
 from .engines import Engine, Envelope, PubSubEngine, SharedMemoryEngine
-from .errors import (
-    BusBridged,
-    BusClosed,
-    BusDestroyed,
-    BusLockTimeout,
-    BusNotFound,
-    ChannelTableFull,
-    EngineError,
-    InvalidArgument,
-    InvalidChannel,
-    InvalidMessage,
-    InvalidMessageTarget,
-    LayoutMismatch,
-    NotASegment,
-    PayloadTooLarge,
-    SegmentCorrupt,
-    ShmbusError,
-    UnsafeSegment,
-    UnsupportedPlatform,
-)
+from .errors import *  # noqa: F403  # every typed error, as listed in errors.__all__
 from .message import Message
 
 __version__ = "0.1.0"
@@ -45,34 +24,16 @@ __version__ = "0.1.0"
 __all__ = [
     "Backlog",
     "Bus",
-    "BusBridged",
-    "BusClosed",
-    "BusDestroyed",
-    "BusLockTimeout",
-    "BusNotFound",
-    "ChannelTableFull",
     "Codec",
     "DistributedCache",
     "Engine",
-    "EngineError",
     "Envelope",
-    "InvalidArgument",
-    "InvalidChannel",
-    "InvalidMessage",
-    "InvalidMessageTarget",
     "JsonCodec",
-    "LayoutMismatch",
     "Message",
     "MsgpackCodec",
-    "NotASegment",
-    "PayloadTooLarge",
-    "SegmentCorrupt",
     "PubSubEngine",
     "SharedMemoryEngine",
-    "ShmbusError",
     "Subscription",
-    "UnsafeSegment",
-    "UnsupportedPlatform",
     "after_fork",
     "backlog",
     "configure",
@@ -87,47 +48,8 @@ __all__ = [
     "register_client_message_filter",
     "subscribe",
     "unsubscribe",
+    *errors.__all__,
 ]
-
-_default: Bus | None = None
-_default_options: dict[str, Any] = {}
-_default_lock = threading.Lock()
-
-
-def configure(**options: Any) -> Bus:
-    """Configure the default bus (``name=`` and any :class:`Bus` option). Replaces a bus configured earlier."""
-    global _default
-    with _default_lock:
-        old = _default
-        _default_options.clear()
-        _default_options.update(options)
-        _default = None
-    if old is not None:
-        old.close()
-    return default_bus()
-
-
-def default_bus() -> Bus:
-    """The module-level bus, created on first use: ``configure(name=...)``, else ``$SHMBUS_NAME``, else "default".
-
-    The last case is logged once as a warning: two apps that both forget ``configure()`` would share one bus.
-    """
-    global _default
-    bus = _default
-    if bus is None:
-        with _default_lock:
-            if _default is None:
-                opts = dict(_default_options)
-                name = opts.pop("name", None) or os.environ.get("SHMBUS_NAME")
-                if not name:
-                    name = "default"
-                    logging.getLogger("shmbus").warning(
-                        "shmbus: no bus name configured; using the bus named 'default' (call "
-                        "shmbus.configure(name=...) or set SHMBUS_NAME)"
-                    )
-                _default = Bus(name, **opts)
-            bus = _default
-    return bus
 
 
 def publish(channel: str, data: Any, **kwargs: Any) -> int | None:

@@ -67,7 +67,7 @@ class DistributedCache(MutableMapping[str, Any]):
         history: int | None = None,
     ) -> None:
         if bus is None:
-            from . import default_bus
+            from .default import default_bus
 
             bus = default_bus()
         if not isinstance(name, str) or not name:

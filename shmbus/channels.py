@@ -88,8 +88,12 @@ def channel_problem(channel: Any, *, reserved: bool = True, what: str = "channel
 
 
 def check_channel(channel: Any, *, reserved: bool = True, what: str = "channel") -> str:
-    """``channel`` when it is a valid name (see :func:`channel_problem`); :class:`~shmbus.errors.InvalidChannel`
-    with the reason otherwise."""
+    """The one channel check: returns ``channel`` (a ``str``) when it is a valid name, raises
+    :class:`~shmbus.errors.InvalidChannel` (a ``ValueError``) with :func:`channel_problem`'s reason otherwise.
+
+    ``reserved=True`` (the bus's own callers) accepts the bus's ``/__`` names; ``reserved=False`` (input from
+    outside) refuses them. ``what`` names the thing in the reason. Code that must answer otherwise (the web
+    adapters answer HTTP 400) calls :func:`channel_problem` and raises its own error with the same reason."""
     problem = channel_problem(channel, reserved=reserved, what=what)
     if problem is not None:
         raise InvalidChannel(problem)

@@ -20,12 +20,15 @@ must never raise; the bus logs and swallows anything they do raise.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
+from .envelope import BacklogGap, Envelope
 from .errors import EngineError, InvalidMessage
+from .figures import RelayFigures
 
 if TYPE_CHECKING:
-    from .bus import Backlog, Bus
+    from .bus.results import Backlog
+    from .host import BusHost
 
 __all__ = [
     "BacklogGap",
@@ -36,56 +39,23 @@ __all__ = [
     "RelayFigures",
     "SharedMemoryEngine",
     "as_engine",
-    "engine_from_url",
 ]
-
-
-class Envelope(NamedTuple):
-    """A message on its way to an engine: validated, encoded, targeting packed."""
-
-    channel: str
-    site_id: str | None
-    payload: bytes  # codec output
-    meta: bytes  # packed targeting (empty = everyone)
-    max_backlog_size: int
-    max_backlog_age: float
-
-
-class BacklogGap(NamedTuple):
-    """A channel backlog read that came back with a gap (``partial.gap``), for :meth:`Engine.backlog` to fill."""
-
-    channel: str
-    site_id: str | None
-    after_id: int
-    upto: int | None
-    limit: int | None
-    partial: Backlog
-
-
-class RelayFigures(NamedTuple):
-    """What a bridge engine reports about its relay in this process (the host metrics, the admin page and
-    ``shmbus top`` read it through :meth:`Engine.relay_figures`)."""
-
-    relaying: bool  #: this process holds the host's relay election
-    state: str  #: ``standby``, ``connecting``, ``relaying``, ``reconnecting`` or ``off``
-    backend_newest: int  #: the backend's newest global id as the relay knows it (the lag is it minus the segment's)
-    lost: int  #: messages this process's relay found gone from the backend before it read them (cumulative)
 
 
 class Engine:
     """Base class of engines: every method the bus calls, with a default that does nothing.
 
     The contract: :meth:`publish` is the only method an engine must implement. It stores the message through
-    :meth:`Bus.store <shmbus.bus.Bus.store>` (this host's segment, optionally with ids its backend assigned)
+    :meth:`BusHost.store <shmbus.host.BusHost.store>` (this host's segment, optionally with ids its backend assigned)
     and/or hands it to a backend from which every host's segment gets it. The bus always reads from its
     segment; :meth:`backlog` may fill what the segment no longer holds. Hooks are called by the bus, never by
     applications; :meth:`subscribe`/:meth:`unsubscribe` must not raise (the bus logs and swallows it if they do).
     """
 
-    def attached(self, bus: Bus) -> None:
+    def attached(self, bus: BusHost) -> None:
         """The engine was attached to (or made the default of) ``bus``."""
 
-    def detached(self, bus: Bus) -> None:
+    def detached(self, bus: BusHost) -> None:
         """The engine was detached from ``bus``."""
 
     def subscribe(self, to: str, is_pattern: bool = False) -> bool:
@@ -96,11 +66,11 @@ class Engine:
         """This process has no more subscribers for ``from_``. Must not raise."""
         return True
 
-    def publish(self, bus: Bus, envelope: Envelope) -> int | None:
+    def publish(self, bus: BusHost, envelope: Envelope) -> int | None:
         """Carry out a publish; return the channel's new message id (or None if it was queued)."""
         raise NotImplementedError(f"{type(self).__name__} must implement publish()")
 
-    def backlog(self, bus: Bus, gap: BacklogGap) -> Backlog | None:
+    def backlog(self, bus: BusHost, gap: BacklogGap) -> Backlog | None:
         """Fill a gap: ``gap.partial`` (read from the segment) misses messages after ``gap.after_id`` that the
         segment no longer holds. Return a fuller :class:`~shmbus.bus.Backlog`, or None to keep ``partial`` (the
         default)."""
@@ -114,7 +84,7 @@ class Engine:
         """A bridge's relay figures for the host metrics; None: the engine relays nothing (the default)."""
         return None
 
-    def after_fork(self, bus: Bus) -> None:
+    def after_fork(self, bus: BusHost) -> None:
         """Called in a forked child: drop sockets and threads inherited from the parent."""
 
     def close(self) -> None:
@@ -124,7 +94,7 @@ class Engine:
 class SharedMemoryEngine(Engine):
     """The default engine: store in the bus's own segment (ids assigned under the segment's lock)."""
 
-    def publish(self, bus: Bus, envelope: Envelope) -> int | None:
+    def publish(self, bus: BusHost, envelope: Envelope) -> int | None:
         return bus.store(envelope)
 
     def __repr__(self) -> str:
@@ -171,7 +141,7 @@ class _DraftEngine(Engine):
     def unsubscribe(self, from_: str, is_pattern: bool = False) -> bool:
         return bool(self.draft.unsubscribe(from_, is_pattern))
 
-    def publish(self, bus: Bus, envelope: Envelope) -> int | None:
+    def publish(self, bus: BusHost, envelope: Envelope) -> int | None:
         if envelope.site_id:
             raise InvalidMessage(
                 f"{type(self.draft).__name__} is a pub/sub draft engine: it carries a channel and a string, so it "
@@ -192,29 +162,7 @@ class _DraftEngine(Engine):
         return f"_DraftEngine({self.draft!r})"
 
 
-def engine_from_url(
-    url: str, *, kind: str | None = None, options: dict[str, str] | None = None, relay: bool = False
-) -> Engine:
-    """A bridge engine for a backend URL (``redis://``, ``rediss://``, ``unix://``: Redis; ``postgres://``,
-    ``postgresql://``: PostgreSQL), as a process attaching a bridged bus builds it (``SHMBUS_ENGINE_URL`` or the
-    segment's record). ``options``: the recorded options (the notify or pub/sub channel). ``relay=False``: the
-    process publishes through it and leaves relaying to the host's workers."""
-    scheme = url.split(":", 1)[0].lower() if "://" in url else ""
-    opts = dict(options or {})
-    if kind is None and "=" in url and not scheme:
-        kind = "postgres"  # a libpq key=value string
-    if kind == "redis" or (kind is None and scheme in ("redis", "rediss", "unix")):
-        from shmbus.adapters.redis import RedisBridge
-
-        return RedisBridge(url, relay=relay, pubsub_channel=opts.get("pubsub_channel"))
-    if kind == "postgres" or (kind is None and scheme in ("postgres", "postgresql")):
-        from shmbus.adapters.postgres import PostgresBridge
-
-        return PostgresBridge(url, relay=relay, notify_channel=opts.get("notify_channel"))
-    raise ValueError(f"no bridge engine for URL scheme {scheme!r} (redis://, rediss://, unix://, postgresql://)")
-
-
-def as_engine(engine: EngineLike) -> Engine:
+def as_engine(engine: object) -> Engine:
     """The :class:`Engine` the bus drives for ``engine`` (a draft engine gets one adapter, kept on it)."""
     if isinstance(engine, Engine):
         return engine

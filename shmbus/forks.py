@@ -11,30 +11,38 @@ from __future__ import annotations
 import logging
 import os
 import weakref
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from .bus import Bus
+from . import perprocess  # noqa: F401  # first: its fork generation is bumped before buses re-arm
 
-__all__ = ["after_fork_in_child", "live_buses", "register"]
+__all__ = ["ForkAware", "after_fork_in_child", "live_buses", "register"]
 
 log = logging.getLogger("shmbus")
 
-_buses: weakref.WeakSet[Bus] = weakref.WeakSet()
+
+class ForkAware(Protocol):
+    """What this module re-arms (a :class:`~shmbus.bus.Bus`); server integrations close them at exit."""
+
+    def after_fork(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
-def register(bus: Bus) -> None:
+_buses: weakref.WeakSet[ForkAware] = weakref.WeakSet()
+
+
+def register(bus: ForkAware) -> None:
     """Re-arm ``bus`` in forked children (held weakly: a bus nobody uses is not kept alive)."""
     _buses.add(bus)
 
 
-def live_buses() -> list[Bus]:
+def live_buses() -> list[ForkAware]:
     """Every bus of this process that is still referenced."""
     return list(_buses)
 
 
 def after_fork_in_child() -> None:
-    """Re-arm every bus after a fork (idempotent: a bus that already did is skipped by its pid check)."""
+    """Re-arm every bus after a fork (idempotent: a bus that already did is skipped by its fork generation)."""
     for bus in live_buses():
         try:
             bus.after_fork()

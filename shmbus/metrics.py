@@ -18,15 +18,14 @@ from __future__ import annotations
 import os
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+from .figures import RELAY_STATES, BusFigures
+from .host import BusHost
 from .segment import Segment
-from .segment.layout import RELAY_STATES, _pid_alive
-
-if TYPE_CHECKING:
-    from .bus import Bus
+from .segment.layout import _pid_alive
 
 __all__ = ["GaugeSource", "Metrics", "ProcessFigures", "Snapshot", "read_snapshot"]
 
@@ -42,15 +41,17 @@ class GaugeSource(Protocol):
 
 
 class Metrics:
-    """This process's figures for one bus (``bus.metrics``); see the module doc.
+    """This process's figures for one bus (``bus.metrics``); see the module doc. ``figures()`` is the bus's
+    :meth:`~shmbus.bus.Bus.figures`; ``segment()`` its segment when this process attached it (else None).
 
     Adapters add to :attr:`deliveries` (a plain int: no lock on the delivery path; two threads adding at the same
     instant may lose one increment, which a rate shown once a second can afford) and register a
     :class:`GaugeSource` with :meth:`add_source` (held weakly: a source that goes away stops counting).
     """
 
-    def __init__(self, bus: Bus) -> None:
-        self.bus = bus
+    def __init__(self, figures: Callable[[], BusFigures], segment: Callable[[], Segment | None]) -> None:
+        self._figures = figures  # the bus's written figures (Bus.figures)
+        self._segment = segment  # the segment when this process attached it, else None
         self.deliveries = 0
         self._sources: weakref.WeakSet[Any] = weakref.WeakSet()
         self._last_flush = 0.0
@@ -70,16 +71,11 @@ class Metrics:
         return totals
 
     def after_fork(self) -> None:
-        """In a forked child: the parent's deliveries and lost messages are the parent's (already counted in the
-        parent's slot; the child counts in a slot of its own)."""
+        """In a forked child (after the bus's listener dropped its parent's count): the parent's deliveries and
+        relay losses are the parent's (already counted in its slot; the child counts in a slot of its own)."""
         self.deliveries = 0
-        self.bus._lost = 0
-        self._relay_lost_base = self._engines_relay_lost()
+        self._relay_lost_base = self._figures().relay_lost
         self._last_flush = 0.0
-
-    def _engines_relay_lost(self) -> int:
-        bus = self.bus
-        return sum(f.lost for e in [bus._default_engine, *bus._engines] if (f := e.relay_figures()) is not None)
 
     def maybe_flush(self) -> None:
         now = time.monotonic()
@@ -90,27 +86,24 @@ class Metrics:
     def flush(self) -> bool:
         """Write this process's figures to its slot; False when it has none (no segment, a full process table,
         or a segment made before metrics existed)."""
-        bus = self.bus
-        seg = bus._seg
-        if seg is None or bus._pid != os.getpid():
+        seg = self._segment()
+        if seg is None:
             return False
+        figures = self._figures()
         gauges = self.gauges()
         values: dict[str, int | float] = {
             "updated": time.time(),
             "deliveries": self.deliveries,
-            "lost": bus._lost,
-            "listener_gid": bus._last_gid,
+            "lost": figures.listener.lost,
+            "listener_gid": figures.listener.position,
             "parked": gauges.get("parked", 0),
             "streams": gauges.get("streams", 0),
             "relay": 0,
             "relay_state": 0,
             "relay_highest": 0,
-            "relay_lost": max(self._engines_relay_lost() - self._relay_lost_base, 0),
+            "relay_lost": max(figures.relay_lost - self._relay_lost_base, 0),
         }
-        for engine in [bus._default_engine, *bus._engines]:
-            fig = engine.relay_figures()  # the engine contract's written figures (shmbus.engines.RelayFigures)
-            if fig is None:
-                continue
+        for fig in figures.relays:
             if fig.state in RELAY_STATES:
                 values["relay_state"] = RELAY_STATES.index(fig.state)
             if fig.relaying:
@@ -230,7 +223,7 @@ def _process_figures(pid: int, rows: list[dict[str, float]], pid_alive: bool) ->
     )
 
 
-def read_snapshot(source: Bus | Segment, *, channels: bool = True, exclude_self: bool = False) -> Snapshot:
+def read_snapshot(source: BusHost | Segment, *, channels: bool = True, exclude_self: bool = False) -> Snapshot:
     """Read the host's figures of a bus (or of an attached :class:`~shmbus.segment.Segment`, as the CLI does):
     any process may call it, nothing is written but this process's own flush. ``exclude_self`` leaves out the
     calling process (a CLI that attached only to look)."""

@@ -13,8 +13,9 @@ import threading
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
-    from shmbus.bus import Backlog, Bus
+    from shmbus.bus import Backlog
     from shmbus.engines import BacklogGap, Envelope
+    from shmbus.host import BusHost
     from shmbus.segment import BridgeRecord, Segment
 
 __all__ = ["Backend", "Doorbell", "Page", "Row"]
@@ -73,11 +74,11 @@ class Backend(Protocol):
         that decide where messages go (so a process attaching the bus can build the same engine)."""
         ...
 
-    def check(self, bus: Bus) -> None:
+    def check(self, bus: BusHost) -> None:
         """Refuse a bus this backend cannot serve (ValueError), when attached."""
         ...
 
-    def publish(self, bus: Bus, envelopes: list[Envelope]) -> list[tuple[int, int]]:
+    def publish(self, bus: BusHost, envelopes: list[Envelope]) -> list[tuple[int, int]]:
         """Store ``envelopes`` in the backend, in order, in as few round trips as it can; their ``(global id,
         message id)``. Raises the bridge's typed errors (``...Unavailable`` within the backend's timeout,
         ``...ReadOnly``, ``...BridgeError``); the kit has checked every size beforehand."""
@@ -120,12 +121,12 @@ class Backend(Protocol):
         """*relay*: the newest global id the backend holds, as last read (for the relay's lag)."""
         ...
 
-    def maintain(self, bus: Bus, position: int, active: dict[str, int]) -> None:
+    def maintain(self, bus: BusHost, position: int, active: dict[str, int]) -> None:
         """*relay*, every ``trim_interval``: the backend's housekeeping (PostgreSQL runs the gem's trims; ``active``:
         channel -> newest id stored since the previous call)."""
         ...
 
-    def fill_backlog(self, bus: Bus, gap: BacklogGap) -> Backlog | None:
+    def fill_backlog(self, bus: BusHost, gap: BacklogGap) -> Backlog | None:
         """Complete a channel backlog the segment no longer holds (``Engine.backlog``); None: nothing better."""
         ...
 

@@ -12,6 +12,7 @@ import fcntl
 import os
 import struct
 
+from shmbus.perprocess import Birth
 from shmbus.segment import segment_path
 
 __all__ = ["RELAY_LOCK_OFFSET", "RelayElection", "relay_active", "relay_held_by_other", "relay_lock_op"]
@@ -49,7 +50,7 @@ class RelayElection:
     def __init__(self, path: str) -> None:
         self.path = path
         self._fd = -1
-        self._pid = os.getpid()
+        self._birth = Birth()  # the descriptor is this process's; a child opens its own
         self.held = False
 
     def _ensure_fd(self) -> int:
@@ -69,7 +70,7 @@ class RelayElection:
         return True
 
     def release(self) -> None:
-        if self.held and self._fd >= 0 and self._pid == os.getpid():
+        if self.held and self._fd >= 0 and self._birth.here:
             with contextlib.suppress(OSError):
                 relay_lock_op(self._fd, fcntl.F_OFD_SETLK, fcntl.F_UNLCK)
         self.held = False
@@ -88,11 +89,12 @@ class RelayElection:
         if self._fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
-        self._fd, self._pid, self.held = -1, os.getpid(), False
+        self._fd, self.held = -1, False
+        self._birth.renew()
 
     def close(self) -> None:
         self.release()
-        if self._fd >= 0 and self._pid == os.getpid():
+        if self._fd >= 0 and self._birth.here:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
         self._fd = -1

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from shmbus.engines import BacklogGap, Engine, Envelope, RelayFigures
 from shmbus.errors import EngineError
+from shmbus.perprocess import Birth
 
 from .backend import Backend
 from .election import RelayElection
@@ -21,7 +21,8 @@ from .relay import Relay
 from .status import BridgeStatus
 
 if TYPE_CHECKING:
-    from shmbus.bus import Backlog, Bus
+    from shmbus.bus import Backlog
+    from shmbus.host import BusHost
 
 __all__ = ["Batch", "BridgeEngine"]
 
@@ -32,7 +33,7 @@ class Batch:
     """What ``batch()`` yields: publishes inside the block are sent together on exit; ``ids`` then holds each one's
     message id (None for a queued one), in publish order (iterating the batch iterates ``ids``)."""
 
-    def __init__(self, bus: Bus | None) -> None:
+    def __init__(self, bus: BusHost | None) -> None:
         self.bus = bus
         self.envelopes: list[Envelope] = []
         self.ids: list[int | None] = []
@@ -81,17 +82,17 @@ class BridgeEngine(Engine):
         self.trim_interval = trim_interval
         self.queue_in_memory = queue_in_memory
         self.queue = PublishQueue(self._send_queued, max_in_memory_publish_backlog, log) if queue_in_memory else None
-        self._bus: Bus | None = None
+        self._bus: BusHost | None = None
         self._started = False
         self._closed = False
-        self._pid = os.getpid()
+        self._birth = Birth()
         self._tls = threading.local()
         self.election: RelayElection | None = None
         self.relayer: Relay | None = None
         self.landing: Landing | None = None
 
     # ------------------------------------------------------------------ engine hooks
-    def attached(self, bus: Bus) -> None:
+    def attached(self, bus: BusHost) -> None:
         if self._bus is not None and self._bus is not bus:
             raise ValueError(f"this {type(self).__name__} already serves {self._bus!r}; create one bridge per bus")
         self.backend.check(bus)
@@ -114,15 +115,15 @@ class BridgeEngine(Engine):
         if self.autostart:
             self.start()
 
-    def detached(self, bus: Bus) -> None:
+    def detached(self, bus: BusHost) -> None:
         if bus.default is not self:
             self.close()
 
-    def after_fork(self, bus: Bus) -> None:
+    def after_fork(self, bus: BusHost) -> None:
         """In the child: the parent's threads are gone; its sockets and lock must be neither used nor released."""
-        if self._pid == os.getpid():
+        if self._birth.here:
             return
-        self._pid = os.getpid()
+        self._birth.renew()
         self._tls = threading.local()
         self.backend.after_fork()
         self.status.after_fork()
@@ -146,7 +147,7 @@ class BridgeEngine(Engine):
     def close(self) -> None:
         """Stop relaying and electing, release the relay lock, drop connections. Idempotent."""
         self._closed = True
-        mine = self._pid == os.getpid()
+        mine = self._birth.here
         if self.relayer is not None:
             self.relayer.close(join=mine)
         if self.queue is not None:
@@ -163,13 +164,13 @@ class BridgeEngine(Engine):
         return f"{type(self).__name__}({self.backend.record().url!r})"
 
     # ------------------------------------------------------------------ publish
-    def _bus_of(self, bus: Bus | None) -> Bus:
+    def _bus_of(self, bus: BusHost | None) -> BusHost:
         b = bus or self._bus
         if b is None:
             raise RuntimeError(f"{type(self).__name__} is not attached to a bus")
         return b
 
-    def publish(self, bus: Bus, envelope: Envelope) -> int | None:
+    def publish(self, bus: BusHost, envelope: Envelope) -> int | None:
         """Store ``envelope`` in the backend (which assigns its ids), then on this host; its message id (None: it
         was queued, or collected by ``batch()``)."""
         if self._bus is None:
@@ -196,14 +197,14 @@ class BridgeEngine(Engine):
         if b.envelopes:
             b.ids = self.publish_envelopes(self._bus_of(b.bus), b.envelopes)
 
-    def publish_many(self, bus: Bus, items: Iterable[tuple[Any, ...]]) -> list[int | None]:
+    def publish_many(self, bus: BusHost, items: Iterable[tuple[Any, ...]]) -> list[int | None]:
         """Publish ``(channel, data)`` or ``(channel, data, {publish kwargs})`` items, batched, in order."""
         with self.batch() as b:
             for item in items:
                 bus.publish(item[0], item[1], **(item[2] if len(item) > 2 else {}), engine=self)
         return b.ids
 
-    def publish_envelopes(self, bus: Bus, envs: list[Envelope]) -> list[int | None]:
+    def publish_envelopes(self, bus: BusHost, envs: list[Envelope]) -> list[int | None]:
         """Send ``envs`` in order: sizes checked first (``PayloadTooLarge``, nothing sent), then the backend, then
         landed on this host. With a queue, what the backend refuses while down is queued (None)."""
         seg = bus.segment
@@ -240,7 +241,7 @@ class BridgeEngine(Engine):
                 self.landing.land(bus, [(env, gid, mid)])
 
     # ------------------------------------------------------------------ reads, health
-    def backlog(self, bus: Bus, gap: BacklogGap) -> Backlog | None:
+    def backlog(self, bus: BusHost, gap: BacklogGap) -> Backlog | None:
         """Fill a gap in the segment's backlog from the backend (called by ``Bus.backlog``)."""
         return self.backend.fill_backlog(bus, gap)
 

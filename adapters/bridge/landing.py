@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 from .election import RelayElection
 
 if TYPE_CHECKING:
-    from shmbus.bus import Bus
     from shmbus.engines import Envelope
+    from shmbus.host import BusHost
 
 __all__ = ["Landing"]
 
@@ -26,7 +26,7 @@ class Landing:
         self.local_wait = local_wait
         self.log = log
 
-    def land(self, bus: Bus, items: list[tuple[Envelope, int, int]]) -> None:
+    def land(self, bus: BusHost, items: list[tuple[Envelope, int, int]]) -> None:
         """``items``: ``(envelope, global id, message id)`` in id order, just acknowledged by the backend."""
         seg = bus.segment
         for env, gid, mid in items:
@@ -40,7 +40,7 @@ class Landing:
             self.wait(bus, items[-1][1])
             return
 
-    def wait(self, bus: Bus, gid: int) -> None:
+    def wait(self, bus: BusHost, gid: int) -> None:
         """Wait until the segment holds ``gid`` (or was reset), at most ``local_wait``, if a relay runs."""
         if self.local_wait <= 0 or not self.election.running():
             return

@@ -34,7 +34,7 @@ from .election import RelayElection
 from .status import BridgeStatus
 
 if TYPE_CHECKING:
-    from shmbus.bus import Bus
+    from shmbus.host import BusHost
 
 __all__ = ["Relay"]
 
@@ -49,7 +49,7 @@ class Relay:
 
     def __init__(
         self,
-        bus: Bus,
+        bus: BusHost,
         backend: Backend,
         status: BridgeStatus,
         election: RelayElection,

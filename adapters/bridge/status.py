@@ -9,14 +9,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from shmbus.engines import RelayFigures
+from shmbus.figures import RelayFigures, RelayState
 
 __all__ = ["BridgeStatus", "PublishState", "RelayState"]
 
 #: The publish side's state, as ``health()`` reports it.
 PublishState = Literal["unknown", "ok", "unreachable", "readonly", "error"]
-#: The relay side's state in this process (``shmbus.segment.layout.RELAY_STATES``).
-RelayState = Literal["standby", "connecting", "relaying", "reconnecting", "off"]
 
 
 @dataclass

@@ -6,7 +6,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+
+from shmbus.engine_urls import register_engine_kind
+from shmbus.engines import Engine
 
 if TYPE_CHECKING:
     from .bridge import PostgresBridge
@@ -22,3 +26,13 @@ def __getattr__(name: str) -> Any:
 
         return getattr(bridge, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _from_url(url: str, relay: bool, options: Mapping[str, str]) -> Engine:
+    """``shmbus.engine_urls``'s factory: the bridge a process attaching a bridged bus builds."""
+    from .bridge import PostgresBridge
+
+    return PostgresBridge(url, relay=relay, notify_channel=options.get("notify_channel"))
+
+
+register_engine_kind("postgres", ("postgres", "postgresql"), _from_url)

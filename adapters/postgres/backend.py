@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +20,7 @@ import psycopg
 from psycopg import sql as pgsql
 
 from shmbus.channels import backend_name
+from shmbus.perprocess import Birth
 from shmbus.segment import BridgeRecord
 
 from ..bridge.backend import Page, Row
@@ -32,8 +32,9 @@ from .gaps import fill_backlog
 from .writers import WriterWait
 
 if TYPE_CHECKING:
-    from shmbus.bus import Backlog, Bus
+    from shmbus.bus import Backlog
     from shmbus.engines import BacklogGap, Envelope
+    from shmbus.host import BusHost
     from shmbus.segment import Segment
 
 __all__ = ["PostgresBackend"]
@@ -123,7 +124,7 @@ class PostgresBackend:
 
     def after_fork(self) -> None:
         """What must not cross a fork: connections (the parent's are abandoned, never closed: its sockets)."""
-        self._pid = os.getpid()
+        self._birth = Birth()  # where these connections are made
         self._tls = threading.local()
         self._conns: list[psycopg.Connection[Any]] = []
         self._conns_lock = threading.Lock()
@@ -171,7 +172,7 @@ class PostgresBackend:
 
     def conn(self) -> psycopg.Connection[Any]:
         """This thread's command connection (publish, the relay's reads, gap reads), made on first use."""
-        if self._pid != os.getpid():
+        if not self._birth.here:
             self.after_fork()
         conn: psycopg.Connection[Any] | None = getattr(self._tls, "conn", None)
         if conn is None or conn.closed:
@@ -189,7 +190,7 @@ class PostgresBackend:
                 conn.close()
 
     def close(self) -> None:
-        if self._pid == os.getpid():
+        if self._birth.here:
             with self._conns_lock:
                 conns, self._conns = self._conns, []
             for c in conns:
@@ -206,7 +207,7 @@ class PostgresBackend:
         public = redact_dsn(self.dsn) if secret else self.dsn
         return BridgeRecord(self.kind, public, secret, {"notify_channel": self.notify_channel})
 
-    def check(self, bus: Bus) -> None:
+    def check(self, bus: BusHost) -> None:
         if not bus.codec.is_json:
             raise ValueError("the PostgreSQL bridge stores values as text (the gem's format): use the json codec")
         self._codec = bus.codec
@@ -215,7 +216,7 @@ class PostgresBackend:
         return {"dsn": redact_dsn(self.dsn), "notify_channel": self.notify_channel, "in_recovery": self.in_recovery}
 
     # ------------------------------------------------------------------ publish
-    def publish(self, bus: Bus, envelopes: list[Envelope]) -> list[tuple[int, int]]:
+    def publish(self, bus: BusHost, envelopes: list[Envelope]) -> list[tuple[int, int]]:
         rows = []
         for env in envelopes:
             chan = backend_name(env.channel, env.site_id)
@@ -356,7 +357,7 @@ class PostgresBackend:
     def newest_id(self) -> int:
         return self._newest
 
-    def maintain(self, bus: Bus, position: int, active: dict[str, int]) -> None:
+    def maintain(self, bus: BusHost, position: int, active: dict[str, int]) -> None:
         """The gem's trims: the global backlog (above the previous pass's bound), rows older than
         ``max_backlog_age`` (through the added_at index), and each channel seen since the last pass (stored by the
         relay, or named by a notice: its publisher may have stored it) down to its newest ``max_backlog_size`` rows;
@@ -375,7 +376,7 @@ class PostgresBackend:
         for chan in noticed.union(active):  # up to the relay's position: every id at or below it is settled
             conn.execute(sql.TRIM_CHANNEL, (chan, chan, position, bus.max_backlog_size), prepare=True)
 
-    def fill_backlog(self, bus: Bus, gap: BacklogGap) -> Backlog | None:
+    def fill_backlog(self, bus: BusHost, gap: BacklogGap) -> Backlog | None:
         try:
             return fill_backlog(self.conn(), bus, gap)
         except psycopg.Error as exc:

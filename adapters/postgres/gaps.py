@@ -14,13 +14,13 @@ from . import sql
 if TYPE_CHECKING:
     import psycopg
 
-    from shmbus.bus import Bus
     from shmbus.engines import BacklogGap
+    from shmbus.host import BusHost
 
 __all__ = ["fill_backlog"]
 
 
-def fill_backlog(conn: psycopg.Connection[Any], bus: Bus, gap: BacklogGap) -> Backlog | None:
+def fill_backlog(conn: psycopg.Connection[Any], bus: BusHost, gap: BacklogGap) -> Backlog | None:
     """The union of the table's rows and the segment's records after ``after_id``, limited to the newest
     ``max_backlog_size``. It has no gap when no recorded trim deleted a row of the channel after the client's
     position (``shmbus_trimmed_channels``; from 0: none ever did, since with global ids a channel's first id

@@ -32,7 +32,11 @@ notification — is the gem's, so a Ruby app and a Python app on one Redis share
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+
+from shmbus.engine_urls import register_engine_kind
+from shmbus.engines import Engine
 
 from .election import relay_active
 from .urls import redact_url
@@ -52,3 +56,13 @@ def __getattr__(name: str) -> Any:
 
         return getattr(bridge, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _from_url(url: str, relay: bool, options: Mapping[str, str]) -> Engine:
+    """``shmbus.engine_urls``'s factory: the bridge a process attaching a bridged bus builds."""
+    from .bridge import RedisBridge
+
+    return RedisBridge(url, relay=relay, pubsub_channel=options.get("pubsub_channel"))
+
+
+register_engine_kind("redis", ("redis", "rediss", "unix"), _from_url)

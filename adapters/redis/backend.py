@@ -9,7 +9,6 @@ id the global backlog no longer holds is a trimmed one: lost for a host that had
 from __future__ import annotations
 
 import contextlib
-import os
 import secrets
 import threading
 import time
@@ -23,6 +22,7 @@ from shmbus.bus import Backlog
 from shmbus.channels import backend_name
 from shmbus.codecs import Codec, get_codec
 from shmbus.message import Message
+from shmbus.perprocess import Birth
 from shmbus.segment import BridgeRecord
 
 from ..bridge.backend import Page, Row
@@ -32,8 +32,8 @@ from .errors import RedisBridgeError, RedisReadOnly, RedisUnavailable
 from .urls import redact_url
 
 if TYPE_CHECKING:
-    from shmbus.bus import Bus
     from shmbus.engines import BacklogGap, Envelope
+    from shmbus.host import BusHost
     from shmbus.segment import Segment
 
 __all__ = ["RedisBackend"]
@@ -100,7 +100,7 @@ class RedisBackend:
         self.connect_timeout = connect_timeout
         self.redis_role: str | None = None
         self._client: redis.Redis | None = None
-        self._pid = os.getpid()
+        self._birth = Birth()  # where _client was made
         self._gone = 0
         self._newest = 0
         self._codec: Codec = get_codec(None)
@@ -111,7 +111,7 @@ class RedisBackend:
         """This process's command connection pool (publish, catch-up, gap reads). No automatic retries: a retried
         EVALSHA whose reply was lost would publish twice."""
         c = self._client
-        if c is None or self._pid != os.getpid():
+        if c is None or not self._birth.here:
             c = redis.Redis.from_url(
                 self.url,
                 socket_timeout=self.socket_timeout,
@@ -120,7 +120,8 @@ class RedisBackend:
                 health_check_interval=0,
                 protocol=2,
             )  # RESP2: pub/sub replies are plain
-            self._client, self._pid = c, os.getpid()
+            self._client = c
+            self._birth.renew()
         return c
 
     def record(self) -> BridgeRecord:
@@ -128,12 +129,12 @@ class RedisBackend:
         public = redact_url(self.url).replace(":***@", "@") if password else self.url
         return BridgeRecord(self.kind, public, bool(password), {"pubsub_channel": self.pubsub_channel})
 
-    def check(self, bus: Bus) -> None:
+    def check(self, bus: BusHost) -> None:
         self._codec = bus.codec
 
     def after_fork(self) -> None:
         self._client = None  # the parent's sockets are left alone
-        self._pid = os.getpid()
+        self._birth.renew()
 
     def close(self) -> None:
         if self._client is not None:
@@ -145,7 +146,7 @@ class RedisBackend:
         return {"redis_url": redact_url(self.url), "pubsub_channel": self.pubsub_channel, "redis_role": self.redis_role}
 
     # ------------------------------------------------------------------ publish
-    def publish(self, bus: Bus, envelopes: list[Envelope]) -> list[tuple[int, int]]:
+    def publish(self, bus: BusHost, envelopes: list[Envelope]) -> list[tuple[int, int]]:
         args = [layout.script_args(e, bus.codec, bus.max_global_backlog_size, self.pubsub_channel) for e in envelopes]
         if len(args) == 1:
             return [self._eval_one(args[0])]
@@ -293,11 +294,11 @@ class RedisBackend:
     def newest_id(self) -> int:
         return self._newest
 
-    def maintain(self, bus: Bus, position: int, active: dict[str, int]) -> None:
+    def maintain(self, bus: BusHost, position: int, active: dict[str, int]) -> None:
         return None  # the publish script trims
 
     # ------------------------------------------------------------------ reads older than the segment
-    def fill_backlog(self, bus: Bus, gap: BacklogGap) -> Backlog | None:
+    def fill_backlog(self, bus: BusHost, gap: BacklogGap) -> Backlog | None:
         """Fill a gap in the segment's backlog from Redis's channel backlog. Only ids Redis can still hold are asked
         for (it trims to ``max_backlog_size`` like the segment), so a client that is simply too far behind costs
         no Redis command. None: nothing better than ``partial``."""

@@ -1,38 +1,51 @@
-"""``Bus``: message_bus's API over a shared-memory segment that every process on the host attaches to by name."""
+"""``Bus``: message_bus's API over a shared-memory segment that every process on the host attaches to by name.
+
+The bus is a facade: it validates its options and owns one object per concept (see ``docs/architecture.md``):
+the :class:`~.attachment.Attachment` (the segment), :class:`~.names.Names` (keys and decoded messages), the
+:class:`~.engine_table.EngineTable`, the :class:`~.publishing.Publisher`, the :class:`~.reading.Reader`, the
+:class:`~.subscriptions.SubscriptionTable`, the :class:`~.subscribing.Subscriber` and the :class:`~.listener.Listener`
+thread.
+"""
 
 from __future__ import annotations
 
-import logging
 import os
-import threading
-import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import forks
 from .. import segment as _segment
 from ..buses import not_found_message
 from ..channels import check_bus_name
 from ..codecs import Codec, get_codec
-from ..engines import Engine, EngineLike, SharedMemoryEngine, _DraftEngine, as_engine
-from ..errors import BusNotFound, InvalidArgument
+from ..engines import EngineLike, as_engine
+from ..envelope import Envelope
+from ..errors import BusNotFound
+from ..figures import BusFigures
+from ..host import PublishOptions, StoredIds
 from ..message import Message
 from ..metrics import Metrics
+from ..perprocess import Birth
 from ..segment import Segment
-from .listener import Listening
-from .publishing import Publishing
-from .reading import Reading
-from .results import Subscription
-from .state import BatchListener
-from .subscriptions import Subscribing
-from .validation import check_count, check_seconds
+from .attachment import Attachment
+from .engine_table import EngineTable
+from .limits import Forwarded, Limits
+from .listener import Listener
+from .names import Names
+from .publishing import Publisher
+from .reading import Reader
+from .results import Backlog, Callback, Subscription
+from .subscribing import Subscriber
+from .subscriptions import BatchListener, SubscriptionTable
+from .validation import check_options
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["Bus"]
 
-log = logging.getLogger("shmbus")
 
-
-class Bus(Publishing, Reading, Subscribing, Listening):
+class Bus:
     """A message bus shared by every process on the host that opens the same ``name``.
 
     Nothing is attached until first use, so a ``Bus`` can be built at import time in a pre-forking master.
@@ -79,187 +92,302 @@ class Bus(Publishing, Reading, Subscribing, Listening):
         if not create and not os.path.lexists(path or _segment.segment_path(name)):
             # now, not at first use: a mistyped name fails where it is written, naming the buses that exist
             raise BusNotFound(not_found_message(name, path) + " (create=False: this process only attaches)")
-        check_count("max_backlog_size", max_backlog_size)
-        check_count("max_global_backlog_size", max_global_backlog_size)
-        max_backlog_age = check_seconds("max_backlog_age", max_backlog_age)
-        check_count("clear_every", clear_every)
-        if check_count("ring_size", ring_size, _segment.MIN_RING) % 4096:
-            raise InvalidArgument(f"ring_size must be a multiple of 4096 bytes, got {ring_size}")
-        check_count("max_channels", max_channels, 16)
-        lock_timeout = check_seconds("lock_timeout", lock_timeout)
-        if isinstance(mode, bool) or not isinstance(mode, int) or mode & ~0o666 or (mode & 0o600) != 0o600:
-            raise InvalidArgument(f"mode must be permission bits within 0o666 including 0o600, got {mode!r}")
+        max_backlog_age, lock_timeout = check_options(
+            max_backlog_size, max_global_backlog_size, max_backlog_age, clear_every, ring_size, max_channels,
+            lock_timeout, mode,
+        )  # fmt: skip
         self.name = name
-        self.ring_size = ring_size
-        self.max_channels = max_channels
-        self.path = path
         self.codec: Codec = get_codec(codec)
-        self.max_backlog_size = max_backlog_size
-        self.max_global_backlog_size = max_global_backlog_size
-        self.max_backlog_age = max_backlog_age
-        self.clear_every = clear_every
-        self.site_id_lookup = site_id_lookup
-        self.keepalive_interval = keepalive_interval
-        self.create = create
-        self.mode = mode
-        self.lock_timeout = lock_timeout
-        self._closed = False
         self.client_message_filters: list[tuple[str, Callable[[Message], bool]]] = []
-        self._shm_engine = SharedMemoryEngine()
-        self._default_engine: Engine = as_engine(engine) if engine else self._shm_engine
-        self._engines: list[Engine] = []
-        self._seg: Segment | None = None
-        self._lock = threading.RLock()  # attach/detach, subscription table
-        self._dispatch_lock = threading.RLock()  # held while the listener (or a replay) runs callbacks
-        self._channel_cache: dict[str, bytes] = {}
-        self._site_cache: dict[str, bytes] = {}
-        self._name_cache: dict[bytes, str] = {}
-        self._exact: dict[str, list[Subscription]] = {}
-        self._patterns: list[Subscription] = []
-        self._catch_all: list[Subscription] = []
-        self._batch_listeners: list[BatchListener] = []
-        self._lingers: dict[BatchListener, float] = {}  # batch listener -> its linger (see tap)
-        self._engine_refs: dict[tuple[str, bool], int] = {}
-        self._owners_gone = False  # set when a subscription's owner is garbage collected (see _sweep_owners)
-        self._listener: threading.Thread | None = None
-        self._watchdog: threading.Thread | None = None
-        self._stop = threading.Event()
-        self._pid = os.getpid()
-        self._epoch = 0
-        self._cursor = 0
-        self._last_gid = 0
-        self._last_received = time.monotonic()
-        self._lost = 0
-        self._off = False
-        self._publish_off = False
-        self._destroyed = False
+        self._birth = Birth()
+        self._limits = limits = Limits(max_backlog_size, max_global_backlog_size, max_backlog_age, clear_every)
+        self._names = names = Names(self.codec, site_id_lookup)
+        self._attachment = at = Attachment(
+            name, ring_size, max_channels, self.codec.name, path, create, mode, lock_timeout
+        )
+        #: the default engine, the attached ones, and what they were told of this process's subscriptions
+        self.engines = EngineTable(self, engine)
+        #: this process's subscriptions and batch listeners, and the dispatch of messages to them
+        self.subscriptions = table = SubscriptionTable(self.engines)
         #: this process's figures (deliveries, gauges) for the host-wide metrics: :mod:`shmbus.metrics`
-        self.metrics = Metrics(self)
-        self._default_engine.attached(self)
+        self.metrics = Metrics(self.figures, at.here)
+        #: the thread that follows the ring and dispatches new messages
+        self.listener = Listener(name, at, names, table, self.metrics, self.publish, keepalive_interval)
+        self._reader = Reader(self, at, names, limits, self.engines)
+        self._publisher = Publisher(self, at, names, limits, self.engines, table.deliver_here)
+        self._subscriber = Subscriber(at, names, self._reader, table, self.listener.ensure)
+        self._attachment.on_attach += [self.engines.adopt_bridge, lambda seg: self._publisher.rearm()]
+        self.engines.default.attached(self)
         forks.register(self)
 
-    # ------------------------------------------------------------------ engines (iodine draft)
+    ring_size = Forwarded[int]("_attachment")
+    max_channels = Forwarded[int]("_attachment")
+    path = Forwarded["str | None"]("_attachment")
+    create = Forwarded[bool]("_attachment")
+    mode = Forwarded[int]("_attachment")
+    lock_timeout = Forwarded[float]("_attachment")
+
+    max_backlog_size = Forwarded[int]("_limits")
+    max_global_backlog_size = Forwarded[int]("_limits")
+    max_backlog_age = Forwarded[float]("_limits")
+    clear_every = Forwarded[int]("_limits")
+    keepalive_interval = Forwarded[float]("listener")
+
+    @property
+    def site_id_lookup(self) -> Callable[[], str | None] | None:
+        return self._names.site_id_lookup
+
+    @site_id_lookup.setter
+    def site_id_lookup(self, lookup: Callable[[], str | None] | None) -> None:
+        self._names.site_id_lookup = lookup
+        self._publisher.rearm()
+
+    @property
+    def segment(self) -> Segment:
+        """The attached segment (attaching on first use)."""
+        return self._attachment.segment
+
+    @property
+    def epoch(self) -> int:
+        """Random per-segment generation: a new value means the bus was reset (ids restarted)."""
+        return self.segment.read_epoch()
+
+    def stats(self) -> _segment.SegmentStats:
+        return self.segment.stats()
+
+    def publish(self, channel: str, data: Any, **options: Unpack[PublishOptions]) -> int | None:
+        """Publish ``data`` on ``channel``; return the channel's new message id.
+
+        Options (:class:`~.publishing.PublishOptions`): ``client_ids``, ``user_ids``, ``group_ids``
+        (targeting), ``site_id``, ``max_backlog_size``, ``max_backlog_age`` (this channel's limits), ``engine``.
+        Returns None when publishing is switched off (``off()``), and True when no id is assigned:
+        ``engine=False`` (delivered to this process's subscribers and transport connections only, nothing stored)
+        or a :class:`~shmbus.engines.PubSubEngine` (the draft's "true: scheduled"). Raises ``TypeError`` (naming
+        the channel) when the codec cannot encode ``data`` or an option is unknown, and
+        :class:`InvalidMessage` / :class:`InvalidChannel` for bad input; nothing is written in either case.
+        Unlike the gem, ``max_backlog_size`` is honoured together with ``max_backlog_age``.
+        """
+        return self._publisher.publish(channel, data, options)
+
+    def publish_encoded(self, channel: str, payload: bytes, **options: Unpack[PublishOptions]) -> int | None:
+        """:meth:`publish` for data already in the bus's codec (``payload`` is stored as is: a pipeline that
+        holds encoded rows skips a decode and an encode). The caller vouches that ``payload`` decodes."""
+        return self._publisher.publish_payload(channel, payload, options)
+
+    def store(self, envelope: Envelope, **ids: Unpack[StoredIds]) -> int:
+        """Store ``envelope`` in this host's segment; return its message id (0 when skipped). The engine
+        contract's way in: see :meth:`BusHost.store <shmbus.host.BusHost.store>`."""
+        return self._publisher.store(envelope, ids)
+
+    def last_id(self, channel: str, site_id: str | None = None) -> int:
+        """Id of the newest message on ``channel`` (0 when empty, unknown or expired)."""
+        return self._reader.last_id(channel, site_id)
+
+    def last_ids(self, *channels: str, site_id: str | None = None) -> dict[str, int]:
+        """``{channel: last_id}`` for several channels in one call."""
+        return self._reader.last_ids(channels, site_id)
+
+    def backlog(
+        self,
+        channel: str | None = None,
+        last_id: int | None = 0,
+        site_id: str | None = None,
+        *,
+        upto: int | None = None,
+        limit: int | None = None,
+    ) -> Backlog:
+        """Retained messages on ``channel`` with id above ``last_id`` (and at most ``upto``), oldest first.
+
+        ``channel=None`` reads the global backlog. ``limit`` caps the count from the oldest end (guble's replay
+        with start id and count). The result is a :class:`Backlog`: a list that also reports any gap.
+        """
+        return self._reader.backlog(channel, last_id, site_id, upto, limit)
+
+    def look_back(self, channel: str, count: int, site_id: str | None = None) -> int:
+        """The id after which ``channel``'s last ``count`` messages lie: ``backlog(channel, look_back(ch, n))``
+        reads the last n. Ids are usually contiguous (``last_id - count``); under an engine whose message ids
+        are global ids (PostgreSQL) they are not, and the messages are counted instead."""
+        return self._reader.look_back(channel, count, site_id)
+
+    def last_message(self, channel: str, site_id: str | None = None) -> Message | None:
+        return self._reader.last_message(channel, site_id)
+
+    def global_backlog(self, last_id: int | None = None) -> list[Message]:
+        """Messages of every channel and site with global id above ``last_id`` (at most
+        ``max_global_backlog_size``, the newest), oldest first; per-channel trimming and expiry apply."""
+        return self._reader.global_backlog(last_id)
+
+    def subscribe(
+        self,
+        channel: str | None,
+        callback: Callback,
+        last_id: int | None = None,
+        *,
+        pattern: bool | str = False,
+        site_id: str | None = None,
+        owner: object = None,
+    ) -> Subscription | None:
+        """Call ``callback(message)`` for every message on ``channel`` (all sites), on this process's listener.
+
+        ``channel=None`` receives every channel. ``last_id``: None (or -1) = only new messages; 0 = the whole
+        retained backlog first; n = messages after n; -k (k >= 2) = the last k-1 messages first. The replay runs
+        in the calling thread before this returns, and live messages follow with no gap and no duplicate.
+        ``pattern=True``/``"glob"`` or ``"prefix"`` subscribes to a pattern (see :mod:`shmbus.patterns`).
+        ``owner`` (any object, e.g. a connection) gives the iodine draft's rule: a new subscription *replaces*
+        the owner's existing one to the same channel (or pattern of the same kind), and the owner is held weakly
+        when it allows it (so is a callback that is its bound method): once it is garbage collected its
+        subscriptions close. Without an owner, several callbacks may share a channel, as in the gem. Returns the
+        :class:`Subscription`, or None when the bus is ``off()``.
+        """
+        return self._subscriber.subscribe(channel, callback, last_id, pattern, None, site_id, owner)
+
+    def local_subscribe(
+        self, channel: str | None, callback: Callback, last_id: int | None = None, *, pattern: bool | str = False
+    ) -> Subscription | None:
+        """Like :meth:`subscribe`, but only for messages of the current site (``site_id_lookup()``)."""
+        lookup = self.site_id_lookup
+        site = lookup() if lookup else None
+        return self._subscriber.subscribe(channel, callback, last_id, pattern, site or None, site or None)
+
+    def unsubscribe(
+        self,
+        channel: str | None = None,
+        callback: Callback | Subscription | None = None,
+        *,
+        pattern: bool | str = False,
+        owner: object = None,
+    ) -> int:
+        """Remove subscriptions on ``channel`` (or pattern): the one given, or all of them (all of ``owner``'s,
+        when given). Returns how many."""
+        return self.subscriptions.remove(channel, callback, pattern=bool(pattern), owner=owner)
+
+    def tap(self, listener: BatchListener, linger: float = 0.0) -> None:
+        """Call ``listener(messages)`` on the listener thread with every batch of new messages (all channels,
+        unfiltered). This is how web adapters wake their waiting clients: one call per batch, not per client.
+
+        ``linger`` (seconds): the listener may wait that long after a batch before it looks again, so messages
+        published meanwhile come as one batch: one wake-up of this process (a thread switch, the GIL) per
+        ``linger`` instead of one per message. It applies only while every consumer in the process lingers
+        (the smallest value wins); a subscription (:meth:`subscribe`) turns it off, as it expects each message
+        at once. The first message after a quiet spell is never delayed."""
+        if linger < 0:
+            raise ValueError("linger must be >= 0")
+        self.listener.ensure()
+        self.subscriptions.tap(listener, linger)
+
+    def untap(self, listener: BatchListener) -> None:
+        self.subscriptions.untap(listener)
+
+    def register_client_message_filter(self, prefix: str, fn: Callable[[Message], bool] | None = None) -> None:
+        """Register ``fn(message) -> bool`` deciding whether HTTP clients get messages on channels starting
+        with ``prefix``. Every applicable filter must pass (checked newest first). ``fn=None`` registers nothing,
+        as in the gem."""
+        if fn is None:
+            return
+        if not callable(fn):
+            raise TypeError("filter must be callable")
+        self.client_message_filters.append((prefix, fn))
+
+    def allowed_by_filters(self, msg: Message) -> bool:
+        for prefix, fn in reversed(self.client_message_filters):
+            if msg.channel.startswith(prefix) and not fn(msg):
+                return False
+        return True
+
     @property
     def default(self) -> EngineLike:
         """The default engine (``publish`` uses it unless told otherwise)."""
-        engine = self._default_engine
-        return engine.draft if isinstance(engine, _DraftEngine) else engine
+        return self.engines.as_given()
 
     @default.setter
     def default(self, engine: EngineLike | None) -> None:
-        engine = as_engine(engine) if engine else self._shm_engine
-        if engine is not self._default_engine:
-            self._default_engine = engine
-            engine.attached(self)
-            self._inform(engine)
+        self.engines.set_default(engine)
+        self._publisher.rearm()
 
     def attach(self, engine: EngineLike) -> None:
         """Attach an engine: it is told about every existing and future subscription."""
-        engine = as_engine(engine)
-        with self._lock:
-            if engine in self._engines:
-                return
-            self._engines.append(engine)
-        engine.attached(self)
-        self._inform(engine)
+        self.engines.attach(engine)
 
     def detach(self, engine: EngineLike) -> None:
-        engine = as_engine(engine)
-        with self._lock:
-            if engine not in self._engines:
-                return
-            self._engines.remove(engine)
-        engine.detached(self)
+        self.engines.detach(engine)
 
     def reset_engine(self, engine: EngineLike) -> None:
         """The iodine draft's ``reset(engine)``: tell ``engine`` again of every channel and pattern this process
         subscribes to, as if newly attached (e.g. after the engine reconnected and lost its subscriptions)."""
-        self._inform(as_engine(engine))
-
-    def _inform(self, engine: Engine) -> None:
-        with self._lock:
-            refs = list(self._engine_refs)
-        for to, is_pat in refs:
-            self._safe(engine.subscribe, to, is_pat)
+        self.engines.inform(as_engine(engine))
 
     def engine_hold(self, channel: str | None, kind: str | None, delta: int) -> None:
         """Count a subscription that reads the bus some other way (the transports' connections read it through
         :meth:`tap`) as :meth:`subscribe` counts its own: ``delta`` +1 when it starts, -1 when it ends. Engines
         hear ``subscribe``/``unsubscribe`` once per channel or pattern per process, whoever subscribes.
         ``kind``: None (a channel), ``"glob"`` or ``"prefix"``."""
-        with self._lock:
-            for to, is_pattern in self._engine_keys(channel, kind):
-                self._engine_ref(to, is_pattern, delta)
+        self.engines.hold(channel, kind, delta)
 
-    def _engine_ref(self, to: str, is_pattern: bool, delta: int) -> None:
-        key = (to, is_pattern)
-        n = self._engine_refs.get(key, 0) + delta
-        engines = list(self._engines)
-        if self._default_engine not in engines:
-            engines.append(self._default_engine)
-        if n <= 0:
-            self._engine_refs.pop(key, None)
-            if n == 0:
-                for e in engines:
-                    self._safe(e.unsubscribe, to, is_pattern)
-        else:
-            self._engine_refs[key] = n
-            if n == 1 and delta > 0:
-                for e in engines:
-                    self._safe(e.subscribe, to, is_pattern)
+    @property
+    def listening(self) -> bool:
+        return self.listener.running
 
-    @staticmethod
-    def _safe(fn: Callable[..., Any], *args: Any) -> None:
-        try:
-            fn(*args)
-        except Exception:
-            log.exception("shmbus: engine hook %r raised (engines must not raise)", fn)
+    def figures(self) -> BusFigures:
+        """This process's figures (the host metrics write them to its slot): the listener's position and losses,
+        and the relays of the engines that relay."""
+        return BusFigures(self.listener.figures(), self.engines.relay_figures())
 
-    # ------------------------------------------------------------------ lifecycle
+    def health(self) -> dict[str, Any]:
+        """What an operator wants to know: is this process attached, listening, and receiving?"""
+        listener = self.listener.figures()
+        info: dict[str, Any] = {
+            "bus": self.name,
+            "pid": os.getpid(),
+            "attached": self._attachment.current is not None,
+            "listening": listener.listening,
+            "seconds_since_last_message": listener.seconds_since_last_message,
+            "lost_by_listener": listener.lost,
+            "engine": repr(self.engines.default),
+        }
+        engine_health = self.engines.default.health()
+        if engine_health is not None:
+            info["engine_health"] = engine_health
+        return info
+
     @property
     def is_off(self) -> bool:
-        return self._off
+        return self._subscriber.off
 
     def off(self, disable_publish: bool = True) -> None:
         """Stop new subscriptions and, by default, turn ``publish`` into a no-op (returns None)."""
-        self._off = True
-        self._publish_off = disable_publish
+        self._subscriber.off = True
+        self._publisher.off = disable_publish
 
     def on(self) -> None:
         """Undo ``off()``, ``close()`` and ``destroy()`` (the next use attaches again, creating the bus if needed)."""
-        self._off = False
-        self._publish_off = False
-        self._destroyed = False
-        self._closed = False
+        self._subscriber.off = False
+        self._publisher.off = False
+        self._attachment.reopen()
 
     def after_fork(self) -> None:
         """Re-arm this bus in a forked child: a new listener thread (threads do not survive fork), a process-
         table slot of its own, fresh locks. Called automatically (``os.register_at_fork``); idempotent."""
-        if self._pid == os.getpid():
+        if self._birth.here:
             return
-        self._pid = os.getpid()
-        self._lock = threading.RLock()
-        self._dispatch_lock = threading.RLock()
-        self._listener = None
-        self._watchdog = None
-        self._stop = threading.Event()
+        self._birth.renew()
+        self.subscriptions.after_fork()
+        self.listener.after_fork()
         self.metrics.after_fork()
-        if self._seg is not None:
-            self._seg.reregister_after_fork()
-        for e in [self._default_engine, *self._engines]:
-            try:
-                e.after_fork(self)
-            except Exception:
-                log.exception("shmbus: engine %r after_fork failed", e)
-        if self._seg is not None and (self._exact or self._patterns or self._catch_all or self._batch_listeners):
-            self._ensure_listener()
+        self._attachment.after_fork()
+        self.engines.after_fork()
+        if self._attachment.current is not None and self.subscriptions:
+            self.listener.ensure()
 
     def reset(self) -> int:
         """Empty the bus for every process and give it a new epoch (clients re-read from the start); returns
         the epoch. The iodine draft's ``reset(engine)`` is :meth:`reset_engine`."""
         epoch = self.segment.reset()
-        self._channel_cache.clear()
+        self._names.forget_channels()
         return epoch
+
+    def stop_listener(self, timeout: float = 5.0) -> None:
+        """Stop this process's listener thread and wait for it (a clean shutdown)."""
+        self.listener.stop(timeout)
 
     def close(self) -> None:
         """Detach this process: stop the listener, close engines, unmap the segment (others keep it).
@@ -267,34 +395,18 @@ class Bus(Publishing, Reading, Subscribing, Listening):
         Afterwards every operation that needs the segment raises :class:`~shmbus.errors.BusClosed` (it used to
         re-attach silently) until :meth:`on` is called.
         """
-        self._closed = True
-        self.stop_listener()
+        self._attachment.closed = True
+        self.listener.stop()
         self.metrics.flush()  # the last figures stay in the slot (host totals count them)
-        for e in [self._default_engine, *self._engines]:
-            try:
-                e.close()
-            except Exception:
-                log.exception("shmbus: engine %r close failed", e)
-        with self._lock:
-            seg, self._seg = self._seg, None
-        if seg is not None and self._pid == os.getpid():
-            seg.close()
+        self.engines.close()
+        self._attachment.detach()
+        self._publisher.rearm()
 
     def destroy(self) -> None:
         """Close and remove the segment itself (all history, for every process). Idempotent; for tests and
         for tearing a bus down for good."""
         self.close()
-        self._destroyed = True
-        if self.path is None:
-            Segment.destroy_by_name(self.name)
-        else:
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
-
-    def stats(self) -> _segment.SegmentStats:
-        return self.segment.stats()
+        self._attachment.destroy()
 
     def __enter__(self) -> Bus:
         return self

@@ -1,4 +1,4 @@
-"""The listener: one thread per process follows the ring and dispatches new messages to subscribers."""
+"""The listener: one thread per process follows the ring and hands new messages to the subscription table."""
 
 from __future__ import annotations
 
@@ -7,16 +7,17 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
-from ..channels import GLOBAL_PREFIX
 from ..errors import BusLockTimeout, SegmentCorrupt
-from ..message import Message
-from .results import Subscription
-from .state import BusState
+from ..figures import ListenerFigures
+from ..perprocess import Birth
+from .attachment import Attachment
+from .names import Names
+from .subscriptions import SubscriptionTable
 
-__all__ = ["KEEPALIVE_CHANNEL", "MIN_KEEPALIVE", "Listening"]
+__all__ = ["KEEPALIVE_CHANNEL", "MIN_KEEPALIVE", "Listener"]
 
 log = logging.getLogger("shmbus")
 
@@ -26,67 +27,111 @@ KEEPALIVE_CHANNEL = "/__mb_keepalive__/"
 MIN_KEEPALIVE = 20
 
 
-class Listening(BusState):
-    def _ensure_listener(self) -> None:
-        if self._listener is not None and self._listener.is_alive() and self._pid == os.getpid():
+class _Flushes(Protocol):
+    def maybe_flush(self) -> None: ...
+
+
+class Listener:
+    """Follows the segment's ring from where it stood when started and dispatches every new batch through the
+    subscription table (under its ``dispatch_lock``). Counts what the ring overwrote before it was read
+    (:attr:`lost`), flushes the metrics between batches, and runs the keepalive watchdog.
+
+    ``publish(channel, data, **options)`` is the bus's (the keepalive publishes through it).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        attachment: Attachment,
+        names: Names,
+        table: SubscriptionTable,
+        metrics: _Flushes,
+        publish: Callable[..., Any],
+        keepalive_interval: float,
+    ) -> None:
+        self.name = name
+        self.keepalive_interval = keepalive_interval
+        self._attachment = attachment
+        self._names = names
+        self._table = table
+        self._metrics = metrics
+        self._publish = publish
+        self._thread: Any = None  # threading.Thread, or a native thread under gevent
+        self._watchdog: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._birth = Birth()
+        self.epoch = 0
+        self._cursor = 0
+        #: the last global id handled (0: none yet)
+        self.position = 0
+        #: messages overwritten in the ring before this process's listener read them
+        self.lost = 0
+        self._last_received = time.monotonic()
+
+    @property
+    def running(self) -> bool:
+        t = self._thread
+        return t is not None and t.is_alive()
+
+    def ensure(self) -> None:
+        """Start the thread (and the keepalive) unless it runs in this process already."""
+        if self.running and self._birth.here:
             return
         with self._lock:
-            if self._listener is not None and self._listener.is_alive() and self._pid == os.getpid():
+            if self.running and self._birth.here:
                 return
-            seg = self.segment
+            seg = self._attachment.segment
+            self._birth.renew()
             self._stop = threading.Event()
             self._cursor = seg.head()
-            self._last_gid = seg.global_id()
-            self._epoch = seg.read_epoch()
+            self.position = seg.global_id()
+            self.epoch = seg.read_epoch()
             self._last_received = time.monotonic()
-            t = _listener_thread(self._listen, f"shmbus-listener-{self.name}")
-            self._listener = t
+            t = _listener_thread(self._run, f"shmbus-listener-{self.name}")
+            self._thread = t
             t.start()
             if self.keepalive_interval and self.keepalive_interval > MIN_KEEPALIVE:
                 w = threading.Thread(target=self._keepalive, name=f"shmbus-keepalive-{self.name}", daemon=True)
                 self._watchdog = w
                 w.start()
 
-    @property
-    def listening(self) -> bool:
-        return self._listener is not None and self._listener.is_alive()
+    def figures(self) -> ListenerFigures:
+        return ListenerFigures(self.running, self.position, self.lost, round(time.monotonic() - self._last_received, 3))
 
-    def _listen(self) -> None:
+    def _run(self) -> None:
         stop = self._stop
-        seg = self.segment
-        metrics = self.metrics
+        attachment = self._attachment
+        seg = attachment.segment
+        table = self._table
+        metrics = self._metrics
+        message = self._names.message
+        dispatch = table.dispatch
         while not stop.is_set():
             try:
-                if self._owners_gone:  # owners of subscriptions were garbage collected: close theirs
-                    self._sweep_owners()
+                if table.owners_gone:  # owners of subscriptions were garbage collected: close theirs
+                    table.sweep_owners()
                 word = seg.futex_word()
                 epoch = seg.read_epoch()
-                if epoch != self._epoch:
-                    self._epoch = epoch
+                if epoch != self.epoch:
+                    self.epoch = epoch
                     self._cursor = seg.tail()
-                    self._last_gid = 0
-                    self._on_reset()
+                    self.position = 0
+                    table.forget_replays()
                 recs, self._cursor, lost = seg.read_since(self._cursor)
                 if recs:
-                    jumped = recs[0].global_id > self._last_gid + 1 and self._last_gid and not seg.sparse_ids
+                    position = self.position
+                    jumped = recs[0].global_id > position + 1 and position and not seg.sparse_ids
                     if lost or jumped:  # sparse ids (PostgreSQL) may jump legitimately: only the ring's word counts
-                        n = recs[0].global_id - self._last_gid - 1
-                        if n > 0:
-                            self._lost += n
-                            log.warning(
-                                "shmbus: listener of %r fell behind the ring; %d messages were "
-                                "overwritten before this process read them",
-                                self.name,
-                                n,
-                            )
-                    self._last_gid = recs[-1].global_id
-                    seg.store_metric("listener_gid", self._last_gid)
+                        self._count_lost(recs[0].global_id - position - 1)
+                    self.position = recs[-1].global_id
+                    seg.store_metric("listener_gid", self.position)
                     self._last_received = time.monotonic()
-                    msgs = [self._message(r, epoch) for r in recs]
-                    with self._dispatch_lock:
-                        self._dispatch(msgs)
+                    msgs = [message(r, epoch) for r in recs]
+                    with table.dispatch_lock:
+                        dispatch(msgs)
                     metrics.maybe_flush()  # after the delivery, never in front of it
-                    linger = self._linger()
+                    linger = table.linger()
                     if linger > 0:  # every consumer gathers anyway: let what is published meanwhile come as one
                         stop.wait(linger)
                     continue
@@ -95,15 +140,15 @@ class Listening(BusState):
                 metrics.maybe_flush()
                 seg.wait(word, 1.0)
             except BusLockTimeout as exc:  # a stopped lock holder: say so, keep trying (reads go on meanwhile)
-                if stop.is_set() or self._seg is None:
+                if stop.is_set() or attachment.current is None:
                     break
                 log.warning("shmbus: listener of bus %r: %s", self.name, exc)
             except SegmentCorrupt as exc:  # damage in the ring: skip past it (reported), never stall on it
-                if stop.is_set() or self._seg is None:
+                if stop.is_set() or attachment.current is None:
                     break
                 head = seg.head()
-                skipped = max(seg.global_id() - self._last_gid, 0)
-                self._lost += skipped
+                skipped = max(seg.global_id() - self.position, 0)
+                self.lost += skipped
                 log.error(
                     "shmbus: bus %r is damaged (%s); the listener skips to the newest record, up to %d "
                     "messages are lost",
@@ -111,70 +156,22 @@ class Listening(BusState):
                     exc,
                     skipped,
                 )
-                self._cursor, self._last_gid = head, seg.global_id()
+                self._cursor, self.position = head, seg.global_id()
                 time.sleep(0.05)
             except Exception:  # never let the listener die: log and carry on
-                if stop.is_set() or self._seg is None:
+                if stop.is_set() or attachment.current is None:
                     break
                 log.exception("shmbus: listener error on bus %r", self.name)
                 time.sleep(0.05)
 
-    def _linger(self) -> float:
-        """How long the listener may wait after a batch (:meth:`tap`'s ``linger``): the smallest of the taps',
-        0 when a subscription wants each message at once."""
-        if self._exact or self._patterns or self._catch_all or not self._batch_listeners:
-            return 0.0
-        lingers = self._lingers
-        return min(lingers.get(fn, 0.0) for fn in self._batch_listeners)
-
-    def _on_reset(self) -> None:
-        with self._lock:
-            for sub in self._iter_subs():
-                sub.skip_gid = 0
-
-    def _iter_subs(self) -> Iterable[Subscription]:
-        for lst in self._exact.values():
-            yield from lst
-        yield from self._patterns
-        yield from self._catch_all
-
-    def _dispatch(self, msgs: list[Message], local: bool = False) -> None:
-        exact, patterns, catch_all = self._exact, self._patterns, self._catch_all
-        for msg in msgs:
-            subs = exact.get(msg.channel)
-            if subs:
-                for sub in tuple(subs):
-                    self._deliver(sub, msg, local)
-            if patterns:
-                for sub in tuple(patterns):
-                    if sub.matcher is not None and sub.matcher(msg.channel):
-                        self._deliver(sub, msg, local)
-            if catch_all:
-                for sub in tuple(catch_all):
-                    self._deliver(sub, msg, local)
-        if self._batch_listeners:
-            for listener in tuple(self._batch_listeners):
-                try:
-                    listener(msgs)
-                except Exception:
-                    log.exception("shmbus: batch listener %r failed", listener)
-
-    def _deliver(self, sub: Subscription, msg: Message, local: bool) -> None:
-        if not local and msg.global_id <= sub.skip_gid:
-            return
-        if sub.owner_gone:  # closed by the garbage collector; the listener removes it shortly
-            return
-        if sub.site_id is not None and msg.site_id != sub.site_id and not msg.channel.startswith(GLOBAL_PREFIX):
-            return
-        self._call(sub, msg)
-
-    @staticmethod
-    def _call(sub: Subscription, msg: Message) -> None:
-        try:
-            sub.callback(msg)
-        except Exception:
-            log.exception(
-                "shmbus: failed to deliver message, skipping (subscriber %r, channel %r)", sub.callback, msg.channel
+    def _count_lost(self, n: int) -> None:
+        if n > 0:
+            self.lost += n
+            log.warning(
+                "shmbus: listener of %r fell behind the ring; %d messages were overwritten before this process "
+                "read them",
+                self.name,
+                n,
             )
 
     def _keepalive(self) -> None:
@@ -182,7 +179,7 @@ class Listening(BusState):
         stop = self._stop
         while not stop.wait(interval):
             try:
-                self.publish(KEEPALIVE_CHANNEL, os.getpid(), user_ids=[-1], max_backlog_size=10)
+                self._publish(KEEPALIVE_CHANNEL, os.getpid(), user_ids=[-1], max_backlog_size=10)
             except Exception:
                 log.exception("shmbus: keepalive publish failed on bus %r", self.name)
             if time.monotonic() - self._last_received > 3 * interval:
@@ -194,34 +191,27 @@ class Listening(BusState):
                     time.monotonic() - self._last_received,
                 )
 
-    def health(self) -> dict[str, Any]:
-        """What an operator wants to know: is this process attached, listening, and receiving?"""
-        info: dict[str, Any] = {
-            "bus": self.name,
-            "pid": os.getpid(),
-            "attached": self._seg is not None,
-            "listening": self.listening,
-            "seconds_since_last_message": round(time.monotonic() - self._last_received, 3),
-            "lost_by_listener": self._lost,
-            "engine": repr(self._default_engine),
-        }
-        engine_health = self._default_engine.health()
-        if engine_health is not None:
-            info["engine_health"] = engine_health
-        return info
-
-    def stop_listener(self, timeout: float = 5.0) -> None:
-        """Stop this process's listener thread and wait for it (a clean shutdown)."""
-        t, w = self._listener, self._watchdog
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the thread and the keepalive and wait for them (a clean shutdown)."""
+        t, w = self._thread, self._watchdog
         self._stop.set()
-        if self._seg is not None and t is not None and t.is_alive():
-            self._seg.wake_all()
+        seg = self._attachment.current
+        if seg is not None and t is not None and t.is_alive():
+            seg.wake_all()
         if t is not None and t is not threading.current_thread():
             t.join(timeout)
         if w is not None and w is not threading.current_thread():
             w.join(timeout)
-        self._listener = None
+        self._thread = None
         self._watchdog = None
+
+    def after_fork(self) -> None:
+        """In a forked child: the parent's threads did not survive, and what it lost is counted in its slot."""
+        self._thread = None
+        self._watchdog = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.lost = 0
 
 
 class _NativeThread:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import InvalidArgument, InvalidMessageTarget
+from ..segment import MIN_RING
 
-__all__ = ["MAX_WIRE_INT", "MIN_WIRE_INT", "check_count", "check_seconds", "check_targets"]
+__all__ = ["MAX_WIRE_INT", "MIN_WIRE_INT", "check_count", "check_options", "check_seconds", "check_targets"]
 
 #: Integer ids (targets, message ids) travel as signed 64-bit integers (msgpack in the segment, the gem's JSON).
 MIN_WIRE_INT = -(1 << 63)
@@ -41,3 +42,28 @@ def check_seconds(name: str, value: Any, error: type[InvalidArgument] = InvalidA
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
         raise error(f"{name} must be a finite number of seconds above 0, got {value!r}")
     return float(value)
+
+
+def check_options(
+    max_backlog_size: int,
+    max_global_backlog_size: int,
+    max_backlog_age: float,
+    clear_every: int,
+    ring_size: int,
+    max_channels: int,
+    lock_timeout: float,
+    mode: int,
+) -> tuple[float, float]:
+    """The :class:`~shmbus.bus.Bus` constructor's checks (bad values raise there, not at first use); returns
+    ``max_backlog_age`` and ``lock_timeout`` as floats."""
+    check_count("max_backlog_size", max_backlog_size)
+    check_count("max_global_backlog_size", max_global_backlog_size)
+    max_backlog_age = check_seconds("max_backlog_age", max_backlog_age)
+    check_count("clear_every", clear_every)
+    if check_count("ring_size", ring_size, MIN_RING) % 4096:
+        raise InvalidArgument(f"ring_size must be a multiple of 4096 bytes, got {ring_size}")
+    check_count("max_channels", max_channels, 16)
+    lock_timeout = check_seconds("lock_timeout", lock_timeout)
+    if isinstance(mode, bool) or not isinstance(mode, int) or mode & ~0o666 or (mode & 0o600) != 0o600:
+        raise InvalidArgument(f"mode must be permission bits within 0o666 including 0o600, got {mode!r}")
+    return max_backlog_age, lock_timeout

@@ -13,7 +13,8 @@ import sys
 import time
 from typing import Any
 
-from shmbus.cli import _count, _seconds  # the command line's own validators
+from shmbus.cli_args import count as _count  # the command line's own validators
+from shmbus.cli_args import seconds as _seconds
 
 __all__ = ["add_arguments", "parse_channel", "run"]
 

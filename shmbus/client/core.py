@@ -18,14 +18,15 @@ from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlsplit
 
 import httpx
 
-from .chunks import ChunkParser, ProtocolViolation, decode_array, is_streamed
+from .chunks import ProtocolViolation
+from .exchange import PollExchange
 from .message import STATUS_CHANNEL, AsyncCallback, Message
 from .outcomes import ClientStats, NoFirstChunk, PollFailed, RateLimited, Repoll
-from .pacing import MIN_RETRY_AFTER, Backoff, pause_after_poll, retry_after_seconds
+from .pacing import MIN_RETRY_AFTER, Backoff, pause_after_poll
 from .positions import Delivery, PollRequest, Subscription, Tracker
 
 __all__ = ["AsyncMessageBusClient", "ClientStats", "PollFailed"]
@@ -105,8 +106,7 @@ class AsyncMessageBusClient:
         self._tracker = Tracker()
         self._backoff = Backoff(self.min_poll_interval, self.max_poll_interval)
         self._stats = ClientStats()
-        self._seq = 0
-        self._chunked_backoff = 0
+        self._exchange = PollExchange(self, self._stats, self._take)
         self._queue: deque[Delivery] = deque()
         self._listeners: set[asyncio.Queue[Any]] = set()
         self._state = "new"
@@ -288,7 +288,8 @@ class AsyncMessageBusClient:
                 continue
             started = loop.time()
             try:
-                got_data, interrupted = await self._until_changed(self._poll(request))
+                assert self._http is not None
+                got_data, interrupted = await self._until_changed(self._exchange.poll(self._http, request))
             except RateLimited as exc:
                 self._stats.rate_limited += 1
                 self._stats.last_error = str(exc)
@@ -297,7 +298,7 @@ class AsyncMessageBusClient:
             except Repoll:
                 continue
             except NoFirstChunk:
-                self._chunked_backoff = self.retry_chunked_after
+                self._exchange.unchunked(self.retry_chunked_after)
                 self._stats.chunked_fallbacks += 1
                 log.warning(
                     "shmbus.client: no first chunk from %s within %g s (a buffering proxy?): not chunked for the "
@@ -358,69 +359,6 @@ class AsyncMessageBusClient:
         if task in done:
             return bool(task.result()), False
         return False, True
-
-    def _request(self, request: PollRequest) -> tuple[httpx.Request, bool]:
-        long_poll = self.long_polling and not request.resolving
-        chunked = long_poll and self.chunked
-        if chunked and self._chunked_backoff > 0:
-            self._chunked_backoff -= 1
-            chunked = False
-        self._seq += 1
-        headers = {"X-Silence-Logger": "true", "Content-Type": "application/x-www-form-urlencoded"}
-        if not chunked:
-            headers["Dont-Chunk"] = "true"
-        headers.update(self.headers)
-        body = urlencode([*request.body.items(), ("__seq", self._seq)])
-        url = self.poll_url if long_poll else self.poll_url + "?dlp=t"
-        assert self._http is not None
-        return self._http.build_request("POST", url, content=body.encode(), headers=headers), chunked
-
-    async def _poll(self, request: PollRequest) -> bool:
-        """One poll: True if the server sent anything (messages or positions)."""
-        http_request, chunked = self._request(request)
-        assert self._http is not None
-        self._stats.polls += 1
-        first_by = self.first_chunk_timeout if chunked else None
-        try:
-            response = await asyncio.wait_for(self._http.send(http_request, stream=True), first_by)
-        except asyncio.TimeoutError:
-            raise NoFirstChunk() from None
-        try:
-            if response.status_code == 429:
-                raise RateLimited(retry_after_seconds(response.headers.get("retry-after"), self.min_retry_after))
-            if response.status_code != 200:
-                body = (await response.aread())[:200].decode(errors="replace")
-                raise PollFailed(f"{response.status_code} from {self.poll_url}: {body!r}")
-            if not is_streamed(response.headers.get("content-type")):
-                data = await response.aread()
-                self._stats.bytes += len(data)
-                return self._take(request, decode_array(data))
-            return await self._read_stream(request, response, first_by)
-        finally:
-            await response.aclose()
-
-    async def _read_stream(self, request: PollRequest, response: httpx.Response, first_by: float | None) -> bool:
-        parser = ChunkParser()
-        got = False
-        pieces = response.aiter_bytes().__aiter__()
-        if first_by is not None:
-            try:
-                first = await asyncio.wait_for(pieces.__anext__(), first_by)
-            except asyncio.TimeoutError:
-                raise NoFirstChunk() from None
-            except StopAsyncIteration:
-                return False
-            got = self._feed(request, parser, first) or got
-        async for data in pieces:
-            got = self._feed(request, parser, data) or got
-        return got
-
-    def _feed(self, request: PollRequest, parser: ChunkParser, data: bytes) -> bool:
-        self._stats.bytes += len(data)
-        got = False
-        for payload in parser.feed(data):
-            got = self._take(request, decode_array(payload)) or got
-        return got
 
     def _take(self, request: PollRequest, items: list[dict[str, Any]]) -> bool:
         applied = self._tracker.apply(request, items)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import queue
 import threading
 from collections.abc import Callable, Coroutine, Iterator
@@ -132,14 +133,8 @@ class MessageBusClient:
         sub = self.subscribe(channel, q.put, last_id)
         try:
             self.start()
-            while True:
-                try:
-                    item = q.get(timeout=timeout)
-                except queue.Empty:
-                    return
-                if item is _STOP:
-                    return
-                yield item
+            with contextlib.suppress(queue.Empty):  # nothing for ``timeout`` seconds
+                yield from iter(lambda: q.get(timeout=timeout), _STOP)
         finally:
             self._listeners.discard(q)
             self.remove(sub)

@@ -96,11 +96,10 @@ METRIC_FIELDS = (
     "streams",  # gauge: open streams (chunked HTTP, SSE, WebSocket)
     "listener_gid",  # the last global id this process's listener handled
     "relay",  # 1 while this process relays for a bridge engine
-    "relay_state",  # index into RELAY_STATES: the bridge's relay state in this process
+    "relay_state",  # index into shmbus.figures.RELAY_STATES: the bridge's relay state in this process
     "relay_highest",  # the backend's newest global id as the relay knows it, stored or not (lag = it - the segment's)
     "relay_lost",  # messages this process's relay found gone from the backend's backlog when catching up
 )
-RELAY_STATES = ("", "standby", "connecting", "relaying", "reconnecting", "off")
 RETIRED_FIELDS = ("publishes", "relayed", "deliveries", "lost", "relay_lost")
 #: The metrics area's generation word (the header's last u64): a slot claim (under the segment's lock) makes it
 #: odd, moves the old owner's counters to the retired totals, zeroes the slot, and makes it even again; a reader

@@ -146,7 +146,7 @@ def test_a_malformed_glob_is_a_typed_error_and_registers_nothing(bus: Bus, bad: 
         compile_pattern(bad, "glob")
     with pytest.raises(shmbus.InvalidChannel, match="invalid glob"):
         bus.subscribe(bad, lambda m: None, pattern=True)
-    assert bus._patterns == [] and bus._engine_refs == {}
+    assert bus.subscriptions.patterns() == () and bus.engines.subscribed() == {}
     with pytest.raises(shmbus.InvalidArgument, match="unknown pattern kind"):
         compile_pattern("/a", "regex")
     # sets that are well formed keep working, their characters literal (no regex syntax leaks through)
@@ -505,7 +505,7 @@ def test_a_lingering_tap_gets_what_was_published_meanwhile_as_one_batch(bus: Bus
     batches: list[list[int]] = []
     fn = lambda msgs: batches.append([m.message_id for m in msgs])  # noqa: E731
     bus.tap(fn, linger=0.5)
-    assert bus._linger() == 0.5
+    assert bus.subscriptions.linger() == 0.5
     bus.publish("/l", 1)
     wait_for(lambda: batches, what="the first batch")
     for n in range(2, 7):  # while the listener lingers after the first batch
@@ -515,8 +515,8 @@ def test_a_lingering_tap_gets_what_was_published_meanwhile_as_one_batch(bus: Bus
     assert batches == [[1], [2, 3, 4, 5, 6]]
     got: list[Message] = []
     bus.subscribe("/other", got.append)
-    assert bus._linger() == 0.0  # a subscriber expects each message at once
+    assert bus.subscriptions.linger() == 0.0  # a subscriber expects each message at once
     with pytest.raises(ValueError):
         bus.tap(fn, linger=-1)
     bus.untap(fn)
-    assert not bus._lingers
+    assert not bus.subscriptions.lingering()

@@ -161,10 +161,10 @@ def test_forked_child_starts_its_counts_at_zero(make_bus: Callable[..., shmbus.B
     the host's totals count the parent's figures twice)."""
     bus = make_bus()
     bus.publish("/f", 0)
-    bus._lost = 7  # as the parent's listener counted them
+    bus.listener.lost = 7  # as the parent's listener counted them
     bus.metrics.deliveries = 5
     figures = RelayFigures(relaying=False, state="", backend_newest=0, lost=4)  # the engine contract's report
-    bus._default_engine.relay_figures = lambda: figures  # type: ignore[method-assign]  # a bridge's counters survive fork
+    bus.engines.default.relay_figures = lambda: figures  # type: ignore[method-assign]  # a bridge's counters survive fork
     bus.metrics.flush()
     pid = os.fork()
     if pid == 0:

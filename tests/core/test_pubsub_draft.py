@@ -97,7 +97,7 @@ def test_a_replacing_subscription_gets_the_messages_in_flight(make_bus: Any) -> 
     first: list[Any] = []
     second: list[Any] = []
     bus.subscribe("/f", lambda m: first.append(m.data), owner=owner)
-    with bus._dispatch_lock:
+    with bus.subscriptions.dispatch_lock:
         bus.publish("/f", "in flight")
         bus.subscribe("/f", lambda m: second.append(m.data), owner=owner)
     bus.publish("/f", "after")
@@ -141,7 +141,7 @@ def test_subscriptions_close_when_their_owner_is_garbage_collected(make_bus: Any
     wait_for(lambda: kept == [1, 3])
     assert got == [1] and seen == [2]
     assert ("unsub", "/gc", False) not in engine.calls  # the plain owner still subscribes /gc
-    assert len(bus._exact["/gc"]) == 1 and bus._patterns == []
+    assert len(bus.subscriptions.on("/gc")) == 1 and bus.subscriptions.patterns() == ()
     bus.detach(engine)
 
 

@@ -70,7 +70,7 @@ def on_close(conn: Connection) -> None:
 
 def state() -> bytes:
     with _lock:
-        subs = sum(len(bus._exact.get(ch, [])) for ch in ("/srv/cb", "/srv/swap1", "/srv/swap2"))
+        subs = sum(len(bus.subscriptions.on(ch)) for ch in ("/srv/cb", "/srv/swap1", "/srv/swap2"))
         return json.dumps(
             {"callbacks": CALLBACKS, "closed": CLOSED, "open": len(OPEN), "callback_subs": subs, "pid": os.getpid()}
         ).encode()

@@ -72,7 +72,7 @@ def test_websocket_subscriptions_reach_engines_once_with_their_kind(bus: Bus) ->
         ("unsub", "/p", False),
         ("unsub", "/p/**", True),
     ]
-    assert bus._engine_refs == {}
+    assert bus.engines.subscribed() == {}
 
 
 def test_a_bus_subscriber_and_a_connection_share_one_engine_subscription(bus: Bus) -> None:
@@ -111,7 +111,7 @@ def test_sse_streams_reach_engines(bus: Bus) -> None:
     asyncio.run(app(http_scope("/sse", b"channel=/s&prefix=/sp&glob=/sg/**"), receive, rec))
     app.close()
     assert seen[0] == [("sub", "/s", False), ("sub", "/sp", False), ("sub", "/sp/**", True), ("sub", "/sg/**", True)]
-    assert len(engine.calls) == 8 and bus._engine_refs == {}
+    assert len(engine.calls) == 8 and bus.engines.subscribed() == {}
 
     wsgi = SSEWSGIApp(bus=bus)
     environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/sse", "QUERY_STRING": "channel=/w", "wsgi.multithread": True}
@@ -120,7 +120,7 @@ def test_sse_streams_reach_engines(bus: Bus) -> None:
     assert engine.calls[-1] == ("sub", "/w", False)
     response.close()
     wsgi.close()
-    assert engine.calls[-1] == ("unsub", "/w", False) and bus._engine_refs == {}
+    assert engine.calls[-1] == ("unsub", "/w", False) and bus.engines.subscribed() == {}
 
 
 def test_guble_and_connection_subscriptions_reach_engines(bus: Bus) -> None:
@@ -154,7 +154,7 @@ def test_guble_and_connection_subscriptions_reach_engines(bus: Bus) -> None:
         ]
     )
     assert sorted(c for c in engine.calls if c[0] == "unsub") == sorted(("unsub", t, p) for _s, t, p in seen[0])
-    assert bus._engine_refs == {}
+    assert bus.engines.subscribed() == {}
 
 
 def test_bus_prefix_subscription_is_told_to_engines_as_channel_and_glob(bus: Bus) -> None:

@@ -100,7 +100,7 @@ def test_connection_subscribe_bad_glob_is_invalid_channel(bus: Bus, glob: str) -
         conn.subscribe(glob, pattern=True)
     with pytest.raises(InvalidChannel, match="invalid glob"):
         conn.subscribe(glob, pattern="glob", callback=lambda ch, data: None)
-    assert sink.patterns == {} and bus._patterns == []
+    assert sink.patterns == {} and bus.subscriptions.patterns() == ()
     assert conn.subscribe("/a[b-c]", pattern=True) is True  # a well-formed set still works
 
 

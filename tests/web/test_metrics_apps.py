@@ -81,7 +81,7 @@ def test_bus_collector_exposes_what_render_does(bus: Bus) -> None:
     bus.metrics.add_source(source)
     bus.metrics.deliveries += 3
     figures = RelayFigures(relaying=False, state="", backend_newest=0, lost=2)  # the engine contract's report
-    bus._default_engine.relay_figures = lambda: figures  # type: ignore[method-assign]  # as a bridge's relay counts them
+    bus.engines.default.relay_figures = lambda: figures  # type: ignore[method-assign]  # as a bridge's relay counts them
     registry = CollectorRegistry()
     registry.register(BusCollector(bus))
 

@@ -1,0 +1,117 @@
+"""One poll over HTTP: the request the server expects, and its answer read whole or as it streams in."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+from urllib.parse import urlencode
+
+import httpx
+
+from .chunks import ChunkParser, decode_array, is_streamed
+from .outcomes import ClientStats, NoFirstChunk, PollFailed, RateLimited
+from .pacing import retry_after_seconds
+from .positions import PollRequest
+
+__all__ = ["PollExchange", "PollSettings"]
+
+#: ``take(request, items)``: apply one decoded array of the answer; True if it carried anything.
+Take = Callable[[PollRequest, list[dict[str, Any]]], bool]
+
+
+class PollSettings(Protocol):
+    """The client options a poll reads (at each poll: they may change between polls)."""
+
+    @property
+    def poll_url(self) -> str: ...
+    @property
+    def long_polling(self) -> bool: ...
+    @property
+    def chunked(self) -> bool: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+    @property
+    def first_chunk_timeout(self) -> float: ...
+    @property
+    def min_retry_after(self) -> float: ...
+
+
+class PollExchange:
+    """Sends one poll and hands every array of the answer to ``take``, as it arrives. Raises
+    :class:`RateLimited` (429), :class:`PollFailed` (another status), :class:`NoFirstChunk` (a streamed answer
+    whose first chunk did not come in time: a buffering proxy; :meth:`unchunked` then asks for whole answers)."""
+
+    def __init__(self, settings: PollSettings, stats: ClientStats, take: Take) -> None:
+        self._settings = settings
+        self._stats = stats
+        self._take = take
+        self._seq = 0
+        self._unchunked = 0
+
+    def unchunked(self, polls: int) -> None:
+        """Ask for whole (not streamed) answers for the next ``polls`` polls."""
+        self._unchunked = polls
+
+    def _request(self, http: httpx.AsyncClient, request: PollRequest) -> tuple[httpx.Request, bool]:
+        settings = self._settings
+        long_poll = settings.long_polling and not request.resolving
+        chunked = long_poll and settings.chunked
+        if chunked and self._unchunked > 0:
+            self._unchunked -= 1
+            chunked = False
+        self._seq += 1
+        headers = {"X-Silence-Logger": "true", "Content-Type": "application/x-www-form-urlencoded"}
+        if not chunked:
+            headers["Dont-Chunk"] = "true"
+        headers.update(settings.headers)
+        body = urlencode([*request.body.items(), ("__seq", self._seq)])
+        url = settings.poll_url if long_poll else settings.poll_url + "?dlp=t"
+        return http.build_request("POST", url, content=body.encode(), headers=headers), chunked
+
+    async def poll(self, http: httpx.AsyncClient, request: PollRequest) -> bool:
+        """One poll: True if the server sent anything (messages or positions)."""
+        http_request, chunked = self._request(http, request)
+        self._stats.polls += 1
+        first_by = self._settings.first_chunk_timeout if chunked else None
+        try:
+            response = await asyncio.wait_for(http.send(http_request, stream=True), first_by)
+        except asyncio.TimeoutError:
+            raise NoFirstChunk() from None
+        try:
+            if response.status_code == 429:
+                retry = retry_after_seconds(response.headers.get("retry-after"), self._settings.min_retry_after)
+                raise RateLimited(retry)
+            if response.status_code != 200:
+                body = (await response.aread())[:200].decode(errors="replace")
+                raise PollFailed(f"{response.status_code} from {self._settings.poll_url}: {body!r}")
+            if not is_streamed(response.headers.get("content-type")):
+                data = await response.aread()
+                self._stats.bytes += len(data)
+                return self._take(request, decode_array(data))
+            return await self._read_stream(request, response, first_by)
+        finally:
+            await response.aclose()
+
+    async def _read_stream(self, request: PollRequest, response: httpx.Response, first_by: float | None) -> bool:
+        parser = ChunkParser()
+        got = False
+        pieces = response.aiter_bytes().__aiter__()
+        if first_by is not None:
+            try:
+                first = await asyncio.wait_for(pieces.__anext__(), first_by)
+            except asyncio.TimeoutError:
+                raise NoFirstChunk() from None
+            except StopAsyncIteration:
+                return False
+            got = self._feed(request, parser, first) or got
+        async for data in pieces:
+            got = self._feed(request, parser, data) or got
+        return got
+
+    def _feed(self, request: PollRequest, parser: ChunkParser, data: bytes) -> bool:
+        self._stats.bytes += len(data)
+        got = False
+        for payload in parser.feed(data):
+            got = self._take(request, decode_array(payload)) or got
+        return got

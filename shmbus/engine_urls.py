@@ -1,0 +1,79 @@
+"""Bridge engines by URL: a table the engines' packages fill, so the core builds one without importing them.
+
+A process that attaches a bridged bus and was given no engine (a cron job, ``shmbus publish``) builds the
+workers' engine from a URL (``SHMBUS_ENGINE_URL`` or the segment's record). The core must not import
+``shmbus.adapters``, so a bridge *registers* its kind here (:func:`register_engine_kind`, called when its package
+is imported). A kind nobody registered yet is looked up in :data:`PROVIDERS`, a table of module *names*
+(data, not imports): importing the named module registers the kind. A third-party engine registers itself the
+same way and may add its module to the table.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
+
+from .engines import Engine
+
+__all__ = ["PROVIDERS", "EngineFactory", "engine_from_url", "register_engine_kind"]
+
+#: ``factory(url, relay, options)``: the engine for ``url`` (``options``: the segment's recorded options).
+EngineFactory = Callable[[str, bool, Mapping[str, str]], Engine]
+
+#: Where each known kind lives: importing the module registers it (see the module doc).
+PROVIDERS: dict[str, str] = {"redis": "shmbus.adapters.redis", "postgres": "shmbus.adapters.postgres"}
+
+
+class _Kind(NamedTuple):
+    schemes: tuple[str, ...]
+    factory: EngineFactory
+
+
+_kinds: dict[str, _Kind] = {}
+
+
+def register_engine_kind(kind: str, schemes: tuple[str, ...], factory: EngineFactory) -> None:
+    """Make ``engine_from_url`` build ``kind`` engines (for URLs with one of ``schemes``) with ``factory``."""
+    _kinds[kind] = _Kind(tuple(s.lower() for s in schemes), factory)
+
+
+def _kind(kind: str) -> _Kind | None:
+    if kind not in _kinds and kind in PROVIDERS:
+        importlib.import_module(PROVIDERS[kind])  # registers the kind (an ImportError names what is missing)
+    return _kinds.get(kind)
+
+
+def _kind_of(scheme: str) -> str | None:
+    """The kind whose schemes include ``scheme``: the registered kinds first, then the providers not loaded yet (one
+    that cannot be imported is skipped: it cannot be the one)."""
+    for name, kind in list(_kinds.items()):
+        if scheme in kind.schemes:
+            return name
+    for name in sorted(PROVIDERS.keys() - _kinds.keys()):
+        try:
+            found = _kind(name)
+        except ImportError:
+            continue
+        if found is not None and scheme in found.schemes:
+            return name
+    return None
+
+
+def engine_from_url(
+    url: str, *, kind: str | None = None, options: Mapping[str, str] | None = None, relay: bool = False
+) -> Engine:
+    """A bridge engine for a backend URL (``redis://``, ``rediss://``, ``unix://``: Redis; ``postgres://``,
+    ``postgresql://`` or a libpq ``key=value`` string: PostgreSQL), as a process attaching a bridged bus builds
+    it. ``kind``: the segment's recorded kind (else the URL's scheme decides); ``options``: the recorded options
+    (the notify or pub/sub channel). ``relay=False``: the process publishes through it and leaves relaying to the
+    host's workers. ``ValueError`` for a URL no registered kind takes."""
+    scheme = url.split(":", 1)[0].lower() if "://" in url else ""
+    if kind is None and "=" in url and not scheme:
+        kind = "postgres"  # a libpq key=value string
+    if kind is None and scheme:
+        kind = _kind_of(scheme)
+    found = _kind(kind) if kind is not None else None
+    if found is None:
+        raise ValueError(f"no bridge engine for URL scheme {scheme!r} (redis://, rediss://, unix://, postgresql://)")
+    return found.factory(url, relay, dict(options or {}))
