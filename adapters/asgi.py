@@ -35,11 +35,11 @@ from shmbus.bus import Bus
 from shmbus.message import Message
 
 from .asgi_support import Receive, Scope, Send, encode_headers, lifespan, maybe_await, send_response, until_disconnect
-from .http import Client, MessageBusProtocol, Options, Poll, ProtocolError, Response
-from .http.client import Ending
-from .http.flow import Flow, ReadBody, RequestHead, advance, serve
+from .http import MessageBusProtocol, Options, Poll, ProtocolError, Response, Waiter
+from .http.flow import Flow, ReadBody, RequestHead, advance, request_flow
 from .http.options import bus_or_default
 from .http.protocol import null_lock
+from .http.waiter import Ending
 from .http.wire import CHUNKED_BODY_REFUSED
 from .looptap import LoopTap
 
@@ -60,7 +60,7 @@ class _Wait:
         self.expired = False
 
 
-def _wake(c: Client) -> None:
+def _wake(c: Waiter) -> None:
     w: _Wait = c.signal
     if c.dropped and w.sending and w.task is not None:
         w.task.cancel()  # stuck in send() to a client that does not read
@@ -69,7 +69,7 @@ def _wake(c: Client) -> None:
         w.fut.set_result(None)
 
 
-def _expire(c: Client) -> None:
+def _expire(c: Waiter) -> None:
     w: _Wait = c.signal
     w.expired = True
     if not w.fut.done():
@@ -274,14 +274,14 @@ class MessageBusMiddleware:
         loop = eng.loop
         wait = _Wait(loop.create_future(), asyncio.current_task())
         try:
-            poll = await self._run(serve(proto, head, waker=_wake, signal=wait), scope, receive, headers)
+            poll = await self._run(request_flow(proto, head, waker=_wake, signal=wait), scope, receive, headers)
         except _Disconnected:
             return
         if poll.mode == "immediate":
             assert poll.response is not None
             await _send(send, poll.response)
             return
-        c = poll.client
+        c = poll.waiter
         assert c is not None
         timer = loop.call_later(opts.long_polling_interval, _expire, c)
         receiver = asyncio.ensure_future(until_disconnect(receive))
@@ -336,7 +336,7 @@ class _Disconnected(Exception):
     pass
 
 
-def _disconnected(c: Client) -> None:
+def _disconnected(c: Waiter) -> None:
     if not c.done:
         c.end(Ending.DROPPED)
         w: _Wait = c.signal

@@ -59,9 +59,9 @@ from shmbus.bus import Bus
 from shmbus.message import Message
 
 from .http import MessageBusProtocol, Options, ProtocolError, Response
-from .http.client import Ending
-from .http.flow import RequestHead, run_sync, serve
+from .http.flow import RequestHead, request_flow, run_sync
 from .http.options import bus_or_default
+from .http.waiter import Ending
 from .http.wire import CHUNKED_BODY_REFUSED, status_line
 
 log = logging.getLogger("shmbus.adapters")
@@ -322,14 +322,14 @@ class MessageBusMiddleware:
             override_seq=environ.get("message_bus.seq"),
         )
         poll = run_sync(
-            serve(proto, head, can_park=can_park, waker=_release, signal=signal),
+            request_flow(proto, head, can_park=can_park, waker=_release, signal=signal),
             lambda: self._read_body(environ),
             lambda step: step.fn(environ, *step.args),
         )
         if poll.mode == "immediate":
             assert poll.response is not None
             return _send(start_response, poll.response)
-        c = poll.client
+        c = poll.waiter
         assert c is not None
         sock = environ.get("gunicorn.socket")
         deadline = time.monotonic() + opts.long_polling_interval

@@ -14,7 +14,7 @@ from typing import Any
 import e2e_app
 
 from shmbus.adapters import asgi
-from shmbus.adapters.http import Client, MessageBusProtocol, Poll
+from shmbus.adapters.http import MessageBusProtocol, Poll, Waiter
 
 _entries: dict[int, dict[str, Any]] = {}
 
@@ -31,8 +31,8 @@ class LoggingProtocol(MessageBusProtocol):
             e2e_app._note_body(entry, poll.response.body)
             self._end(entry)
         else:
-            assert poll.client is not None
-            _entries[id(poll.client)] = entry
+            assert poll.waiter is not None
+            _entries[id(poll.waiter)] = entry
             e2e_app._note_body(entry, poll.first_chunk)
         return poll
 
@@ -41,13 +41,13 @@ class LoggingProtocol(MessageBusProtocol):
             entry["t1"] = time.monotonic()
             e2e_app.log(entry)
 
-    def stream_chunks(self, c: Client) -> list[bytes]:
+    def stream_chunks(self, c: Waiter) -> list[bytes]:
         chunks = super().stream_chunks(c)
         if chunks and id(c) in _entries:
             e2e_app._note_body(_entries[id(c)], b"".join(chunks))
         return chunks
 
-    def stream_end(self, c: Client) -> list[bytes]:
+    def stream_end(self, c: Waiter) -> list[bytes]:
         end = super().stream_end(c)
         entry = _entries.pop(id(c), None)
         if entry is not None:
@@ -55,7 +55,7 @@ class LoggingProtocol(MessageBusProtocol):
         self._end(entry)
         return end
 
-    def long_poll_response(self, c: Client) -> bytes:
+    def long_poll_response(self, c: Waiter) -> bytes:
         body = super().long_poll_response(c)
         entry = _entries.pop(id(c), None)
         if entry is not None:
@@ -63,7 +63,7 @@ class LoggingProtocol(MessageBusProtocol):
         self._end(entry)
         return body
 
-    def abandon(self, c: Client) -> None:
+    def abandon(self, c: Waiter) -> None:
         super().abandon(c)
         entry = _entries.pop(id(c), None)
         if entry is not None and not entry["ctype"].startswith("text/plain"):

@@ -28,8 +28,9 @@ from wire import poll, request
 
 from shmbus import Bus
 from shmbus.adapters.asgi import MessageBusMiddleware
-from shmbus.adapters.server import Limits, Server, connection, parser
+from shmbus.adapters.server import Limits, Server, parser, reader
 from shmbus.adapters.server.connection import HttpConnection
+from shmbus.adapters.server.serve import connection_factory
 
 LIMITS = Limits(header_timeout=5, body_timeout=7, max_pipeline_bytes=4096, linger=2, max_body_size=1000)
 LONG_POLL = 30.0  # the middleware's long_polling_interval here
@@ -101,7 +102,7 @@ def make_rig(
     root = mw if mw is not None else (app if with_app else None)
     srv = Server(root, cast(asyncio.AbstractEventLoop, loop), limits=limits)
     t = FakeTransport(loop, **transport)
-    conn = t.connect(srv.protocol_factory())
+    conn = t.connect(connection_factory(srv)())
     return Rig(loop, srv, t, conn, app)
 
 
@@ -119,9 +120,9 @@ def in_loop(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]
 def parser_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """The connection's parser, as ``SHMBUS_SERVER_PARSER`` would choose it at import."""
     if request.param == "pure":
-        monkeypatch.setattr(connection, "Parser", parser.HttpRequestParser)
-        monkeypatch.setattr(connection, "ParserError", parser.HttpParserError)
-        monkeypatch.setattr(connection, "ParserUpgrade", parser.HttpParserUpgrade)
+        monkeypatch.setattr(reader, "Parser", parser.HttpRequestParser)
+        monkeypatch.setattr(reader, "ParserError", parser.HttpParserError)
+        monkeypatch.setattr(reader, "ParserUpgrade", parser.HttpParserUpgrade)
     elif os.environ.get("SHMBUS_SERVER_PARSER") == "pure":
         pytest.skip("SHMBUS_SERVER_PARSER=pure: the server was imported without httptools")
     elif parser.PARSER != "httptools":
@@ -361,16 +362,17 @@ async def test_a_parked_long_poll_is_answered_by_a_publish(
     timers = len(r.loop.pending())  # the server's tick
     r.send(poll("c1", {"/x": shared_bus.last_id("/x")}))
     await r.settle()
-    assert r.t.take() == b"" and r.conn.client is not None, "the poll did not park"
+    parked = r.conn.parked
+    assert r.t.take() == b"" and parked is not None and parked.waiter is not None, "the poll did not park"
     # a 30 s interval is ended by the server's 1 s clock (COARSE_EXPIRY): a deadline on the connection, no timer
     assert len(r.loop.pending()) == timers, "a timer per parked poll (long intervals are ended by the clock)"
-    assert r.conn.expires == pytest.approx(r.loop.time() + LONG_POLL), "no long_polling_interval deadline"
+    assert parked.expires == pytest.approx(r.loop.time() + LONG_POLL), "no long_polling_interval deadline"
     shared_bus.publish("/x", {"n": 1})
     await delivered(lambda: bool(r.t.out))
     [got] = r.answers()
     assert got.status == 200 and [m["data"] for m in json.loads(got.body)] == [{"n": 1}]
-    assert r.conn.client is None and r.conn.timer is None
-    assert r.conn.expires == 0.0, "the poll's deadline was left set"
+    assert r.conn.parked is None and parked.waiter is None and parked.timer is None
+    assert parked.expires == 0.0, "the poll's deadline was left set"
     assert len(r.loop.pending()) == timers
     r.send(request("GET", "/next"))  # the connection is reusable
     await r.settle()
@@ -423,26 +425,26 @@ class HeadOf:
 
 
 def begin(r: Rig, url: list[bytes], headers: list[tuple[bytes, bytes]], head: HeadOf | None = None) -> None:
-    r.conn.parser = head or HeadOf()
-    r.conn.on_message_begin()
+    r.conn.reader.parser = head or HeadOf()
+    r.conn.reader.on_message_begin()
     for piece in url:
-        r.conn.on_url(piece)
+        r.conn.reader.on_url(piece)
     for name, value in headers:
-        r.conn.on_header(name, value)
+        r.conn.reader.on_header(name, value)
 
 
 def test_callbacks_build_the_request_from_pieces() -> None:
     r = make_rig(with_app=False)
     r.loop.advance(0.5)  # a tick at a whole second only: the deadline counts from the server's coarse clock
     begin(r, [b"/a%20", b"b?x=1", b"#frag"], [(b"Host", b"h"), (b"X-Y", b"z")], HeadOf(b"DELETE", "1.0", keep=False))
-    req = r.conn.req
+    req = r.conn.reader.req
     assert req is not None and r.conn.idle == 0.0
     assert (r.conn.deadline, r.conn.phase) == (r.srv.now + LIMITS.header_timeout, "request head")
     assert req.url == b"/a%20b?x=1#frag" and req.headers == [(b"host", b"h"), (b"x-y", b"z")]
-    r.conn.on_headers_complete()
+    r.conn.reader.on_headers_complete()
     assert (req.method, req.version, req.path, req.raw_path, req.query) == ("DELETE", "1.0", "/a b", b"/a%20b", b"x=1")
     assert req.head_done and r.conn.phase == "request body"
-    r.conn.on_message_complete()
+    r.conn.reader.on_message_complete()
     [got] = r.answers()
     assert got.status == 404 and "connection" not in got.headers  # HTTP/1.0 closes by default
     assert r.t.eof_written
@@ -452,18 +454,18 @@ def test_callbacks_refuse_a_head_over_the_limit_as_headers_arrive() -> None:
     r = make_rig(limits=Limits(max_head_size=100))
     begin(r, [b"/x"], [(b"a", b"1" * 40)])
     assert r.t.take() == b""
-    r.conn.on_header(b"b", b"2" * 60)
+    r.conn.reader.on_header(b"b", b"2" * 60)
     [got] = r.answers()
     assert (got.status, got.body) == (431, b"request head too large")
-    r.conn.on_header(b"c", b"3")  # after the refusal the callbacks ignore the rest
-    r.conn.on_body(b"ignored")
-    assert r.conn.req is None and r.t.take() == b""
+    r.conn.reader.on_header(b"c", b"3")  # after the refusal the callbacks ignore the rest
+    r.conn.reader.on_body(b"ignored")
+    assert r.conn.reader.req is None and r.t.take() == b""
 
 
 def test_callbacks_refuse_an_unsupported_expect() -> None:
     r = make_rig(with_app=False)
     begin(r, [b"/x"], [(b"expect", b"something-else")])
-    r.conn.on_headers_complete()
+    r.conn.reader.on_headers_complete()
     [got] = r.answers()
     assert (got.status, got.body) == (417, b"unsupported Expect")
 
@@ -471,7 +473,7 @@ def test_callbacks_refuse_an_unsupported_expect() -> None:
 def test_callbacks_refuse_a_declared_body_over_max_body_size_before_reading_it() -> None:
     r = make_rig(with_app=False)
     begin(r, [b"/up"], [(b"content-length", b"%d" % (LIMITS.max_body_size + 1))], HeadOf(b"POST"))
-    r.conn.on_headers_complete()
+    r.conn.reader.on_headers_complete()
     [got] = r.answers()
     assert (got.status, got.body) == (413, b"request body too large (limit 1000 bytes)")
     assert r.t.eof_written and r.conn.queue is None
@@ -481,12 +483,12 @@ def test_callbacks_refuse_a_declared_body_over_max_body_size_before_reading_it()
 async def test_callbacks_refuse_a_body_that_grows_over_max_body_size() -> None:
     r = make_rig()
     begin(r, [b"/up"], [(b"transfer-encoding", b"chunked")], HeadOf(b"POST"))
-    r.conn.on_headers_complete()
+    r.conn.reader.on_headers_complete()
     await r.settle()
-    r.conn.on_body(b"a" * 600)
+    r.conn.reader.on_body(b"a" * 600)
     await r.settle()
     assert r.t.take() == b""
-    r.conn.on_body(b"b" * 600)
+    r.conn.reader.on_body(b"b" * 600)
     await r.settle()
     [got] = r.answers()
     assert (got.status, got.body) == (413, b"request body too large (limit 1000 bytes)")
@@ -506,11 +508,12 @@ async def test_a_stream_holds_messages_while_the_transport_is_paused_and_sends_t
     await delivered(lambda: r.t.writing_paused)
     assert b'"data":"' + b"a" * 400 in r.t.take()
     shared_bus.publish("/x", "second")
-    client = r.conn.client
+    assert r.conn.parked is not None
+    client = r.conn.parked.waiter
     assert client is not None
     await delivered(lambda: bool(client.pending))  # queued for the client, not written
     await r.settle()
     assert r.t.take() == b"" and r.t.writes_while_paused == 0
     r.t.flush()  # the peer reads: resume_writing sends what was held
     assert b'"data":"second"' in r.t.take() and r.t.events == ["pause_writing", "resume_writing"]
-    assert r.conn.client is client, "the stream should stay open"
+    assert r.conn.parked is not None and r.conn.parked.waiter is client, "the stream should stay open"
