@@ -5,143 +5,26 @@ connection's own behaviour byte for byte and without sleeping: pipelining order,
 head/body deadlines, lingering close, read and write flow control, a parked long poll woken by a publish (a real
 Bus), malformed requests, and the parser callbacks called one by one. Every connection here runs on
 :class:`~mock_transport.FakeLoop` (timers fire only when the test moves the clock); ASGI app tasks run on the
-real loop of :func:`in_loop`. ``parser_kind`` runs each test with httptools and with the built-in parser.
+real loop of :func:`rig.in_loop`. ``parser_kind`` runs each test with httptools and with the built-in parser.
+The rig is tests/server/rig.py; the connection's parts one by one are in test_connection_parts.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import json
-import os
-from collections.abc import Callable, Coroutine, Iterator
-from dataclasses import dataclass
-from typing import Any, cast
 
 import pytest
-from harness import skip_or_fail
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from mock_transport import FakeLoop, FakeTransport, Response, responses, without_date
+from mock_transport import responses, without_date
+from rig import LIMITS, LONG_POLL, Rig, delivered, echo, in_loop, make_rig
 from wire import poll, request
 
 from shmbus import Bus
 from shmbus.adapters.asgi import MessageBusMiddleware
-from shmbus.adapters.server import Limits, Server, parser, reader
-from shmbus.adapters.server.connection import HttpConnection
-from shmbus.adapters.server.serve import connection_factory
-
-LIMITS = Limits(header_timeout=5, body_timeout=7, max_pipeline_bytes=4096, linger=2, max_body_size=1000)
-LONG_POLL = 30.0  # the middleware's long_polling_interval here
-
-
-# ---------------------------------------------------------------------------------------------------- rig
-class EchoApp:
-    """``/gate``: waits until :meth:`open`; ``/chunks?n=N``: N 1 KiB pieces, no length; else echoes
-    ``METHOD path body``."""
-
-    def __init__(self) -> None:
-        self.gate: asyncio.Event | None = None
-        self.seen: list[str] = []
-
-    def open(self) -> None:
-        assert self.gate is not None, "no request waits at the gate"
-        self.gate.set()
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        path = scope["path"]
-        self.seen.append(path)
-        if path == "/gate":
-            self.gate = self.gate or asyncio.Event()
-            await self.gate.wait()
-        body = b""
-        while True:
-            msg = await receive()
-            body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
-        if path == "/chunks":
-            n = int(scope["query_string"].decode().partition("=")[2])
-            await send({"type": "http.response.start", "status": 200, "headers": []})
-            for i in range(n):
-                await send({"type": "http.response.body", "body": b"%04d" % i + b"x" * 1020, "more_body": True})
-            await send({"type": "http.response.body", "body": b""})
-            return
-        out = b"%s %s %s" % (scope["method"].encode(), path.encode(), body)
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(out))]})
-        await send({"type": "http.response.body", "body": out})
-
-
-@dataclass
-class Rig:
-    loop: FakeLoop
-    srv: Server
-    t: FakeTransport
-    conn: HttpConnection
-    app: EchoApp
-
-    def send(self, data: bytes) -> None:
-        self.t.receive(data)
-
-    async def settle(self) -> None:
-        await self.loop.settle()
-
-    def answers(self) -> list[Response]:
-        return responses(self.t.take())
-
-
-def make_rig(
-    mw: MessageBusMiddleware | None = None, limits: Limits = LIMITS, with_app: bool = True, **transport: Any
-) -> Rig:
-    """A connection on a fresh server: ``mw`` for the bus routes, ``with_app=False`` for none (every other
-    request gets 404 synchronously, so a test needs no running loop)."""
-    loop = FakeLoop()
-    app = mw.app if mw is not None else EchoApp()
-    assert isinstance(app, EchoApp)
-    root = mw if mw is not None else (app if with_app else None)
-    srv = Server(root, cast(asyncio.AbstractEventLoop, loop), limits=limits)
-    t = FakeTransport(loop, **transport)
-    conn = t.connect(connection_factory(srv)())
-    return Rig(loop, srv, t, conn, app)
-
-
-def in_loop(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
-    """Run an async test on a fresh real loop (for ASGI tasks and the bus tap); 60 s bound against hangs."""
-
-    @functools.wraps(fn)
-    def run(*args: Any, **kwargs: Any) -> None:
-        asyncio.run(asyncio.wait_for(fn(*args, **kwargs), 60))
-
-    return run
-
-
-@pytest.fixture(params=["httptools", "pure"])
-def parser_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The connection's parser, as ``SHMBUS_SERVER_PARSER`` would choose it at import."""
-    if request.param == "pure":
-        monkeypatch.setattr(reader, "Parser", parser.HttpRequestParser)
-        monkeypatch.setattr(reader, "ParserError", parser.HttpParserError)
-        monkeypatch.setattr(reader, "ParserUpgrade", parser.HttpParserUpgrade)
-    elif os.environ.get("SHMBUS_SERVER_PARSER") == "pure":
-        pytest.skip("SHMBUS_SERVER_PARSER=pure: the server was imported without httptools")
-    elif parser.PARSER != "httptools":
-        skip_or_fail("httptools is not installed (the web extra)")
-    return cast(str, request.param)
-
-
-@pytest.fixture
-def mw(shared_bus: Bus) -> Iterator[MessageBusMiddleware]:
-    """The middleware on this test's own bus (tests/server/conftest.py), its tap closed at the end."""
-    m = MessageBusMiddleware(EchoApp(), bus=shared_bus, long_polling_interval=LONG_POLL)
-    try:
-        yield m
-    finally:
-        m.close()
-
-
-def echo(method: str, path: str, body: bytes = b"") -> bytes:
-    return b"%s %s %s" % (method.encode(), path.encode(), body)
+from shmbus.adapters.server import Limits
 
 
 # ---------------------------------------------------------------------------------------------------- pipelining
@@ -345,15 +228,6 @@ async def test_a_response_waits_while_the_transport_is_over_its_high_water_mark(
 
 
 # ---------------------------------------------------------------------------------------------------- the bus
-async def delivered(check: Callable[[], bool]) -> None:
-    """Wait (bounded, never timed) until ``check()``: the bus's listener thread hands batches to the real loop."""
-    for _ in range(1000):
-        if check():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the published message never reached the connection")
-
-
 @in_loop
 async def test_a_parked_long_poll_is_answered_by_a_publish(
     parser_kind: str, mw: MessageBusMiddleware, shared_bus: Bus
