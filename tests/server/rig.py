@@ -38,12 +38,10 @@ class EchoApp:
         if path == "/gate":
             self.gate = self.gate or asyncio.Event()
             await self.gate.wait()
-        body = b""
-        while True:
+        body, more = b"", True
+        while more:  # to the end of the body (or a disconnect)
             msg = await receive()
-            body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+            body, more = body + msg.get("body", b""), bool(msg.get("more_body"))
         if path == "/chunks":
             n = int(scope["query_string"].decode().partition("=")[2])
             await send({"type": "http.response.start", "status": 200, "headers": []})
