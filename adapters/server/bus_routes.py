@@ -174,7 +174,7 @@ class BusRoutes:
         if interval >= COARSE_EXPIRY:
             parked.expires = srv.loop.time() + interval
         else:
-            parked.timer = srv.loop.call_later(interval, parked.expire)
+            parked.timer = srv.loop.call_later(interval, parked.timer_fired)
 
 
 class ParkedPoll:
@@ -218,9 +218,12 @@ class ParkedPoll:
                 data = b"".join(chunks)
                 self.conn.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
 
+    def timer_fired(self) -> None:
+        self.timer = None
+        self.expire()
+
     def expire(self) -> None:
         """Its interval passed (or the server stops): answer it with what it has."""
-        self.timer = None
         w = self.waiter
         if w is None:
             return

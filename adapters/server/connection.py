@@ -242,10 +242,9 @@ class HttpConnection(asyncio.Protocol):
                 self.transport.abort()  # the client neither read the response nor closed: enough
             return
         parked = self.parked
-        if parked is not None:
-            if parked.expires and now >= parked.expires:  # its long_polling_interval (see COARSE_EXPIRY)
-                parked.expires = 0.0
-                parked.expire()
+        if parked is not None and parked.expires and now >= parked.expires:  # see COARSE_EXPIRY
+            parked.expires = 0.0
+            parked.expire()
             return
         if self.idle:
             self._idle_expired(idle_cutoff)

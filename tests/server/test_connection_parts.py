@@ -4,7 +4,8 @@ The :class:`~shmbus.adapters.server.reader.RequestReader` against a recording ow
 events a connection gets), and the connection's paths the whole-request tests of test_inprocess.py pass by:
 reading paused while an app leaves its body unread (and no deadline while paused), the idle clock against a head
 that has begun, a half-closed client's pipelined requests, a close without half-close, a parked poll unregistered
-when its client goes away and answered at once when the server stops.
+when its client goes away and answered at once when the server stops, and a slow head behind a parked poll that
+still meets its deadline.
 """
 
 from __future__ import annotations
@@ -218,3 +219,16 @@ async def test_a_parked_poll_is_answered_at_once_when_the_server_stops(
     [got] = r.answers()
     assert got.status == 200 and got.body == b"[]" and got.headers["connection"] == "close"
     assert r.conn.parked is None and r.t.eof_written
+
+
+@in_loop
+async def test_a_slow_head_behind_a_parked_poll_still_meets_its_deadline(
+    parser_kind: str, mw: MessageBusMiddleware, shared_bus: Bus
+) -> None:
+    r = make_rig(mw)
+    r.send(poll("c1", {"/x": shared_bus.last_id("/x")}) + b"GET /b HTTP/1.1\r\n")  # a head that never ends
+    await r.settle()
+    assert r.conn.parked is not None
+    r.loop.advance(LIMITS.header_timeout + 1.5)  # long before the poll's own 30 s
+    assert r.t.eof_written, "the parked poll shielded a slow head from its deadline"
+    assert r.conn.parked is None and "c1" not in r.srv.proto.registry.by_id
