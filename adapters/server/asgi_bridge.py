@@ -39,9 +39,8 @@ class BridgeConnection(Protocol):
     @property
     def srv(self) -> Server: ...
 
-    @property
-    def paused_w(self) -> bool:
-        """The transport is over its high-water mark: ``send`` waits for :meth:`Cycle.writable`."""
+    def write_paused(self) -> bool:
+        """The open transport is over its high-water mark: ``send`` waits for :meth:`Cycle.writable`."""
 
     def write(self, data: bytes) -> None: ...
 
@@ -209,7 +208,7 @@ class Cycle:
             if self.left:  # shorter than announced: the connection cannot be reused
                 self.keep = False
             self.finish()
-        elif self.conn.paused_w and not self.gone:
+        elif not self.gone and self.conn.write_paused():
             if self.drain_fut is None:
                 self.drain_fut = asyncio.get_running_loop().create_future()
             await self.drain_fut

@@ -346,6 +346,9 @@ class HttpConnection(asyncio.Protocol):
         if not self.transport.is_closing():
             self.transport.write(data)
 
+    def write_paused(self) -> bool:
+        return self.paused_w and not self.transport.is_closing()
+
     def scope(self, req: Request) -> MutableMapping[str, Any]:
         """The ASGI scope of ``req`` (for the bridge, and for the middleware's lookups)."""
         return asgi_scope(req, self.transport, self.srv.state)
