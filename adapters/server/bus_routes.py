@@ -53,8 +53,10 @@ class BusConnection(Protocol):
 
 
 def _wake(w: Waiter) -> None:
-    """The core's waker: the parked poll that registered ``w`` is its ``signal``."""
-    w.signal.woken(w)
+    """The core's waker: ``w.signal`` is the connection, whose parked poll (once the flow has returned) is ``w``'s."""
+    parked = w.signal.parked
+    if parked is not None:
+        parked.woken(w)
 
 
 class BusRoutes:
@@ -124,10 +126,9 @@ class BusRoutes:
                 scope = conn.scope(req)
             return srv.lookup(step.fn, scope, *step.args)
 
-        parked = ParkedPoll(self, conn, req)
         try:
             poll = run_sync(
-                request_flow(srv.proto, head, waker=_wake, signal=parked),
+                request_flow(srv.proto, head, waker=_wake, signal=conn),
                 lambda: self._request_body(req),
                 call_lookup,
             )
@@ -145,8 +146,7 @@ class BusRoutes:
             return
         w = poll.waiter
         assert w is not None
-        parked.waiter = w
-        conn.parked = parked
+        parked = conn.parked = ParkedPoll(self, conn, req, w)
         req.headers = _EMPTY_HEADERS  # a parked request keeps only what its end needs (method, version, keep)
         req.body = []
         req.url = req.raw_path = req.query = b""
@@ -184,11 +184,11 @@ class ParkedPoll:
 
     __slots__ = ("conn", "expires", "head", "req", "routes", "timer", "waiter")
 
-    def __init__(self, routes: BusRoutes, conn: BusConnection, req: Request) -> None:
+    def __init__(self, routes: BusRoutes, conn: BusConnection, req: Request, waiter: Waiter) -> None:
         self.routes = routes
         self.conn = conn
         self.req = req
-        self.waiter: Waiter | None = None
+        self.waiter: Waiter | None = waiter  # None once it has ended
         self.head: bytes | None = None  # a long poll's response head (None: the common one)
         self.timer: asyncio.TimerHandle | None = None  # its interval, when shorter than COARSE_EXPIRY
         self.expires = 0.0  # its end (loop time; 0: none): the server's 1 s clock ends it
