@@ -37,7 +37,7 @@ _GROUP_SETS: dict[frozenset[Any], frozenset[Any]] = {}
 def _shared_groups(groups: frozenset[Any]) -> frozenset[Any]:
     """One frozenset object per distinct group set (bounded): many clients have the same groups, and each parked
     one would otherwise hold its own copy (~200 bytes); a shared one also hashes once (visibility classes)."""
-    return intern_bounded(_GROUP_SETS, groups, 10_000)
+    return _GROUP_SETS.get(groups) or intern_bounded(_GROUP_SETS, groups, 10_000)  # a hit costs no call
 
 
 # ---------------------------------------------------------------------------------------------------- polls

@@ -195,8 +195,9 @@ class HttpConnection(asyncio.Protocol):
     def head_ready(self, req: Request) -> None:
         self._arm_deadline("request body")
         if self.queue is None:
-            self.queue = []
-        self.queue.append(req)
+            self.queue = [req]
+        else:
+            self.queue.append(req)
         self._pump()
 
     def upgraded(self) -> None:  # served as plain HTTP; nothing after it is read
@@ -221,7 +222,7 @@ class HttpConnection(asyncio.Protocol):
                     self.routes.answer(self, req)
             elif req.cycle is not None:
                 req.cycle.notify()
-        if self._between_requests():
+        if self.cur is None and self.reader.req is None and not self.queue:  # nothing answered, read or waiting
             self._arm_idle()
 
     # ------------------------------------------------------------------ the clock: deadlines, idle, linger
@@ -230,8 +231,9 @@ class HttpConnection(asyncio.Protocol):
         return limits.body_timeout if self.phase == "request body" else limits.header_timeout
 
     def _arm_deadline(self, phase: str) -> None:
+        limits = self.srv.limits  # (no call to _deadline_limit: twice per request)
         self.phase = phase
-        self.deadline = self.srv.now + self._deadline_limit()
+        self.deadline = self.srv.now + (limits.body_timeout if phase == "request body" else limits.header_timeout)
 
     def tick(self, now: float, idle_cutoff: float) -> None:
         """The server's clock, once a second: parked polls' ends, idle keep-alive, head and body deadlines,
@@ -256,12 +258,8 @@ class HttpConnection(asyncio.Protocol):
         if not self.idle:
             self.idle = self.srv.now  # no timer per request: the server's 1 s tick closes expired idle ones
 
-    def _between_requests(self) -> bool:
-        """Nothing being answered, read or waiting its turn."""
-        return self.cur is None and self.reader.req is None and not self.queue
-
     def _idle_expired(self, cutoff: float) -> None:
-        if self.idle <= cutoff and self._between_requests() and not self.closing:
+        if self.idle <= cutoff and self.cur is None and self.reader.req is None and not self.queue and not self.closing:
             self.closing = True
             self.transport.close()
 
@@ -323,7 +321,7 @@ class HttpConnection(asyncio.Protocol):
         if not self._must_hold():
             self._feed_inbox()  # what was held while this one was answered (the next request's body, too)
         self._update_reading()
-        if self._between_requests() and not self.inbox and not self.closing:
+        if self.cur is None and self.reader.req is None and not self.queue and not self.inbox and not self.closing:
             if self.eof:
                 self._linger_close()
             else:
