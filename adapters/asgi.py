@@ -45,11 +45,11 @@ from .asgi_support import (
     send_whole,
     until_disconnect,
 )
-from .http import Client, MessageBusProtocol, Options, Poll, ProtocolError
-from .http.client import Ending
-from .http.flow import Flow, ReadBody, RequestHead, advance, serve
+from .http import MessageBusProtocol, Options, Poll, ProtocolError, Waiter
+from .http.flow import Flow, ReadBody, RequestHead, advance, request_flow
 from .http.options import bus_or_default
 from .http.protocol import null_lock
+from .http.waiter import Ending
 from .http.wire import CHUNKED_BODY_REFUSED
 from .looptap import LoopTap
 
@@ -68,7 +68,7 @@ class _Wait:
         self.expired = False
 
 
-def _wake(c: Client) -> None:
+def _wake(c: Waiter) -> None:
     w: _Wait = c.signal
     if c.dropped and w.sending and w.task is not None:
         w.task.cancel()  # stuck in send() to a client that does not read
@@ -77,7 +77,7 @@ def _wake(c: Client) -> None:
         w.fut.set_result(None)
 
 
-def _expire(c: Client) -> None:
+def _expire(c: Waiter) -> None:
     w: _Wait = c.signal
     w.expired = True
     if not w.fut.done():
@@ -289,7 +289,7 @@ class MessageBusMiddleware:
         loop = fanout.loop
         wait = _Wait(loop.create_future(), asyncio.current_task())
         try:
-            poll = await self._run(serve(proto, head, waker=_wake, signal=wait), scope, receive, headers)
+            poll = await self._run(request_flow(proto, head, waker=_wake, signal=wait), scope, receive, headers)
         except _Disconnected:
             return
         if poll.mode == "immediate":
@@ -297,7 +297,7 @@ class MessageBusMiddleware:
             resp = poll.response
             await send_whole(send, resp.status, resp.headers, resp.body)
             return
-        c = poll.client
+        c = poll.waiter
         assert c is not None
         timer = loop.call_later(opts.long_polling_interval, _expire, c)
         receiver = asyncio.ensure_future(until_disconnect(receive))
@@ -352,7 +352,7 @@ class _Disconnected(Exception):
     pass
 
 
-def _disconnected(c: Client) -> None:
+def _disconnected(c: Waiter) -> None:
     if not c.done:
         c.end(Ending.DROPPED)
         w: _Wait = c.signal

@@ -55,9 +55,9 @@ from shmbus.bus import Bus
 from shmbus.message import Message
 
 from .http import MessageBusProtocol, Options, ProtocolError
-from .http.client import Ending
-from .http.flow import RequestHead, run_sync, serve
+from .http.flow import RequestHead, request_flow, run_sync
 from .http.options import bus_or_default
+from .http.waiter import Ending
 from .http.wire import CHUNKED_BODY_REFUSED
 from .looptap import ProcessTap
 from .wsgi_support import (
@@ -228,7 +228,7 @@ class MessageBusMiddleware:
             override_seq=environ.get("message_bus.seq"),
         )
         poll = run_sync(
-            serve(proto, head, can_park=can_park, waker=_release, signal=signal),
+            request_flow(proto, head, can_park=can_park, waker=_release, signal=signal),
             lambda: self._read_body(environ),
             lambda step: step.fn(environ, *step.args),
         )
@@ -236,7 +236,7 @@ class MessageBusMiddleware:
             assert poll.response is not None
             resp = poll.response
             return start_whole(start_response, resp.status, resp.headers, resp.body)
-        c = poll.client
+        c = poll.waiter
         assert c is not None
         sock = environ.get("gunicorn.socket")
         deadline = time.monotonic() + opts.long_polling_interval

@@ -3,8 +3,9 @@
 In the style of h11, this package only turns request data into decisions and bytes; the shells
 (:mod:`shmbus.adapters.wsgi`, :mod:`shmbus.adapters.asgi` and the lean server :mod:`shmbus.adapters.server`)
 read bodies, call lookups, wait and write. Modules: ``wire`` (limits, headers, framing), ``options`` (options and
-routes), ``request`` (poll parsing), ``client`` (a waiting request), ``registry`` (delivery to waiting requests),
-``protocol`` (backlog reads and the ends of polls) and ``flow`` (the one sequence every request follows).
+routes), ``request`` (poll parsing), ``waiter`` (a waiting request), ``interning`` (one shared copy of common
+values), ``registry`` (delivery to waiting requests), ``protocol`` (backlog reads and the ends of polls) and
+``flow`` (the one sequence every request follows).
 
 Wire behaviour (written out in docs/protocol.md): ``POST <base_route>message-bus/<client_id>/poll`` with a JSON or
 form body mapping channel -> last seen id plus ``__seq``; ``?dlp=t`` disables long polling; a ``Dont-Chunk``
@@ -35,11 +36,11 @@ Deliberate differences from the gem (its bugs, fixed):
 
 from __future__ import annotations
 
-from .client import Client, Lookups
-from .flow import CallLookup, ReadBody, RequestHead, serve
+from .flow import CallLookup, ReadBody, RequestHead, request_flow
 from .options import Options, Route, match_route, normalize_base_route
 from .protocol import MessageBusProtocol, Poll
 from .request import PollRequest, parse_body, poll_request
+from .waiter import Lookups, Waiter
 from .wire import (
     BASE_HEADERS,
     JSON_CONTENT_TYPE,
@@ -70,7 +71,7 @@ __all__ = [
     "STREAM_CONTENT_TYPE",
     "STREAM_HEADERS",
     "CallLookup",
-    "Client",
+    "Waiter",
     "Lookups",
     "MessageBusProtocol",
     "Options",
@@ -88,5 +89,5 @@ __all__ = [
     "normalize_base_route",
     "parse_body",
     "poll_request",
-    "serve",
+    "request_flow",
 ]

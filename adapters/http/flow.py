@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .assets import asset_response
-from .client import Lookups
 from .protocol import MessageBusProtocol, Poll
 from .request import form_params, poll_request
+from .waiter import Lookups
 from .wire import ProtocolError, Response, triple_response
 
-__all__ = ["READ_BODY", "CallLookup", "Flow", "ReadBody", "RequestHead", "advance", "run_sync", "serve"]
+__all__ = ["READ_BODY", "CallLookup", "Flow", "ReadBody", "RequestHead", "advance", "request_flow", "run_sync"]
 
 log = logging.getLogger("shmbus.adapters")
 
@@ -76,7 +76,7 @@ class CallLookup:
 Flow = Generator["ReadBody | CallLookup", Any, Poll]
 
 
-def serve(
+def request_flow(
     proto: MessageBusProtocol,
     head: RequestHead,
     *,

@@ -11,10 +11,11 @@ from typing import Any, Literal
 from shmbus.bus import Bus
 from shmbus.message import Message
 
-from .client import Client, Ending, Lookups, filter_allows
+from .interning import intern_bounded
 from .options import Options, Route, match_route
 from .registry import Registry
 from .request import PollRequest, check_channel
+from .waiter import Ending, Lookups, Waiter, filter_allows
 from .wire import (
     BASE_HEADERS,
     EMPTY,
@@ -36,12 +37,7 @@ _GROUP_SETS: dict[frozenset[Any], frozenset[Any]] = {}
 def _shared_groups(groups: frozenset[Any]) -> frozenset[Any]:
     """One frozenset object per distinct group set (bounded): many clients have the same groups, and each parked
     one would otherwise hold its own copy (~200 bytes); a shared one also hashes once (visibility classes)."""
-    shared = _GROUP_SETS.get(groups)
-    if shared is None:
-        if len(_GROUP_SETS) >= 10_000:
-            _GROUP_SETS.clear()
-        shared = _GROUP_SETS[groups] = groups
-    return shared
+    return _GROUP_SETS.get(groups) or intern_bounded(_GROUP_SETS, groups, 10_000)  # a hit costs no call
 
 
 # ---------------------------------------------------------------------------------------------------- polls
@@ -53,25 +49,25 @@ PollMode = Literal["immediate", "long", "stream"]
 class Poll:
     """The outcome of starting a poll.
 
-    ``mode`` is ``"immediate"`` (send ``response`` and stop), ``"long"`` (wait for ``client`` to be woken or the
+    ``mode`` is ``"immediate"`` (send ``response`` and stop), ``"long"`` (wait for ``waiter`` to be woken or the
     interval to pass, then send :meth:`MessageBusProtocol.long_poll_response`) or ``"stream"`` (send ``headers``
     and ``first_chunk`` now, then :meth:`MessageBusProtocol.stream_chunks` whenever woken, and
     :meth:`MessageBusProtocol.stream_end` at the end).
     """
 
-    __slots__ = ("client", "first_chunk", "headers", "mode", "response")
+    __slots__ = ("first_chunk", "headers", "mode", "response", "waiter")
 
     def __init__(
         self,
         mode: PollMode,
         response: Response | None = None,
-        client: Client | None = None,
+        waiter: Waiter | None = None,
         headers: list[tuple[str, str]] | None = None,
         first_chunk: bytes = b"",
     ) -> None:
         self.mode = mode
         self.response = response
-        self.client = client
+        self.waiter = waiter
         self.headers = headers or []
         self.first_chunk = first_chunk
 
@@ -141,22 +137,22 @@ class MessageBusProtocol:
         extra: list[tuple[str, str]],
         *,
         can_park: bool = True,
-        waker: Callable[[Client], Any] | None = None,
+        waker: Callable[[Waiter], Any] | None = None,
         signal: Any = None,
     ) -> Poll:
         """Compute the reply to a poll; register the request when it will wait.
 
         ``can_park`` is the shell's verdict (e.g. False on a sync WSGI worker): when False the request is
-        answered at once, like ``dlp=t``. ``waker(client)`` is called when a waiting request has something
-        to send or must end (it may already have been called when this returns: check ``client.done`` and
-        ``client.pending`` before waiting); ``signal`` is stored on the client for the waker.
+        answered at once, like ``dlp=t``. ``waker(waiter)`` is called when a waiting request has something
+        to send or must end (it may already have been called when this returns: check ``waiter.done`` and
+        ``waiter.pending`` before waiting); ``signal`` is stored on the waiter for the waker.
         """
         opts = self.options
         reg = self.registry
         long_poll = can_park and opts.long_polling_enabled and not req.dlp and reg.parked < opts.max_active_clients
         streaming = long_poll and req.http11 and not req.dont_chunk and opts.chunked_encoding_enabled
         epoch = self.bus.epoch if long_poll else 0
-        c = Client(req.client_id, req.seq, lookups, req.channels, streaming, epoch, waker, signal)
+        c = Waiter(req.client_id, req.seq, lookups, req.channels, streaming, epoch, waker, signal)
         if long_poll:
             reg.capture(c)
         try:
@@ -182,16 +178,16 @@ class MessageBusProtocol:
             if streaming:  # the gem: one chunk (the backlog or []) and the terminator, no closing []
                 c.end(Ending.STALE)
                 return Poll(
-                    "stream", client=c, headers=STREAM_HEADERS + extra if extra else STREAM_HEADERS, first_chunk=first
+                    "stream", waiter=c, headers=STREAM_HEADERS + extra if extra else STREAM_HEADERS, first_chunk=first
                 )
             return Poll("immediate", Response(200, self.headers(extra), EMPTY))
         if streaming:
             return Poll(
-                "stream", client=c, headers=STREAM_HEADERS + extra if extra else STREAM_HEADERS, first_chunk=first
+                "stream", waiter=c, headers=STREAM_HEADERS + extra if extra else STREAM_HEADERS, first_chunk=first
             )
-        return Poll("long", client=c, headers=self.headers(extra))
+        return Poll("long", waiter=c, headers=self.headers(extra))
 
-    def wake(self, c: Client) -> None:
+    def wake(self, c: Waiter) -> None:
         w = c.waker
         if w is not None:
             try:
@@ -224,7 +220,7 @@ class MessageBusProtocol:
         if merged:
             self.dispatch(merged)
 
-    def read_backlog(self, c: Client, channels: Mapping[str, int | None]) -> tuple[list[bytes], dict[str, int]]:
+    def read_backlog(self, c: Waiter, channels: Mapping[str, int | None]) -> tuple[list[bytes], dict[str, int]]:
         """The gem's ``Client#backlog`` with its ``/__status`` rules; records per channel the last id covered."""
         items: list[bytes] = []
         status: dict[str, int] = {}
@@ -262,7 +258,7 @@ class MessageBusProtocol:
         return items, status
 
     # -- ends of waiting requests
-    def long_poll_response(self, c: Client) -> bytes:
+    def long_poll_response(self, c: Waiter) -> bytes:
         """Finish a long poll: the body to send (``[]`` on timeout)."""
         pending, st = self.registry.finish(c)
         if st is not None:
@@ -273,10 +269,10 @@ class MessageBusProtocol:
             return b"[" + pending[0] + b"]"
         return b"[" + b",".join(pending) + b"]"
 
-    def stream_chunks(self, c: Client) -> list[bytes]:
+    def stream_chunks(self, c: Waiter) -> list[bytes]:
         return self.registry.take(c)
 
-    def stream_end(self, c: Client) -> list[bytes]:
+    def stream_end(self, c: Waiter) -> list[bytes]:
         """Finish a stream: remaining chunks plus the closing chunk (``[]``, or the due ``/__status``)."""
         pending, st = self.registry.finish(c)
         if c.dropped:
@@ -286,7 +282,7 @@ class MessageBusProtocol:
         pending.append(frame_chunk(b"[" + st + b"]") if st is not None else EMPTY_CHUNK)
         return pending
 
-    def abandon(self, c: Client) -> None:
+    def abandon(self, c: Waiter) -> None:
         """The client went away: unregister at once."""
         self.registry.finish(c)
 

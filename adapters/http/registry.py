@@ -9,8 +9,8 @@ from typing import Any
 from shmbus.bus import Bus
 from shmbus.message import Message
 
-from .client import Client, Ending, filter_allows
 from .visibility import PRIVATE, Piece, Visibility
+from .waiter import Ending, Waiter, filter_allows
 from .wire import EMPTY_CHUNK, MAX_STREAM_BUFFER, encode_message, frame_chunk
 
 
@@ -43,7 +43,7 @@ class _Group:
             self.frame = frame_chunk(b"[" + self.shared_inner() + b"]")
         return self.frame
 
-    def piece_for(self, c: Client, ok: list[bool] | None) -> Piece | None:
+    def piece_for(self, c: Waiter, ok: list[bool] | None) -> Piece | None:
         """What ``c`` may see of every message here, computed once per visibility class (see
         :mod:`.visibility`) and shared by every client of the class; None when ``c`` needs its own."""
         vis = self.vis
@@ -75,8 +75,8 @@ class Registry:
     ) -> None:
         self.bus = bus
         self.lock: AbstractContextManager[Any] = lock if lock is not None else threading.Lock()
-        self.index: dict[tuple[str | None, str], set[Client]] = {}
-        self.by_id: dict[str, Client] = {}
+        self.index: dict[tuple[str | None, str], set[Waiter]] = {}
+        self.by_id: dict[str, Waiter] = {}
         self.parked = 0  # waiting requests, streams included (``max_active_clients`` counts both)
         self.streams = 0
         self.max_stream_buffer = max_stream_buffer
@@ -89,7 +89,7 @@ class Registry:
         return {"parked": self.parked - self.streams, "streams": self.streams}
 
     # -- registration
-    def capture(self, c: Client) -> None:
+    def capture(self, c: Waiter) -> None:
         """Start collecting live messages for ``c`` (before its backlog is read: closes the park race)."""
         with self.lock:
             index = self.index
@@ -101,7 +101,7 @@ class Registry:
                     s.add(c)
             c.registered = True
 
-    def _unindex(self, c: Client) -> None:
+    def _unindex(self, c: Waiter) -> None:
         if not c.registered:
             return
         c.registered = False
@@ -119,18 +119,18 @@ class Registry:
         if self.by_id.get(c.client_id) is c:
             del self.by_id[c.client_id]
 
-    def discard(self, c: Client) -> None:
+    def discard(self, c: Waiter) -> None:
         with self.lock:
             self._unindex(c)
 
-    def park(self, c: Client) -> tuple[bool, list[Client]]:
+    def park(self, c: Waiter) -> tuple[bool, list[Waiter]]:
         """Make ``c`` the parked request of its client id; deliver what arrived since capture.
 
         Returns ``(accepted, wake)``: ``accepted`` is False when a parked request with a higher ``__seq``
         exists (``c`` is then unregistered and should be answered with what it has); ``wake`` lists clients
         to wake (a superseded older request, and ``c`` itself if messages arrived meanwhile).
         """
-        wake: list[Client] = []
+        wake: list[Waiter] = []
         with self.lock:
             old = self.by_id.get(c.client_id)
             if old is not None and old is not c:
@@ -153,14 +153,14 @@ class Registry:
                     wake.append(c)
         return True, wake
 
-    def _deliver_held(self, c: Client, held: list[Message]) -> None:
+    def _deliver_held(self, c: Waiter, held: list[Message]) -> None:
         groups: dict[tuple[str | None, str], list[Message]] = {}
         for m in held:
             groups.setdefault((m.site_id, m.channel), []).append(m)
         for key, msgs in groups.items():
             self._deliver(c, key[1], _Group(msgs, self.is_json), self._filter_ok(msgs))
 
-    def finish(self, c: Client) -> tuple[list[bytes], bytes | None]:
+    def finish(self, c: Waiter) -> tuple[list[bytes], bytes | None]:
         """Unregister ``c`` (by identity) and take what it still has to send: ``(pending, status_entry)``."""
         with self.lock:
             self._unindex(c)
@@ -169,7 +169,7 @@ class Registry:
             c.bytes_pending = 0
             return pending, c.status_entry()
 
-    def take(self, c: Client) -> list[bytes]:
+    def take(self, c: Waiter) -> list[bytes]:
         """Streaming: take the queued chunks."""
         with self.lock:
             pending, c.pending = c.pending, []
@@ -183,7 +183,7 @@ class Registry:
             return None
         return [filter_allows(bus, m) for m in msgs]
 
-    def dispatch(self, msgs: list[Message]) -> list[Client]:
+    def dispatch(self, msgs: list[Message]) -> list[Waiter]:
         """Hand a batch from the bus listener to the waiting clients; return the clients to wake.
 
         Each (site, channel) group is encoded once for every recipient; a client gets one piece per channel
@@ -204,8 +204,8 @@ class Registry:
                         g.append(m)
             if not groups:
                 return []
-            wake: list[Client] = []
-            woken: set[Client] = set()
+            wake: list[Waiter] = []
+            woken: set[Waiter] = set()
             is_json = self.is_json
             for key, gm in groups.items():
                 clients = index.get(key)
@@ -231,7 +231,7 @@ class Registry:
                         wake.append(c)
             return wake
 
-    def _deliver(self, c: Client, channel: str, group: _Group, ok: list[bool] | None) -> None:
+    def _deliver(self, c: Waiter, channel: str, group: _Group, ok: list[bool] | None) -> None:
         msgs = group.msgs
         if msgs[0].epoch != c.epoch:
             c.end(Ending.RESET)
@@ -280,7 +280,7 @@ class Registry:
             inner = b",".join(parts)
             self._push(c, frame_chunk(b"[" + inner + b"]") if c.streaming else inner)
 
-    def _push(self, c: Client, piece: bytes) -> None:
+    def _push(self, c: Waiter, piece: bytes) -> None:
         c.pending.append(piece)
         if c.streaming:
             c.bytes_pending += len(piece)

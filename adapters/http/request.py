@@ -11,6 +11,7 @@ from urllib.parse import parse_qsl
 from shmbus import jsonlib
 from shmbus.channels import channel_problem
 
+from .interning import intern_bounded
 from .options import Options
 from .wire import MAX_ID, ProtocolError
 
@@ -140,12 +141,7 @@ _CHANNEL_NAMES: dict[str, str] = {}
 def shared_channel(ch: str) -> str:
     """One str object per channel name (bounded): a parked client holds its channel names in several places
     (its channels, index keys and last ids), and thousands of clients name the same channels."""
-    shared = _CHANNEL_NAMES.get(ch)
-    if shared is None:
-        if len(_CHANNEL_NAMES) >= 20_000:
-            _CHANNEL_NAMES.clear()
-        shared = _CHANNEL_NAMES[ch] = ch
-    return shared
+    return _CHANNEL_NAMES.get(ch) or intern_bounded(_CHANNEL_NAMES, ch, 20_000)  # a hit costs no call
 
 
 def _channels_from_items(items: Iterable[tuple[Any, Any]], options: Options) -> tuple[dict[str, int | None], int]:

@@ -1,6 +1,6 @@
 """Visibility classes: clients that may see the same messages of a batch get the same bytes.
 
-Targeting (``client_ids``, ``user_ids``, ``group_ids``; :meth:`Client.allowed`) decides per client and message
+Targeting (``client_ids``, ``user_ids``, ``group_ids``; :meth:`Waiter.allowed`) decides per client and message
 what a batch shows. Asking it for every client and every message, then joining and framing each client's part,
 is per-client work that depends only on the messages. Instead, one channel's messages of a batch (a
 :class:`Visibility`) map each client to a *class key* that captures everything ``allowed`` reads of the client,

@@ -2,7 +2,7 @@
 
 Sans-IO: no store, no HTTP. The REST app parses what a page posts (:func:`parse_registration`); the sender asks a
 :class:`Recipients` index which devices a message goes to. The rules for "who" are the message_bus middleware's
-(``Client.allowed``: ``client_ids`` never match a device, ``user_ids`` by the registering user, ``group_ids``
+(``Waiter.allowed``: ``client_ids`` never match a device, ``user_ids`` by the registering user, ``group_ids``
 through a send-time lookup), guble's user spaces on top (``/user/<id>/...`` reaches only that user's devices), plus
 the site and the bus's client message filters. Anything that cannot be decided safely is not pushed.
 """
@@ -22,7 +22,7 @@ from shmbus.channels import channel_problem
 from shmbus.message import Message
 
 from ..http import ProtocolError
-from ..http.client import Client, Lookups, filter_allows
+from ..http.waiter import Lookups, Waiter, filter_allows
 from ..transports.replay import site_matches
 
 __all__ = [
@@ -207,7 +207,7 @@ def may_receive(
     if not site_matches(msg, site_id):
         return False
     if msg.targeted:
-        checker = Client("", 0, Lookups(user_id, groups() if msg.group_ids else frozenset(), site_id), (), True, 0)
+        checker = Waiter("", 0, Lookups(user_id, groups() if msg.group_ids else frozenset(), site_id), (), True, 0)
         if not checker.allowed(msg):
             return False
     return not (bus is not None and bus.client_message_filters and not filter_allows(bus, msg))

@@ -3,8 +3,8 @@
 Why: under uvicorn every open request carries h11/httptools protocol objects, an ASGI task with its
 coroutines and a scope dict (~10 KB), and the ASGI middleware adds ~4 KB per parked poll. Here message-bus
 routes are served natively from ``asyncio.Protocol`` callbacks through the sans-IO core
-(:mod:`shmbus.adapters.http`): a parked poll is this module's connection object (``__slots__``), the core's
-:class:`~shmbus.adapters.http.Client` and one timer; bytes go straight to the transport. Every other
+(:mod:`shmbus.adapters.http`): a parked poll is this module's connection object and its ``ParkedPoll``
+(``__slots__``) and the core's :class:`~shmbus.adapters.http.Waiter`; bytes go straight to the transport. Every other
 request goes to the wrapped ASGI app through a minimal ASGI bridge (:mod:`shmbus.adapters.server.asgi_bridge`).
 
 Use it through gunicorn::
@@ -38,7 +38,8 @@ from __future__ import annotations
 
 from .limits import FEED_STEP, MAX_BUFFERED, MAX_HEAD_SIZE, Limits, gunicorn_config_value
 from .parser import PARSER
-from .serve import Server, serve
+from .serve import serve
+from .server import Server
 from .worker import GunicornWorker
 
 __all__ = [

@@ -14,11 +14,10 @@ import asyncio
 import enum
 import logging
 from collections.abc import MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .connection import HttpConnection
-    from .request import Request
+from .request import Request
+from .server import Server
 
 log = logging.getLogger("shmbus.adapters.server")
 
@@ -34,6 +33,24 @@ class ResponsePhase(enum.Enum):
     FINISHED = "finished"
 
 
+class BridgeConnection(Protocol):
+    """What a cycle needs from its connection: write, wait while writing is paused, report progress."""
+
+    @property
+    def srv(self) -> Server: ...
+
+    def write_paused(self) -> bool:
+        """The open transport is over its high-water mark: ``send`` waits for :meth:`Cycle.writable`."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def body_taken(self) -> None:
+        """The app took the buffered body: reading may resume."""
+
+    def cycle_done(self, cycle: Cycle, keep: bool) -> None:
+        """The response is complete; ``keep``: the connection may serve the next request."""
+
+
 class Cycle:
     """One request/response handled by the wrapped ASGI app."""
 
@@ -42,6 +59,7 @@ class Cycle:
         "chunked",
         "conn",
         "continue_sent",
+        "drain_fut",
         "gone",
         "head",
         "head_only",
@@ -53,7 +71,7 @@ class Cycle:
         "waiter",
     )
 
-    def __init__(self, conn: HttpConnection, req: Request) -> None:
+    def __init__(self, conn: BridgeConnection, req: Request) -> None:
         self.conn = conn
         self.req = req
         self.phase = ResponsePhase.NOT_STARTED
@@ -67,6 +85,7 @@ class Cycle:
         self.head = b""
         self.waiter: asyncio.Future[None] | None = None
         self.task: asyncio.Task[None] | None = None
+        self.drain_fut: asyncio.Future[None] | None = None  # ``send`` waits on it while writing is paused
 
     # ------------------------------------------------------------------ driven by the connection
     def notify(self) -> None:
@@ -78,6 +97,15 @@ class Cycle:
     def lost(self) -> None:
         self.gone = True
         self.notify()
+        self.writable()
+
+    def writable(self) -> None:
+        """The transport takes more again (or is gone): a ``send`` waiting under flow control goes on."""
+        fut = self.drain_fut
+        if fut is not None:
+            self.drain_fut = None
+            if not fut.done():
+                fut.set_result(None)
 
     async def run(self, app: Any, scope: MutableMapping[str, Any]) -> None:
         try:
@@ -87,12 +115,8 @@ class Cycle:
                 log.exception("shmbus server: ASGI app raised on %s %s", self.req.method, self.req.path)
             if self.phase is ResponsePhase.NOT_STARTED and not self.gone:
                 self.phase = ResponsePhase.STARTED
-                body = b"Internal Server Error"
                 self.keep = False
-                self.conn.write(
-                    b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain; charset=utf-8\r\n"
-                    b"content-length: %d\r\nconnection: close\r\n%s\r\n%s" % (len(body), self.conn.srv.date, body)
-                )
+                self.conn.write(self.conn.srv.error_response(500, "Internal Server Error"))
                 self.finish()
             elif self.phase is not ResponsePhase.FINISHED:
                 self.keep = False
@@ -184,8 +208,10 @@ class Cycle:
             if self.left:  # shorter than announced: the connection cannot be reused
                 self.keep = False
             self.finish()
-        elif self.conn.paused_w:
-            await self.conn.drain()
+        elif not self.gone and self.conn.write_paused():
+            if self.drain_fut is None:
+                self.drain_fut = asyncio.get_running_loop().create_future()
+            await self.drain_fut
 
     def _start(self, message: MutableMapping[str, Any]) -> None:
         srv = self.conn.srv

@@ -1,28 +1,22 @@
-"""Message-bus routes served natively by a lean-server connection: the poll flow, parked polls, their ends."""
+"""Message-bus routes served natively by the lean server (:class:`BusRoutes`, one per server) and a connection's
+parked poll (:class:`ParkedPoll`): the sans-IO flow is driven here and bytes go straight to the transport."""
 
 from __future__ import annotations
 
-import enum
+import asyncio
 import logging
 from collections.abc import MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from ..http import BASE_HEADERS, STREAM_HEADERS, Client, ProtocolError
-from ..http.flow import CallLookup, RequestHead, run_sync, serve
+from ..http import BASE_HEADERS, STREAM_HEADERS, ProtocolError, Waiter
+from ..http.flow import CallLookup, RequestHead, request_flow, run_sync
 from ..http.wire import CHUNKED_BODY_REFUSED
-from .state import ConnectionState
+from .request import Request
+from .server import Server
 
-if TYPE_CHECKING:
-    from .request import Request
+__all__ = ["COARSE_EXPIRY", "BusConnection", "BusRoutes", "ParkedPoll"]
 
 log = logging.getLogger("shmbus.adapters.server")
-
-
-class ParkedKind(enum.Enum):
-    """What a connection's parked poll is waiting to send."""
-
-    LONG = "long poll"
-    STREAM = "stream"
 
 
 def _enc_headers(headers: list[tuple[str, str]]) -> bytes:
@@ -32,56 +26,76 @@ def _enc_headers(headers: list[tuple[str, str]]) -> bytes:
 _BASE_BLOCK = _enc_headers(BASE_HEADERS)
 _STREAM_BLOCK = _enc_headers(STREAM_HEADERS) + b"transfer-encoding: chunked\r\n"
 _INTERNAL_ERROR = b"Internal Server Error"
+_EMPTY_HEADERS: list[tuple[bytes, bytes]] = []
 #: A ``long_polling_interval`` at least this long (seconds; the gem's default is 25) is ended by the server's
-#: 1 s clock (:meth:`HttpConnection.tick`), within a second after it: no timer object and no heap entry per parked
+#: 1 s clock (the connection's ``tick``), within a second after it: no timer object and no heap entry per parked
 #: poll, which is memory and CPU at tens of thousands of streams. Shorter intervals keep a precise timer.
 COARSE_EXPIRY = 5.0
 
 
-def _wake(c: Client) -> None:
-    """The core's waker: the connection that parked ``c`` is its ``signal``."""
-    c.signal.woken(c)
+class BusConnection(Protocol):
+    """What the routes need from a connection: its transport, its parked poll's slot, and the end of a request."""
+
+    transport: Any
+    parked: ParkedPoll | None
+
+    @property
+    def paused_w(self) -> bool: ...
+
+    def done(self, req: Request, keep: bool) -> None:
+        """``req`` is answered: the next request, an idle wait, or a close."""
+
+    def scope(self, req: Request) -> MutableMapping[str, Any]:
+        """The ASGI scope of ``req`` (the context the lookups get)."""
+
+    def abort(self) -> None:
+        """Close at once (a dropped client: nothing more is sent)."""
 
 
-def _expire(conn: BusRoutes) -> None:
-    conn.timer = None
-    conn.expire()
+def _wake(w: Waiter) -> None:
+    """The core's waker: ``w.signal`` is the connection, whose parked poll (once the flow has returned) is ``w``'s."""
+    parked = w.signal.parked
+    if parked is not None:
+        parked.woken(w)
 
 
-class BusRoutes(ConnectionState):
-    """The part of :class:`~.connection.HttpConnection` that serves message-bus routes without the ASGI bridge:
-    it drives the sans-IO flow (:func:`shmbus.adapters.http.flow.serve`) and writes straight to the transport."""
+class BusRoutes:
+    """Answers message-bus requests of every connection of one server (no state per connection)."""
 
-    __slots__ = ()
+    __slots__ = ("srv",)
 
-    if TYPE_CHECKING:
+    def __init__(self, srv: Server) -> None:
+        self.srv = srv
 
-        def _done(self, req: Request, keep: bool) -> None: ...
-
-        def scope(self, req: Request) -> MutableMapping[str, Any]: ...
-
-    def _respond(
-        self, req: Request, status: int, headers: list[tuple[str, str]] | None, body: bytes, block: bytes | None = None
+    def respond(
+        self,
+        conn: BusConnection,
+        req: Request,
+        status: int,
+        headers: list[tuple[str, str]] | None,
+        body: bytes,
+        block: bytes | None = None,
     ) -> None:
+        """Write a whole response (``block``: the headers already encoded) and end ``req``."""
         srv = self.srv
         keep = req.keep and not srv.stopping
-        conn = (
+        connection = (
             b""
             if keep == (req.version == "1.1")
             else (b"connection: keep-alive\r\n" if keep else b"connection: close\r\n")
         )
-        self.transport.write(
+        conn.transport.write(
             b"%s%scontent-length: %d\r\n%s%s\r\n%s"
             % (
                 srv.status_line(status),
                 block if block is not None else _enc_headers(headers or []),
                 len(body),
-                conn,
+                connection,
                 srv.date,
                 body if req.method != "HEAD" else b"",
             )
         )
-        self._done(req, keep)
+        conn.done(req, keep)
 
     def _request_body(self, req: Request) -> bytes:
         """The flow's READ_BODY: the parser already buffered the body (or refused it)."""
@@ -91,7 +105,8 @@ class BusRoutes(ConnectionState):
             raise ProtocolError(411, CHUNKED_BODY_REFUSED)
         return req.body[0] if len(req.body) == 1 else b"".join(req.body)
 
-    def _bus(self, req: Request) -> None:
+    def answer(self, conn: BusConnection, req: Request) -> None:
+        """Run ``req`` through the sans-IO flow: answer it now, or park it on ``conn``."""
         req.started = True
         srv = self.srv
         content_type = req.header(b"content-type")
@@ -108,42 +123,39 @@ class BusRoutes(ConnectionState):
         def call_lookup(step: CallLookup) -> Any:
             nonlocal scope
             if scope is None:
-                scope = self.scope(req)
+                scope = conn.scope(req)
             return srv.lookup(step.fn, scope, *step.args)
 
         try:
             poll = run_sync(
-                serve(srv.proto, head, waker=_wake, signal=self), lambda: self._request_body(req), call_lookup
+                request_flow(srv.proto, head, waker=_wake, signal=conn),
+                lambda: self._request_body(req),
+                call_lookup,
             )
         except Exception as exc:
             log.error("shmbus server: error on %s %s", req.method, req.path, exc_info=exc)
             req.keep = False
-            self._respond(req, 500, [("content-type", "text/plain; charset=utf-8")], _INTERNAL_ERROR)
+            self.respond(conn, req, 500, [("content-type", "text/plain; charset=utf-8")], _INTERNAL_ERROR)
             return
         if poll.mode == "immediate":
             r = poll.response
             assert r is not None
             if r.status in ProtocolError.UNREAD_BODY:
                 req.keep = False
-            self._respond(req, r.status, r.headers, r.body, _BASE_BLOCK if r.headers is BASE_HEADERS else None)
+            self.respond(conn, req, r.status, r.headers, r.body, _BASE_BLOCK if r.headers is BASE_HEADERS else None)
             return
-        c = poll.client
-        assert c is not None
-        self.client = c
+        w = poll.waiter
+        assert w is not None
+        parked = conn.parked = ParkedPoll(self, conn, req, w)
         req.headers = _EMPTY_HEADERS  # a parked request keeps only what its end needs (method, version, keep)
         req.body = []
         req.url = req.raw_path = req.query = b""
         req.path = ""
         if poll.mode == "long":
-            self.kind = ParkedKind.LONG
-            self.head = None if poll.headers is BASE_HEADERS else _enc_headers(poll.headers)
-            if c.done or c.dropped:
-                self.woken(c)
-                return
+            parked.head = None if poll.headers is BASE_HEADERS else _enc_headers(poll.headers)
         else:
-            self.kind = ParkedKind.STREAM
             first = poll.first_chunk
-            pending = srv.proto.stream_chunks(c) if c.pending and not c.done else None
+            pending = srv.proto.stream_chunks(w) if w.pending and not w.done else None
             if pending:
                 first += b"".join(pending)
             block = (
@@ -152,84 +164,106 @@ class BusRoutes(ConnectionState):
                 else (_enc_headers(poll.headers) + b"transfer-encoding: chunked\r\n")
             )
             keep = b"" if req.keep and not srv.stopping else b"connection: close\r\n"
-            self.transport.write(
+            conn.transport.write(
                 b"%s%s%s%s\r\n%x\r\n%s\r\n" % (srv.status_line(200), block, keep, srv.date, len(first), first)
             )
-            if c.done or c.dropped:
-                self.woken(c)
-                return
+        if w.done or w.dropped:
+            parked.woken(w)
+            return
         interval = srv.options.long_polling_interval
         if interval >= COARSE_EXPIRY:
-            self.expires = srv.loop.time() + interval
+            parked.expires = srv.loop.time() + interval
         else:
-            self.timer = srv.loop.call_later(interval, _expire, self)
+            parked.timer = srv.loop.call_later(interval, parked.timer_fired)
 
-    # ------------------------------------------------------------------ parked polls
-    def woken(self, c: Client) -> None:
-        """The core has something for ``c`` (or it must end); also after the transport resumes writing."""
-        if self.client is not c:
+
+class ParkedPoll:
+    """A connection's waiting poll (long or stream): woken by the core, ended by its interval or its client.
+
+    It exists only while a poll waits, so a connection between requests carries none of this."""
+
+    __slots__ = ("conn", "expires", "head", "req", "routes", "timer", "waiter")
+
+    def __init__(self, routes: BusRoutes, conn: BusConnection, req: Request, waiter: Waiter) -> None:
+        self.routes = routes
+        self.conn = conn
+        self.req = req
+        self.waiter: Waiter | None = waiter  # None once it has ended
+        self.head: bytes | None = None  # a long poll's response head (None: the common one)
+        self.timer: asyncio.TimerHandle | None = None  # its interval, when shorter than COARSE_EXPIRY
+        self.expires = 0.0  # its end (loop time; 0: none): the server's 1 s clock ends it
+
+    def woken(self, w: Waiter) -> None:
+        """The core has something for ``w`` (or it must end); also after the transport resumes writing."""
+        if self.waiter is not w:
             return
-        if c.dropped:
-            self._drop(c)
+        if w.dropped:
+            self._unpark()
+            self.routes.srv.proto.abandon(w)
+            self.conn.abort()
             return
-        if self.kind is ParkedKind.LONG:
-            if c.done:
-                self._end_long(c)
+        if not w.streaming:
+            if w.done:
+                self._end_long(w)
             return
-        if c.done:
-            self._end_stream(c)
+        if w.done:
+            self._end_stream(w)
             return
-        if not self.paused_w and c.pending:
-            chunks = self.srv.proto.stream_chunks(c)
+        if not self.conn.paused_w and w.pending:
+            srv = self.routes.srv
+            chunks = srv.proto.stream_chunks(w)
             if len(chunks) == 1:
-                self.transport.write(self.srv.http_chunk(chunks[0]))
+                self.conn.transport.write(srv.http_chunk(chunks[0]))
             elif chunks:
                 data = b"".join(chunks)
-                self.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.conn.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def timer_fired(self) -> None:
+        self.timer = None
+        self.expire()
 
     def expire(self) -> None:
-        c = self.client
-        if c is None:
+        """Its interval passed (or the server stops): answer it with what it has."""
+        w = self.waiter
+        if w is None:
             return
-        if self.kind is ParkedKind.LONG:
-            self._end_long(c)
+        if w.streaming:
+            self._end_stream(w)
         else:
-            self._end_stream(c)
+            self._end_long(w)
 
-    def _unpark(self) -> Request | None:
-        self.client = None
-        self.kind = None
+    def abandon(self) -> None:
+        """Its client went away (or the connection fails): unregister it, write nothing."""
+        w = self.waiter
+        self._unpark()
+        if w is not None:
+            self.routes.srv.proto.abandon(w)
+
+    def _unpark(self) -> None:
+        self.waiter = None
         self.expires = 0.0
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        return self.cur
+        if self.conn.parked is self:
+            self.conn.parked = None
 
-    def _drop(self, c: Client) -> None:
+    def _end_long(self, w: Waiter) -> None:
+        conn = self.conn
+        req = self.req
         self._unpark()
-        self.srv.proto.abandon(c)
-        self.closing = True
-        self.transport.abort()
-
-    def _end_long(self, c: Client) -> None:
-        req = self._unpark()
-        body = self.srv.proto.long_poll_response(c)
-        assert req is not None
+        body = self.routes.srv.proto.long_poll_response(w)
         head = self.head
-        self.head = None
-        self._respond(req, 200, None, body, head if head is not None else _BASE_BLOCK)
+        self.routes.respond(conn, req, 200, None, body, head if head is not None else _BASE_BLOCK)
 
-    def _end_stream(self, c: Client) -> None:
-        req = self._unpark()
-        end = self.srv.proto.stream_end(c)
-        if c.dropped:
-            self.closing = True
-            self.transport.abort()
+    def _end_stream(self, w: Waiter) -> None:
+        conn = self.conn
+        req = self.req
+        self._unpark()
+        end = self.routes.srv.proto.stream_end(w)
+        if w.dropped:
+            conn.abort()
             return
         data = b"".join(end)
-        self.transport.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data) if data else b"0\r\n\r\n")
-        assert req is not None
-        self._done(req, req.keep)
-
-
-_EMPTY_HEADERS: list[tuple[bytes, bytes]] = []
+        conn.transport.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data) if data else b"0\r\n\r\n")
+        conn.done(req, req.keep)

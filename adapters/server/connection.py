@@ -1,4 +1,10 @@
-"""One client connection of the lean server: reading, parsing, pipelining, deadlines and closing."""
+"""One client connection of the lean server (:class:`HttpConnection`): reading, pipelining, deadlines, closing.
+
+It owns its parts and talks to each through a small interface: a :class:`~.reader.RequestReader` (the parser's
+callbacks, reporting as :class:`~.reader.ReaderOwner`), the server's :class:`~.bus_routes.BusRoutes` (which may
+leave a :class:`~.bus_routes.ParkedPoll` in ``parked``), and for other routes one ASGI
+:class:`~.asgi_bridge.Cycle` at a time (which sees it as a :class:`~.asgi_bridge.BridgeConnection`).
+"""
 
 from __future__ import annotations
 
@@ -7,48 +13,61 @@ import contextlib
 import logging
 import socket
 from collections.abc import MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .asgi_bridge import Cycle, ResponsePhase
-from .bus_routes import BusRoutes, ParkedKind
+from .bus_routes import BusRoutes, ParkedPoll
 from .limits import FEED_STEP, MAX_BUFFERED
-from .parser import Parser, ParserError, ParserUpgrade
-from .request import ParserCallbacks, Request
-
-if TYPE_CHECKING:
-    from ..http import Client
-    from .serve import Server
+from .reader import RequestReader
+from .request import Request, asgi_scope
+from .server import Server
 
 log = logging.getLogger("shmbus.adapters.server")
 
 _EMPTY_HEADERS: list[tuple[bytes, bytes]] = []
 
 
-class HttpConnection(ParserCallbacks, BusRoutes, asyncio.Protocol):
-    """One client connection; also the parked-poll state (``client``, ``timer``) when a poll waits."""
+class HttpConnection(asyncio.Protocol):
+    """One client connection: the asyncio protocol, the queue of pipelined requests and the timers' state."""
 
-    __slots__ = ()
+    __slots__ = (
+        "buffered",
+        "closing",
+        "cur",
+        "cycle",
+        "deadline",
+        "eof",
+        "feeding",
+        "idle",
+        "inbox",
+        "linger_until",
+        "parked",
+        "paused_r",
+        "paused_w",
+        "phase",
+        "pumping",
+        "queue",
+        "reader",
+        "routes",
+        "srv",
+        "transport",
+    )
 
-    def __init__(self, srv: Server) -> None:
+    def __init__(self, srv: Server, routes: BusRoutes) -> None:
         self.srv = srv
+        self.routes = routes
         self.transport: Any = None
-        self.parser: Any = None
-        self.req: Request | None = None  # being parsed
+        self.reader = RequestReader(srv, self)
         self.cur: Request | None = None  # being answered
         self.queue: list[Request] | None = None  # parsed, waiting for cur to finish
-        self.client: Client | None = None
-        self.kind: ParkedKind | None = None
-        self.head: bytes | None = None  # a parked long poll's response head (None: the common one)
-        self.timer: asyncio.TimerHandle | None = None
-        self.expires = 0.0  # a parked poll's end (loop time), enforced by tick() for long intervals
+        self.parked: ParkedPoll | None = None  # cur, when it is a poll waiting for messages
+        self.cycle: Cycle | None = None  # cur, when the wrapped ASGI app answers it
         self.idle = 0.0  # when the connection became idle (0: busy); the server's clock sweeps idle ones
-        self.cycle: Cycle | None = None
-        self.drain_fut: asyncio.Future[None] | None = None
         self.paused_r = False
         self.paused_w = False
         self.pumping = False
         self.closing = False
-        self.buffered = 0
+        self.buffered = 0  # body bytes of a bridged request not yet taken by the app
         self.inbox = bytearray()  # pipelined input held (not parsed) while a request is answered
         self.feeding = False
         self.deadline = 0.0  # when the request being read must be complete (0: none); the tick enforces it
@@ -63,7 +82,6 @@ class HttpConnection(ParserCallbacks, BusRoutes, asyncio.Protocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.parser = Parser(self)
         srv = self.srv
         srv.connections.add(self)
         if srv.stopping:
@@ -89,6 +107,38 @@ class HttpConnection(ParserCallbacks, BusRoutes, asyncio.Protocol):
             return
         self._feed(data)
 
+    def eof_received(self) -> bool | None:
+        if self.closing or self.parked is not None:
+            return None  # closing anyway, or a parked poll whose client went away: unregister it at once
+        if self.cur is None and not self.queue and not self.inbox:
+            if self.reader.req is None:
+                return None  # idle: close
+            self.eof = True
+            self.fail(400, "the client closed its side in the middle of a request")  # it can never complete
+            return True  # the lingering close ends the connection
+        self.eof = True  # half-closed after sending a request: answer what it sent, then close
+        return True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        self.srv.connections.discard(self)
+        if self.parked is not None:
+            self.parked.abandon()
+        if self.cycle is not None:
+            self.cycle.lost()
+
+    def pause_writing(self) -> None:
+        self.paused_w = True
+
+    def resume_writing(self) -> None:
+        self.paused_w = False
+        if self.cycle is not None:
+            self.cycle.writable()
+        parked = self.parked
+        if parked is not None and parked.waiter is not None and parked.waiter.streaming:
+            parked.woken(parked.waiter)
+
+    # ------------------------------------------------------------------ input: parse, hold, pause
     def _must_hold(self) -> bool:
         """Stop parsing: a request is being answered (its body read) and another one is already queued."""
         cur = self.cur
@@ -98,27 +148,16 @@ class HttpConnection(ParserCallbacks, BusRoutes, asyncio.Protocol):
         """Parse ``data`` piece by piece, holding what follows once a request waits behind the current one."""
         self.feeding = True
         pos, n = 0, len(data)
+        feed = self.reader.feed
         try:
             while pos < n and not self.closing:
                 if self._must_hold():
                     self.inbox += data[pos:]
                     self.deadline = 0.0  # we stopped reading it: its clock restarts when we resume
                     break
-                self.parser.feed_data(data[pos : pos + FEED_STEP] if n > FEED_STEP else data)
+                if not feed(data[pos : pos + FEED_STEP] if n > FEED_STEP else data):
+                    break
                 pos += FEED_STEP
-        except ParserUpgrade:
-            # no upgrades: the request was handed over as plain HTTP; nothing after it is read
-            if self.req is not None or self.cur is None:
-                self.fail(400, "upgrade not supported")
-            else:
-                self.cur.keep = False
-                self.closing = True
-        except ParserError as exc:
-            if not self.closing:
-                if "head too large" in str(exc):
-                    self.fail(431, "request head too large")
-                else:
-                    self.fail(400, f"malformed request ({exc})" if str(exc) else "malformed request")
         finally:
             self.feeding = False
         self._update_reading()
@@ -128,8 +167,8 @@ class HttpConnection(ParserCallbacks, BusRoutes, asyncio.Protocol):
         if not self.inbox or self.feeding or self.closing:
             return
         data, self.inbox = bytes(self.inbox), bytearray()
-        if self.req is not None:  # its clock stopped while we held its bytes
-            self._restart_deadline(self.req)
+        if self.reader.req is not None:  # its clock stopped while we held its bytes
+            self._arm_deadline("request body" if self.reader.req.head_done else "request head")
         self._feed(data)
 
     def _update_reading(self) -> None:
@@ -144,19 +183,57 @@ class HttpConnection(ParserCallbacks, BusRoutes, asyncio.Protocol):
         elif not want and self.paused_r:
             self.paused_r = False
             self.transport.resume_reading()
-            if self.req is not None and not self.deadline:  # its clock runs again from now
-                self._restart_deadline(self.req)
+            req = self.reader.req
+            if req is not None and not self.deadline:  # its clock runs again from now
+                self._arm_deadline("request body" if req.head_done else "request head")
 
-    def _restart_deadline(self, req: Request) -> None:
-        limits = self.srv.limits
-        if req.head_done:
-            self._arm_deadline(limits.body_timeout, "request body")
+    # ------------------------------------------------------------------ the reader's events (ReaderOwner)
+    def message_begun(self) -> None:
+        self.idle = 0.0
+        self._arm_deadline("request head")
+
+    def head_ready(self, req: Request) -> None:
+        self._arm_deadline("request body")
+        if self.queue is None:
+            self.queue = [req]
         else:
-            self._arm_deadline(limits.header_timeout, "request head")
+            self.queue.append(req)
+        self._pump()
 
-    def _arm_deadline(self, seconds: float, phase: str) -> None:
-        self.deadline = self.srv.now + seconds
+    def upgraded(self) -> None:  # served as plain HTTP; nothing after it is read
+        if self.reader.req is not None or self.cur is None:
+            self.fail(400, "upgrade not supported")
+        else:
+            self.cur.keep = False
+            self.closing = True
+
+    def body_buffered(self, req: Request, nbytes: int) -> None:
+        self.buffered += nbytes
+        if self.buffered > MAX_BUFFERED and not self.paused_r:
+            self._update_reading()
+        if req.cycle is not None:
+            req.cycle.notify()
+
+    def message_complete(self, req: Request) -> None:
+        self.deadline = 0.0
+        if req is self.cur:
+            if req.bus:
+                if not req.started:
+                    self.routes.answer(self, req)
+            elif req.cycle is not None:
+                req.cycle.notify()
+        if self.cur is None and self.reader.req is None and not self.queue:  # nothing answered, read or waiting
+            self._arm_idle()
+
+    # ------------------------------------------------------------------ the clock: deadlines, idle, linger
+    def _deadline_limit(self) -> float:
+        limits = self.srv.limits
+        return limits.body_timeout if self.phase == "request body" else limits.header_timeout
+
+    def _arm_deadline(self, phase: str) -> None:
+        limits = self.srv.limits  # (no call to _deadline_limit: twice per request)
         self.phase = phase
+        self.deadline = self.srv.now + (limits.body_timeout if phase == "request body" else limits.header_timeout)
 
     def tick(self, now: float, idle_cutoff: float) -> None:
         """The server's clock, once a second: parked polls' ends, idle keep-alive, head and body deadlines,
@@ -166,55 +243,25 @@ class HttpConnection(ParserCallbacks, BusRoutes, asyncio.Protocol):
                 self.linger_until = 0.0
                 self.transport.abort()  # the client neither read the response nor closed: enough
             return
-        if self.expires and now >= self.expires:  # a parked poll's long_polling_interval (see COARSE_EXPIRY)
-            self.expires = 0.0
-            self.expire()
+        parked = self.parked
+        if parked is not None and parked.expires and now >= parked.expires:  # see COARSE_EXPIRY
+            parked.expires = 0.0
+            parked.expire()
             return
         if self.idle:
-            self.idle_expired(idle_cutoff)
+            self._idle_expired(idle_cutoff)
         elif self.deadline and now >= self.deadline:
             self.deadline = 0.0
-            self.fail(408, f"{self.phase} not received within {self._limit_for(self.phase):g} s")
+            self.fail(408, f"{self.phase} not received within {self._deadline_limit():g} s")
 
-    def _limit_for(self, phase: str) -> float:
-        limits = self.srv.limits
-        return limits.body_timeout if phase == "request body" else limits.header_timeout
+    def _arm_idle(self) -> None:
+        if not self.idle:
+            self.idle = self.srv.now  # no timer per request: the server's 1 s tick closes expired idle ones
 
-    def eof_received(self) -> bool | None:
-        if self.closing or self.client is not None:
-            return None  # closing anyway, or a parked poll whose client went away: unregister it at once
-        if self.cur is None and self.req is None and not self.queue and not self.inbox:
-            return None  # idle: close
-        if self.cur is None and not self.queue and not self.inbox and self.req is not None:
-            self.eof = True
-            self.fail(400, "the client closed its side in the middle of a request")  # it can never complete
-            return True  # the lingering close ends the connection
-        self.eof = True  # half-closed after sending a request: answer what it sent, then close
-        return True
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closing = True
-        self.srv.connections.discard(self)
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        c = self.client
-        if c is not None:
-            self.client = None
-            self.srv.proto.abandon(c)
-        if self.cycle is not None:
-            self.cycle.lost()
-        self._release_drain()
-
-    def pause_writing(self) -> None:
-        self.paused_w = True
-
-    def resume_writing(self) -> None:
-        self.paused_w = False
-        self._release_drain()
-        c = self.client
-        if c is not None and self.kind is ParkedKind.STREAM:
-            self.woken(c)
+    def _idle_expired(self, cutoff: float) -> None:
+        if self.idle <= cutoff and self.cur is None and self.reader.req is None and not self.queue and not self.closing:
+            self.closing = True
+            self.transport.close()
 
     # ------------------------------------------------------------------ request flow
     def _pump(self) -> None:
@@ -239,25 +286,26 @@ class HttpConnection(ParserCallbacks, BusRoutes, asyncio.Protocol):
         if req.bus:
             if req.too_large or req.chunked:
                 req.keep = False  # the body is not read: the connection cannot be reused
-                self._bus(req)
+                self.routes.answer(self, req)
             elif req.complete:
-                self._bus(req)
+                self.routes.answer(self, req)
             elif req.expect_continue:
                 self.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             return
         srv = self.srv
         if srv.app is None:
             req.started = True
-            self._respond(req, 404, [("content-type", "text/plain")], b"not found")
+            self.routes.respond(self, req, 404, [("content-type", "text/plain")], b"not found")
             return
         cycle = req.cycle = self.cycle = Cycle(self, req)
         req.started = True
         cycle.task = srv.loop.create_task(cycle.run(srv.app, self.scope(req)))
 
-    def _done(self, req: Request, keep: bool) -> None:
+    def done(self, req: Request, keep: bool) -> None:
         """``req`` is answered: next request, idle wait, or close."""
         if self.cur is req:
             self.cur = None
+        req.answered = True
         req.headers = _EMPTY_HEADERS
         req.body = []
         srv = self.srv
@@ -273,28 +321,13 @@ class HttpConnection(ParserCallbacks, BusRoutes, asyncio.Protocol):
         if not self._must_hold():
             self._feed_inbox()  # what was held while this one was answered (the next request's body, too)
         self._update_reading()
-        if self.cur is None and self.req is None and not self.queue and not self.inbox and not self.closing:
+        if self.cur is None and self.reader.req is None and not self.queue and not self.inbox and not self.closing:
             if self.eof:
                 self._linger_close()
             else:
                 self._arm_idle()
 
-    def _arm_idle(self) -> None:
-        if not self.idle:
-            self.idle = self.srv.now  # no timer per request: the server's 1 s tick closes expired idle ones
-
-    def idle_expired(self, cutoff: float) -> None:
-        if (
-            self.idle
-            and self.idle <= cutoff
-            and self.cur is None
-            and self.req is None
-            and not self.queue
-            and not self.closing
-        ):
-            self.closing = True
-            self.transport.close()
-
+    # ------------------------------------------------------------------ the bridge's needs (BridgeConnection)
     def body_taken(self) -> None:
         """The bridge consumed buffered body bytes: reading may resume."""
         self.buffered = 0
@@ -305,50 +338,41 @@ class HttpConnection(ParserCallbacks, BusRoutes, asyncio.Protocol):
             self.cycle = None
         cycle.req.cycle = None
         if not self.closing:
-            self._done(cycle.req, keep)
+            self.done(cycle.req, keep)
 
     def write(self, data: bytes) -> None:
         if not self.transport.is_closing():
             self.transport.write(data)
 
-    async def drain(self) -> None:
-        """Wait until the transport accepts more (bridge ``send`` under flow control)."""
-        if not self.paused_w or self.transport.is_closing():
-            return
-        fut = self.drain_fut
-        if fut is None:
-            fut = self.drain_fut = self.srv.loop.create_future()
-        await fut
+    def write_paused(self) -> bool:
+        return self.paused_w and not self.transport.is_closing()
 
-    def _release_drain(self) -> None:
-        fut = self.drain_fut
-        if fut is not None:
-            self.drain_fut = None
-            if not fut.done():
-                fut.set_result(None)
+    def scope(self, req: Request) -> MutableMapping[str, Any]:
+        """The ASGI scope of ``req`` (for the bridge, and for the middleware's lookups)."""
+        return asgi_scope(req, self.transport, self.srv.state)
 
+    # ------------------------------------------------------------------ ends: errors, closes, shutdown
     def fail(self, status: int, reason: str) -> None:
         """A request we cannot parse or accept: answer (unless another response is under way) and close."""
         if self.closing:
             return
-        self.req = None
+        self.reader.req = None
         cur, cycle = self.cur, self.cycle
         answer = cur is None or cur.refused is not None or (not cur.started and cycle is None)
         if cycle is not None and cycle.phase is ResponsePhase.NOT_STARTED:
             answer = True
             cycle.phase = ResponsePhase.STARTED  # the app's own response, if it still sends one, is discarded
             cycle.lost()
-        if self.client is not None:  # a parked poll: unregister it
-            c, self.client = self.client, None
-            self.srv.proto.abandon(c)
+        if self.parked is not None:  # a parked poll: unregister it
+            self.parked.abandon()
             answer = False  # its response head is already out (a stream) or it is mid-wait: just close
         if answer:
-            body = reason.encode()
-            self.transport.write(
-                b"%scontent-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n"
-                b"connection: close\r\n%s\r\n%s" % (self.srv.status_line(status), len(body), self.srv.date, body)
-            )
+            self.transport.write(self.srv.error_response(status, reason))
         self._linger_close()
+
+    def abort(self) -> None:
+        self.closing = True
+        self.transport.abort()
 
     def _linger_close(self) -> None:
         """Close after the response: shut the write side, drain (discard) input until the client closes or
@@ -375,23 +399,20 @@ class HttpConnection(ParserCallbacks, BusRoutes, asyncio.Protocol):
             return
         self.linger_until = self.srv.now + self.srv.limits.linger
 
-    def scope(self, req: Request) -> MutableMapping[str, Any]:
-        """The ASGI scope of ``req`` (for the bridge, and for the middleware's lookups)."""
-        t = self.transport
-        scope: dict[str, Any] = {
-            "type": "http",
-            "asgi": {"version": "3.0", "spec_version": "2.3"},
-            "http_version": req.version,
-            "server": t.get_extra_info("sockname"),
-            "client": t.get_extra_info("peername"),
-            "scheme": "http",
-            "method": req.method,
-            "root_path": "",
-            "path": req.path,
-            "raw_path": req.raw_path,
-            "query_string": req.query,
-            "headers": req.headers,
-        }
-        if self.srv.state is not None:
-            scope["state"] = dict(self.srv.state)
-        return scope
+    def stop(self) -> None:
+        """Shutdown begins: a parked poll is answered now (its client re-polls elsewhere); idle: close."""
+        if self.parked is not None:
+            self.parked.expire()
+        elif self.cur is None and self.reader.req is None and not self.closing:
+            self.closing = True
+            self.transport.close()
+
+    @property
+    def responding(self) -> bool:
+        return self.cycle is not None
+
+    def close_now(self) -> None:
+        if self.cycle is not None and self.cycle.task is not None:
+            self.cycle.task.cancel()
+        self.closing = True
+        self.transport.close()

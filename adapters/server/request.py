@@ -1,24 +1,21 @@
-"""A request being read (:class:`Request`) and the parser callbacks that fill it, for the lean server's
-connections (httptools and the pure parser call the same ``on_*`` methods)."""
+"""A request of the lean server (:class:`Request`): its head, its buffered body and where it is in its life."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
-from urllib.parse import unquote
+from typing import Any, Protocol
 
-from .limits import MAX_BUFFERED
-from .parser import httptools
-from .state import ConnectionState
 
-if TYPE_CHECKING:
-    from .asgi_bridge import Cycle
+class BodyListener(Protocol):
+    """Who waits for a request's body (the ASGI bridge's cycle): told when more of it, or its end, arrives."""
+
+    def notify(self) -> None: ...
 
 
 class Request:
     """One parsed request (head, buffered body) while it is read and answered; released when answered."""
 
     __slots__ = (
+        "answered",
         "body",
         "body_size",
         "bus",
@@ -54,12 +51,13 @@ class Request:
         self.bus = False
         self.complete = False
         self.started = False
+        self.answered = False  # its response is complete: body bytes still arriving for it are dropped
         self.too_large = False
         self.expect_continue = False
         self.head_done = False
         self.chunked = False
         self.refused: tuple[int, str] | None = None  # answered with this error instead of being served
-        self.cycle: Cycle | None = None
+        self.cycle: BodyListener | None = None  # the bridge's cycle reading its body, if any
 
     def header(self, name: bytes) -> bytes | None:
         for k, v in self.headers:
@@ -68,136 +66,22 @@ class Request:
         return None
 
 
-class ParserCallbacks(ConnectionState):
-    """The part of :class:`~.connection.HttpConnection` the parser calls: it builds :class:`Request` objects,
-    checks head and body limits as bytes arrive, and queues complete heads for the connection to answer."""
-
-    __slots__ = ()
-
-    # provided by the connection
-    _arm_deadline: Callable[[float, str], None]
-    _arm_idle: Callable[[], None]
-    _bus: Callable[[Request], None]
-    _pump: Callable[[], None]
-    _update_reading: Callable[[], None]
-    fail: Callable[[int, str], None]
-
-    def on_message_begin(self) -> None:
-        self.req = Request()
-        self.idle = 0.0
-        self._arm_deadline(self.srv.limits.header_timeout, "request head")
-
-    def on_url(self, url: bytes) -> None:
-        req = self.req
-        if req is None or self.closing:
-            return
-        req.url += url
-        if len(req.url) > self.srv.limits.max_head_size:
-            self.fail(431, "request head too large")
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        req = self.req
-        if req is None or self.closing:
-            return
-        req.headers.append((name.lower(), value))
-        req.body_size += len(name) + len(value) + 4  # head size until the head is complete
-        if req.body_size + len(req.url) > self.srv.limits.max_head_size:
-            self.fail(431, "request head too large")
-
-    def on_headers_complete(self) -> None:
-        req = self.req
-        if req is None or self.closing:
-            return
-        srv = self.srv
-        p = self.parser
-        req.body_size = 0
-        req.method = p.get_method().decode("ascii", "replace")
-        req.version = p.get_http_version()
-        req.keep = bool(p.should_keep_alive())
-        url = req.url
-        if url[:1] != b"/":
-            if url == b"*" or httptools is None:
-                raw = url
-            else:
-                try:
-                    parsed = httptools.parse_url(url)
-                except Exception:
-                    self.fail(400, "malformed request target")
-                    return
-                raw = (parsed.path or b"/") + (b"?" + parsed.query if parsed.query else b"")
-        else:
-            raw = url
-        raw, _, _frag = raw.partition(b"#")
-        path, _, query = raw.partition(b"?")
-        req.raw_path = path
-        req.query = query
-        try:
-            req.path = unquote(path.decode("ascii")) if b"%" in path else path.decode("ascii")
-        except UnicodeDecodeError:
-            req.path = unquote(path.decode("latin-1"))
-        expect = req.header(b"expect")
-        if expect is not None:
-            if expect.lower() != b"100-continue":
-                self.fail(417, "unsupported Expect")
-                return
-            req.expect_continue = req.version == "1.1"
-        req.head_done = True
-        self._arm_deadline(srv.limits.body_timeout, "request body")
-        te = req.header(b"transfer-encoding")
-        req.chunked = te is not None and b"chunked" in te.lower()
-        req.bus = srv.native and req.path.startswith(srv.prefix)
-        cl = req.header(b"content-length")
-        limit = srv.options.max_body_size if req.bus else srv.limits.max_body_size
-        if cl is not None and cl.isdigit() and int(cl) > limit:
-            req.too_large = True
-            if not req.bus:
-                req.refused = (413, f"request body too large (limit {limit} bytes)")
-        q = self.queue
-        if q is None:
-            self.queue = [req]
-        else:
-            q.append(req)
-        self._pump()
-
-    def on_body(self, body: bytes) -> None:
-        req = self.req
-        if req is None or self.closing:
-            return
-        if req.bus:
-            if req.too_large:
-                return
-            req.body_size += len(body)
-            if req.body_size > self.srv.options.max_body_size:
-                req.too_large = True
-                req.body.clear()
-                return
-            req.body.append(body)
-            return
-        if req.cycle is None and req is not self.cur and req.started:
-            return  # answered before its body was read: dropped (the connection closes)
-        req.body_size += len(body)
-        if req.body_size > self.srv.limits.max_body_size:
-            self.fail(413, f"request body too large (limit {self.srv.limits.max_body_size} bytes)")
-            return
-        req.body.append(body)
-        self.buffered += len(body)
-        if self.buffered > MAX_BUFFERED and not self.paused_r:
-            self._update_reading()
-        if req.cycle is not None:
-            req.cycle.notify()
-
-    def on_message_complete(self) -> None:
-        req = self.req
-        if req is None or self.closing:
-            return
-        self.req = None
-        req.complete = True
-        self.deadline = 0.0
-        if req is self.cur:
-            if req.bus:
-                if not req.started:
-                    self._bus(req)
-            elif req.cycle is not None:
-                req.cycle.notify()
-        if self.cur is None and self.req is None and not self.queue:
-            self._arm_idle()
+def asgi_scope(req: Request, transport: Any, state: dict[str, Any] | None) -> dict[str, Any]:
+    """The ASGI ``http`` scope of ``req`` on ``transport`` (``state``: what the lifespan startup left)."""
+    scope: dict[str, Any] = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": req.version,
+        "server": transport.get_extra_info("sockname"),
+        "client": transport.get_extra_info("peername"),
+        "scheme": "http",
+        "method": req.method,
+        "root_path": "",
+        "path": req.path,
+        "raw_path": req.raw_path,
+        "query_string": req.query,
+        "headers": req.headers,
+    }
+    if state is not None:
+        scope["state"] = dict(state)
+    return scope

@@ -6,7 +6,7 @@ per-connection subscription sets that change at run time (WebSocket), which the 
 Like the middleware, a :class:`Hub` taps the bus once per process and hands each batch to each event loop with a
 single ``call_soon_threadsafe``; everything else runs on the loop, so no locks are needed.
 
-Targeting uses :meth:`shmbus.adapters.http.Client.allowed` (the middleware's exact rules) and the bus's client
+Targeting uses :meth:`shmbus.adapters.http.Waiter.allowed` (the middleware's exact rules) and the bus's client
 message filters; site rules are the middleware's (``/global/`` channels reach every site).
 """
 
@@ -23,7 +23,7 @@ from shmbus.channels import RESERVED_PREFIX
 from shmbus.message import Message
 from shmbus.patterns import compile_pattern
 
-from ..http.client import filter_allows
+from ..http.waiter import filter_allows
 from ..looptap import LoopTap
 from .identity import Identity
 from .replay import site_matches

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..asgi_support import Scope, maybe_await
-from ..http import Client, Lookups, MessageBusProtocol
+from ..http import Lookups, MessageBusProtocol, Waiter
 from .validation import check_client_id
 
 Lookup = Callable[[Any], Any]
@@ -23,9 +23,10 @@ class Identity:
     client_id: str | None
     lookups: Lookups
 
-    def checker(self, epoch: int) -> Client:
-        """A :class:`protocol.Client` used only for its ``allowed`` check (the middleware's targeting rules)."""
-        return Client(self.client_id or "", 0, self.lookups, (), True, epoch)
+    def checker(self, epoch: int) -> Waiter:
+        """A :class:`~shmbus.adapters.http.Waiter` used only for its ``allowed`` check (the middleware's targeting
+        rules)."""
+        return Waiter(self.client_id or "", 0, self.lookups, (), True, epoch)
 
 
 @dataclass

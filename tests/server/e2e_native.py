@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from shmbus.adapters import asgi
-from shmbus.adapters.http import Client, MessageBusProtocol, Poll
+from shmbus.adapters.http import MessageBusProtocol, Poll, Waiter
 from tests.e2e import e2e_app
 
 _entries: dict[int, dict[str, Any]] = {}
@@ -30,8 +30,8 @@ class LoggingProtocol(MessageBusProtocol):
             e2e_app._note_body(entry, poll.response.body)
             self._end(entry)
         else:
-            assert poll.client is not None
-            _entries[id(poll.client)] = entry
+            assert poll.waiter is not None
+            _entries[id(poll.waiter)] = entry
             e2e_app._note_body(entry, poll.first_chunk)
         return poll
 
@@ -40,13 +40,13 @@ class LoggingProtocol(MessageBusProtocol):
             entry["t1"] = time.monotonic()
             e2e_app.log(entry)
 
-    def stream_chunks(self, c: Client) -> list[bytes]:
+    def stream_chunks(self, c: Waiter) -> list[bytes]:
         chunks = super().stream_chunks(c)
         if chunks and id(c) in _entries:
             e2e_app._note_body(_entries[id(c)], b"".join(chunks))
         return chunks
 
-    def stream_end(self, c: Client) -> list[bytes]:
+    def stream_end(self, c: Waiter) -> list[bytes]:
         end = super().stream_end(c)
         entry = _entries.pop(id(c), None)
         if entry is not None:
@@ -54,7 +54,7 @@ class LoggingProtocol(MessageBusProtocol):
         self._end(entry)
         return end
 
-    def long_poll_response(self, c: Client) -> bytes:
+    def long_poll_response(self, c: Waiter) -> bytes:
         body = super().long_poll_response(c)
         entry = _entries.pop(id(c), None)
         if entry is not None:
@@ -62,7 +62,7 @@ class LoggingProtocol(MessageBusProtocol):
         self._end(entry)
         return body
 
-    def abandon(self, c: Client) -> None:
+    def abandon(self, c: Waiter) -> None:
         super().abandon(c)
         entry = _entries.pop(id(c), None)
         if entry is not None and not entry["ctype"].startswith("text/plain"):

@@ -120,7 +120,15 @@ class FakeLoop:
 class FakeTransport:
     """A transport recording what its protocol does to it; ``auto_flush`` off models a peer that reads slowly."""
 
-    def __init__(self, loop: FakeLoop, *, high: int = 64 * 1024, low: int = 16 * 1024, auto_flush: bool = True) -> None:
+    def __init__(
+        self,
+        loop: FakeLoop,
+        *,
+        high: int = 64 * 1024,
+        low: int = 16 * 1024,
+        auto_flush: bool = True,
+        half_close: bool = True,
+    ) -> None:
         self.loop = loop
         self.protocol: Any = None
         self.out = bytearray()  # everything written, in order
@@ -131,6 +139,7 @@ class FakeTransport:
         self.closed = False
         self.aborted = False
         self.high, self.low, self.auto_flush = high, low, auto_flush
+        self.half_close = half_close  # can_write_eof (false: a transport that cannot shut only its write side)
         self.unsent = 0  # bytes in the write buffer the peer has not read yet
         self.writing_paused = False
         self.writes_while_paused = 0  # writes the protocol made after pause_writing (flow control ignored)
@@ -166,7 +175,7 @@ class FakeTransport:
         self.reading = True
 
     def can_write_eof(self) -> bool:
-        return True
+        return self.half_close
 
     def write_eof(self) -> None:
         self.events.append("write_eof")

@@ -5,19 +5,15 @@ connection's own behaviour byte for byte and without sleeping: pipelining order,
 head/body deadlines, lingering close, read and write flow control, a parked long poll woken by a publish (a real
 Bus), malformed requests, and the parser callbacks called one by one. Every connection here runs on
 :class:`~mock_transport.FakeLoop` (timers fire only when the test moves the clock); ASGI app tasks run on the
-real loop of :func:`in_loop`. ``parser_kind`` runs each test with httptools and with the built-in parser.
+real loop of :func:`rig.in_loop`. ``parser_kind`` runs each test with httptools and with the built-in parser.
+The rig is tests/server/rig.py; the connection's parts one by one are in test_connection_parts.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import json
-import os
-from collections.abc import Callable, Coroutine, Iterator
-from dataclasses import dataclass
-from typing import Any, cast
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -25,123 +21,11 @@ from hypothesis import strategies as st
 
 from shmbus import Bus
 from shmbus.adapters.asgi import MessageBusMiddleware
-from shmbus.adapters.server import Limits, Server, connection, parser
-from shmbus.adapters.server.connection import HttpConnection
-from tests.harness import skip_or_fail
+from shmbus.adapters.server import Limits
 
-from .mock_transport import FakeLoop, FakeTransport, Response, responses, without_date
+from .mock_transport import responses, without_date
+from .rig import LIMITS, LONG_POLL, Rig, delivered, echo, in_loop, make_rig
 from .wire import poll, request
-
-LIMITS = Limits(header_timeout=5, body_timeout=7, max_pipeline_bytes=4096, linger=2, max_body_size=1000)
-LONG_POLL = 30.0  # the middleware's long_polling_interval here
-
-
-# ---------------------------------------------------------------------------------------------------- rig
-class EchoApp:
-    """``/gate``: waits until :meth:`open`; ``/chunks?n=N``: N 1 KiB pieces, no length; else echoes
-    ``METHOD path body``."""
-
-    def __init__(self) -> None:
-        self.gate: asyncio.Event | None = None
-        self.seen: list[str] = []
-
-    def open(self) -> None:
-        assert self.gate is not None, "no request waits at the gate"
-        self.gate.set()
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        path = scope["path"]
-        self.seen.append(path)
-        if path == "/gate":
-            self.gate = self.gate or asyncio.Event()
-            await self.gate.wait()
-        body = b""
-        while True:
-            msg = await receive()
-            body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
-        if path == "/chunks":
-            n = int(scope["query_string"].decode().partition("=")[2])
-            await send({"type": "http.response.start", "status": 200, "headers": []})
-            for i in range(n):
-                await send({"type": "http.response.body", "body": b"%04d" % i + b"x" * 1020, "more_body": True})
-            await send({"type": "http.response.body", "body": b""})
-            return
-        out = b"%s %s %s" % (scope["method"].encode(), path.encode(), body)
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(out))]})
-        await send({"type": "http.response.body", "body": out})
-
-
-@dataclass
-class Rig:
-    loop: FakeLoop
-    srv: Server
-    t: FakeTransport
-    conn: HttpConnection
-    app: EchoApp
-
-    def send(self, data: bytes) -> None:
-        self.t.receive(data)
-
-    async def settle(self) -> None:
-        await self.loop.settle()
-
-    def answers(self) -> list[Response]:
-        return responses(self.t.take())
-
-
-def make_rig(
-    mw: MessageBusMiddleware | None = None, limits: Limits = LIMITS, with_app: bool = True, **transport: Any
-) -> Rig:
-    """A connection on a fresh server: ``mw`` for the bus routes, ``with_app=False`` for none (every other
-    request gets 404 synchronously, so a test needs no running loop)."""
-    loop = FakeLoop()
-    app = mw.app if mw is not None else EchoApp()
-    assert isinstance(app, EchoApp)
-    root = mw if mw is not None else (app if with_app else None)
-    srv = Server(root, cast(asyncio.AbstractEventLoop, loop), limits=limits)
-    t = FakeTransport(loop, **transport)
-    conn = t.connect(srv.protocol_factory())
-    return Rig(loop, srv, t, conn, app)
-
-
-def in_loop(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
-    """Run an async test on a fresh real loop (for ASGI tasks and the bus tap); 60 s bound against hangs."""
-
-    @functools.wraps(fn)
-    def run(*args: Any, **kwargs: Any) -> None:
-        asyncio.run(asyncio.wait_for(fn(*args, **kwargs), 60))
-
-    return run
-
-
-@pytest.fixture(params=["httptools", "pure"])
-def parser_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The connection's parser, as ``SHMBUS_SERVER_PARSER`` would choose it at import."""
-    if request.param == "pure":
-        monkeypatch.setattr(connection, "Parser", parser.HttpRequestParser)
-        monkeypatch.setattr(connection, "ParserError", parser.HttpParserError)
-        monkeypatch.setattr(connection, "ParserUpgrade", parser.HttpParserUpgrade)
-    elif os.environ.get("SHMBUS_SERVER_PARSER") == "pure":
-        pytest.skip("SHMBUS_SERVER_PARSER=pure: the server was imported without httptools")
-    elif parser.PARSER != "httptools":
-        skip_or_fail("httptools is not installed (the web extra)")
-    return cast(str, request.param)
-
-
-@pytest.fixture
-def mw(shared_bus: Bus) -> Iterator[MessageBusMiddleware]:
-    """The middleware on this test's own bus (tests/server/conftest.py), its tap closed at the end."""
-    m = MessageBusMiddleware(EchoApp(), bus=shared_bus, long_polling_interval=LONG_POLL)
-    try:
-        yield m
-    finally:
-        m.close()
-
-
-def echo(method: str, path: str, body: bytes = b"") -> bytes:
-    return b"%s %s %s" % (method.encode(), path.encode(), body)
 
 
 # ---------------------------------------------------------------------------------------------------- pipelining
@@ -345,15 +229,6 @@ async def test_a_response_waits_while_the_transport_is_over_its_high_water_mark(
 
 
 # ---------------------------------------------------------------------------------------------------- the bus
-async def delivered(check: Callable[[], bool]) -> None:
-    """Wait (bounded, never timed) until ``check()``: the bus's listener thread hands batches to the real loop."""
-    for _ in range(1000):
-        if check():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the published message never reached the connection")
-
-
 @in_loop
 async def test_a_parked_long_poll_is_answered_by_a_publish(
     parser_kind: str, mw: MessageBusMiddleware, shared_bus: Bus
@@ -362,16 +237,17 @@ async def test_a_parked_long_poll_is_answered_by_a_publish(
     timers = len(r.loop.pending())  # the server's tick
     r.send(poll("c1", {"/x": shared_bus.last_id("/x")}))
     await r.settle()
-    assert r.t.take() == b"" and r.conn.client is not None, "the poll did not park"
+    parked = r.conn.parked
+    assert r.t.take() == b"" and parked is not None and parked.waiter is not None, "the poll did not park"
     # a 30 s interval is ended by the server's 1 s clock (COARSE_EXPIRY): a deadline on the connection, no timer
     assert len(r.loop.pending()) == timers, "a timer per parked poll (long intervals are ended by the clock)"
-    assert r.conn.expires == pytest.approx(r.loop.time() + LONG_POLL), "no long_polling_interval deadline"
+    assert parked.expires == pytest.approx(r.loop.time() + LONG_POLL), "no long_polling_interval deadline"
     shared_bus.publish("/x", {"n": 1})
     await delivered(lambda: bool(r.t.out))
     [got] = r.answers()
     assert got.status == 200 and [m["data"] for m in json.loads(got.body)] == [{"n": 1}]
-    assert r.conn.client is None and r.conn.timer is None
-    assert r.conn.expires == 0.0, "the poll's deadline was left set"
+    assert r.conn.parked is None and parked.waiter is None and parked.timer is None
+    assert parked.expires == 0.0, "the poll's deadline was left set"
     assert len(r.loop.pending()) == timers
     r.send(request("GET", "/next"))  # the connection is reusable
     await r.settle()
@@ -424,26 +300,26 @@ class HeadOf:
 
 
 def begin(r: Rig, url: list[bytes], headers: list[tuple[bytes, bytes]], head: HeadOf | None = None) -> None:
-    r.conn.parser = head or HeadOf()
-    r.conn.on_message_begin()
+    r.conn.reader.parser = head or HeadOf()
+    r.conn.reader.on_message_begin()
     for piece in url:
-        r.conn.on_url(piece)
+        r.conn.reader.on_url(piece)
     for name, value in headers:
-        r.conn.on_header(name, value)
+        r.conn.reader.on_header(name, value)
 
 
 def test_callbacks_build_the_request_from_pieces() -> None:
     r = make_rig(with_app=False)
     r.loop.advance(0.5)  # a tick at a whole second only: the deadline counts from the server's coarse clock
     begin(r, [b"/a%20", b"b?x=1", b"#frag"], [(b"Host", b"h"), (b"X-Y", b"z")], HeadOf(b"DELETE", "1.0", keep=False))
-    req = r.conn.req
+    req = r.conn.reader.req
     assert req is not None and r.conn.idle == 0.0
     assert (r.conn.deadline, r.conn.phase) == (r.srv.now + LIMITS.header_timeout, "request head")
     assert req.url == b"/a%20b?x=1#frag" and req.headers == [(b"host", b"h"), (b"x-y", b"z")]
-    r.conn.on_headers_complete()
+    r.conn.reader.on_headers_complete()
     assert (req.method, req.version, req.path, req.raw_path, req.query) == ("DELETE", "1.0", "/a b", b"/a%20b", b"x=1")
     assert req.head_done and r.conn.phase == "request body"
-    r.conn.on_message_complete()
+    r.conn.reader.on_message_complete()
     [got] = r.answers()
     assert got.status == 404 and "connection" not in got.headers  # HTTP/1.0 closes by default
     assert r.t.eof_written
@@ -453,18 +329,18 @@ def test_callbacks_refuse_a_head_over_the_limit_as_headers_arrive() -> None:
     r = make_rig(limits=Limits(max_head_size=100))
     begin(r, [b"/x"], [(b"a", b"1" * 40)])
     assert r.t.take() == b""
-    r.conn.on_header(b"b", b"2" * 60)
+    r.conn.reader.on_header(b"b", b"2" * 60)
     [got] = r.answers()
     assert (got.status, got.body) == (431, b"request head too large")
-    r.conn.on_header(b"c", b"3")  # after the refusal the callbacks ignore the rest
-    r.conn.on_body(b"ignored")
-    assert r.conn.req is None and r.t.take() == b""
+    r.conn.reader.on_header(b"c", b"3")  # after the refusal the callbacks ignore the rest
+    r.conn.reader.on_body(b"ignored")
+    assert r.conn.reader.req is None and r.t.take() == b""
 
 
 def test_callbacks_refuse_an_unsupported_expect() -> None:
     r = make_rig(with_app=False)
     begin(r, [b"/x"], [(b"expect", b"something-else")])
-    r.conn.on_headers_complete()
+    r.conn.reader.on_headers_complete()
     [got] = r.answers()
     assert (got.status, got.body) == (417, b"unsupported Expect")
 
@@ -472,7 +348,7 @@ def test_callbacks_refuse_an_unsupported_expect() -> None:
 def test_callbacks_refuse_a_declared_body_over_max_body_size_before_reading_it() -> None:
     r = make_rig(with_app=False)
     begin(r, [b"/up"], [(b"content-length", b"%d" % (LIMITS.max_body_size + 1))], HeadOf(b"POST"))
-    r.conn.on_headers_complete()
+    r.conn.reader.on_headers_complete()
     [got] = r.answers()
     assert (got.status, got.body) == (413, b"request body too large (limit 1000 bytes)")
     assert r.t.eof_written and r.conn.queue is None
@@ -482,12 +358,12 @@ def test_callbacks_refuse_a_declared_body_over_max_body_size_before_reading_it()
 async def test_callbacks_refuse_a_body_that_grows_over_max_body_size() -> None:
     r = make_rig()
     begin(r, [b"/up"], [(b"transfer-encoding", b"chunked")], HeadOf(b"POST"))
-    r.conn.on_headers_complete()
+    r.conn.reader.on_headers_complete()
     await r.settle()
-    r.conn.on_body(b"a" * 600)
+    r.conn.reader.on_body(b"a" * 600)
     await r.settle()
     assert r.t.take() == b""
-    r.conn.on_body(b"b" * 600)
+    r.conn.reader.on_body(b"b" * 600)
     await r.settle()
     [got] = r.answers()
     assert (got.status, got.body) == (413, b"request body too large (limit 1000 bytes)")
@@ -507,11 +383,12 @@ async def test_a_stream_holds_messages_while_the_transport_is_paused_and_sends_t
     await delivered(lambda: r.t.writing_paused)
     assert b'"data":"' + b"a" * 400 in r.t.take()
     shared_bus.publish("/x", "second")
-    client = r.conn.client
+    assert r.conn.parked is not None
+    client = r.conn.parked.waiter
     assert client is not None
     await delivered(lambda: bool(client.pending))  # queued for the client, not written
     await r.settle()
     assert r.t.take() == b"" and r.t.writes_while_paused == 0
     r.t.flush()  # the peer reads: resume_writing sends what was held
     assert b'"data":"second"' in r.t.take() and r.t.events == ["pause_writing", "resume_writing"]
-    assert r.conn.client is client, "the stream should stay open"
+    assert r.conn.parked is not None and r.conn.parked.waiter is client, "the stream should stay open"

@@ -12,7 +12,7 @@ import pytest
 
 from shmbus import Bus
 from shmbus.adapters.http import MessageBusProtocol, Options, Poll, ProtocolError
-from shmbus.adapters.http.flow import READ_BODY, CallLookup, RequestHead, advance, run_sync, serve
+from shmbus.adapters.http.flow import READ_BODY, CallLookup, RequestHead, advance, request_flow, run_sync
 
 FORM = "application/x-www-form-urlencoded"
 POLL = "/message-bus/abc/poll"
@@ -23,7 +23,7 @@ def protocol(bus: Bus, **options: Any) -> MessageBusProtocol:
 
 
 def answer(proto: MessageBusProtocol, head: RequestHead, body: bytes = b"", context: Any = None, **kw: Any) -> Poll:
-    return run_sync(serve(proto, head, **kw), lambda: body, lambda step: step.fn(context, *step.args))
+    return run_sync(request_flow(proto, head, **kw), lambda: body, lambda step: step.fn(context, *step.args))
 
 
 def test_backlog_poll_is_answered_at_once(bus: Bus) -> None:
@@ -40,22 +40,22 @@ def test_long_poll_parks_then_answers_with_the_live_message(bus: Bus) -> None:
     proto = protocol(bus)
     woken: list[Any] = []
     poll = answer(proto, RequestHead("POST", POLL, "", FORM, dont_chunk=True), b"/a=1", waker=woken.append)
-    assert poll.mode == "long" and poll.client is not None and not woken
+    assert poll.mode == "long" and poll.waiter is not None and not woken
     bus.publish("/a", "new")
     proto.dispatch(list(bus.backlog("/a", 1)))  # what the bus listener hands the shell's tap
-    assert woken == [poll.client]
-    assert proto.long_poll_response(poll.client) == b'[{"global_id":2,"message_id":2,"channel":"/a","data":"new"}]'
+    assert woken == [poll.waiter]
+    assert proto.long_poll_response(poll.waiter) == b'[{"global_id":2,"message_id":2,"channel":"/a","data":"new"}]'
 
 
 def test_stream_sends_a_first_chunk_then_framed_chunks(bus: Bus) -> None:
     proto = protocol(bus)
     poll = answer(proto, RequestHead("POST", POLL, "", FORM), b"/s=-1", waker=lambda c: None)
-    assert poll.mode == "stream" and poll.client is not None
+    assert poll.mode == "stream" and poll.waiter is not None
     assert poll.first_chunk == b'[{"global_id":-1,"message_id":-1,"channel":"/__status","data":{"/s":0}}]\r\n|\r\n'
     bus.publish("/s", 7)
     proto.dispatch(list(bus.backlog("/s", 0)))
-    assert proto.stream_chunks(poll.client) == [b'[{"global_id":1,"message_id":1,"channel":"/s","data":7}]\r\n|\r\n']
-    assert proto.stream_end(poll.client) == [b"[]\r\n|\r\n"]
+    assert proto.stream_chunks(poll.waiter) == [b'[{"global_id":1,"message_id":1,"channel":"/s","data":7}]\r\n|\r\n']
+    assert proto.stream_end(poll.waiter) == [b"[]\r\n|\r\n"]
 
 
 def test_steps_come_in_order_body_then_each_lookup(bus: Bus) -> None:
@@ -76,7 +76,7 @@ def test_steps_come_in_order_body_then_each_lookup(bus: Bus) -> None:
     )
     bus.publish("/t", "for 7", user_ids=[7])
     bus.publish("/t", "for 8", user_ids=[8])
-    flow = serve(proto, RequestHead("POST", POLL, "dlp=t", FORM))
+    flow = request_flow(proto, RequestHead("POST", POLL, "dlp=t", FORM))
     assert advance(flow) is READ_BODY
     steps = [advance(flow, b"/t=0")]
     while not isinstance(steps[-1], Poll):
@@ -95,14 +95,14 @@ def test_steps_come_in_order_body_then_each_lookup(bus: Bus) -> None:
 
 
 def test_options_preflight_reads_no_body(bus: Bus) -> None:
-    flow = serve(protocol(bus), RequestHead("OPTIONS", POLL))
+    flow = request_flow(protocol(bus), RequestHead("OPTIONS", POLL))
     poll = advance(flow)
     assert isinstance(poll, Poll) and poll.response is not None
     assert (poll.response.status, poll.response.body) == (200, b"OK")
 
 
 def test_a_body_the_shell_refuses_becomes_its_4xx(bus: Bus) -> None:
-    flow = serve(protocol(bus), RequestHead("POST", POLL, "", FORM))
+    flow = request_flow(protocol(bus), RequestHead("POST", POLL, "", FORM))
     assert advance(flow) is READ_BODY
     poll = advance(flow, error=ProtocolError(413, "request body too large (limit 10 bytes)"))
     assert isinstance(poll, Poll) and poll.response is not None

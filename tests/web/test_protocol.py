@@ -671,7 +671,7 @@ def test_one_shared_frame_per_channel_per_batch(bus: Bus) -> None:
         req = P.PollRequest(f"c{i}", {"/foo": None}, dont_chunk=False)
         poll = proto.start_poll(req, P.Lookups(), [])
         assert poll.mode == "stream"
-        clients.append(poll.client)
+        clients.append(poll.waiter)
     bus.publish("/foo", 1)
     bus.publish("/foo", 2)
     batch = list(bus.backlog("/foo"))
@@ -713,7 +713,7 @@ def test_a_shared_class_chunk_never_carries_a_message_outside_its_class(bus: Bus
     for cid, (uid, gids) in who.items():
         poll = proto.start_poll(P.PollRequest(cid, {"/priv": None}), proto.lookups(uid, gids, None), [])
         assert poll.mode == "stream"
-        clients[cid] = poll.client
+        clients[cid] = poll.waiter
     bus.publish("/priv", "all")
     bus.publish("/priv", "u1", user_ids=[1])
     bus.publish("/priv", "g5", group_ids=[5])
@@ -765,7 +765,7 @@ def test_stream_buffer_limit_drops_client(bus: Bus) -> None:
     proto = P.MessageBusProtocol(bus, P.Options(max_stream_buffer=1000))
     woken = []
     poll = proto.start_poll(P.PollRequest("slow", {"/foo": None}), P.Lookups(), [], waker=woken.append)
-    c = poll.client
+    c = poll.waiter
     assert c is not None
     for i in range(30):
         bus.publish("/foo", "x" * 100)

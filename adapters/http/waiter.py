@@ -12,6 +12,7 @@ from shmbus.bus import Bus
 from shmbus.channels import GLOBAL_PREFIX
 from shmbus.message import Message
 
+from .interning import intern_bounded
 from .wire import encode_status
 
 log = logging.getLogger("shmbus.adapters")
@@ -36,7 +37,7 @@ class Lookups:
     site_id: str | None = None
 
 
-class Client:
+class Waiter:
     """One request that waits for live messages (long poll or stream).
 
     ``last`` holds, per channel, the highest id this request has delivered or skipped; live messages at or
@@ -75,7 +76,7 @@ class Client:
         channels: Iterable[str],
         streaming: bool,
         epoch: int,
-        waker: Callable[[Client], Any] | None = None,
+        waker: Callable[[Waiter], Any] | None = None,
         signal: Any = None,
     ) -> None:
         self.client_id = client_id
@@ -136,7 +137,7 @@ class Client:
         return encode_status({ch: self.last.get(ch, 0) for ch in self.channels if ch in self.status_due})
 
     def __repr__(self) -> str:
-        return f"Client({self.client_id!r}, seq={self.seq}, streaming={self.streaming})"
+        return f"Waiter({self.client_id!r}, seq={self.seq}, streaming={self.streaming})"
 
 
 _KEYS: dict[tuple[str | None, str], tuple[str | None, str]] = {}
@@ -144,13 +145,7 @@ _KEYS: dict[tuple[str | None, str], tuple[str | None, str]] = {}
 
 def _shared_key(site: str | None, channel: str) -> tuple[str | None, str]:
     """One ``(site, channel)`` tuple object per index key (bounded): memory per parked client."""
-    key = (site, channel)
-    shared = _KEYS.get(key)
-    if shared is None:
-        if len(_KEYS) >= 20_000:
-            _KEYS.clear()
-        shared = _KEYS[key] = key
-    return shared
+    return _KEYS.get((site, channel)) or intern_bounded(_KEYS, (site, channel), 20_000)  # a hit costs no call
 
 
 def filter_allows(bus: Bus, msg: Message) -> bool:
