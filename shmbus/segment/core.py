@@ -241,22 +241,20 @@ class Segment(Ring, ChannelTable, Processes, Bridging, Locking):
         _U32.pack_into(mm, _OFF_READY, READY)
 
     def close(self) -> None:
-        """Detach this process (the segment stays for the others)."""
+        """Detach this process (the segment stays for the others).
+
+        Nothing is unmapped or released here: another thread of this process may be inside a segment operation
+        that holds this Segment (a publish past its attachment check). Unmapping under it would be a segfault
+        (the native mutex and futex are raw addresses), and releasing its views would stop an append half done
+        with the lock released normally, so no repair would run. Such an operation completes as if it came just
+        before the close; the mapping goes when the last reference to this Segment does (CPython unmaps an mmap
+        on deallocation).
+        """
         if self._closed:
             return
         with contextlib.suppress(Exception):
             self._unregister_process()
         self._closed = True
-        del self._anchor
-        self.mutex = None  # type: ignore[assignment]
-        for view in (self._u64, self._u32):
-            if isinstance(view, memoryview):  # not the test hook's counting proxy
-                with contextlib.suppress(Exception):
-                    view.release()
-        try:
-            self.mm.close()
-        except BufferError:  # a Record memoryview still alive somewhere; the mapping goes with the process
-            pass
         self._close_fd(self._fd, self._shm)
 
     def unlink(self) -> None:
