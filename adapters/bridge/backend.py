@@ -4,7 +4,8 @@ Everything else (the relay election, the catch-up and its loss accounting, the h
 host's own writes, status and metrics, fork) is the kit's, written once (:mod:`.relay`, :mod:`.engine`). A backend
 only moves bytes: it publishes envelopes and says which ids they got, reads its own history after an id, names
 that history, and rings a doorbell when something may be new. **Notices are doorbells, never data**: the kit stores
-only what :meth:`Backend.read_after` returned, so a stale, repeated or forged notice can at most cost one read.
+only what :meth:`Backend.read_after` returned, or a line the backend's own publish code sealed with a key only the
+bus's writers hold (:mod:`.seals`), so a stale, repeated or forged notice can at most cost one read.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
     from shmbus.engines import BacklogGap, Envelope
     from shmbus.segment import BridgeRecord, Segment
 
-__all__ = ["Backend", "Doorbell", "Page", "Row"]
+__all__ = ["Backend", "Doorbell", "Page", "Ring", "Row"]
 
 
 class Row(NamedTuple):
@@ -37,13 +38,23 @@ class Page(NamedTuple):
     rows: list[Row]
 
 
+class Ring(NamedTuple):
+    """What one wait on the doorbell brought: the highest id the notices name (0: none; a hint), the gem's lines
+    (bytes), and the seals (id -> mac) that came with them (:mod:`.seals`)."""
+
+    top: int
+    lines: list[bytes]
+    seals: dict[int, bytes]
+
+
 class Doorbell(Protocol):
     """A backend's notification connection (SUBSCRIBE, LISTEN), opened before the catch-up read so nothing published
     after that read goes unnoticed."""
 
-    def ring(self, timeout: float) -> int:
-        """Wait up to ``timeout`` s for notices; the highest id they name (0: none). A hint only: it decides whether
-        to read, never what is stored. Raises the backend's connection errors (the relay reconnects)."""
+    def ring(self, timeout: float) -> Ring:
+        """Wait up to ``timeout`` s for notices: what they brought. Its ``top`` is a hint only (whether to read);
+        only lines whose seal verifies may be stored without a read (:mod:`.seals`). Raises the backend's
+        connection errors (the relay reconnects)."""
         ...
 
     def keepalive(self) -> None:
@@ -85,6 +96,14 @@ class Backend(Protocol):
 
     def open_doorbell(self) -> Doorbell:
         """*relay*: connect the notification side (checking the server may serve a relay at all)."""
+        ...
+
+    #: the hash the backend seals notices with (``hashlib`` name: what its script or procedure has).
+    seal_hash: str
+
+    def seal_key(self) -> bytes | None:
+        """*relay*: the key the bus's writers seal notices with, as last read (None: none, or this process may not
+        read it: every notice is then a doorbell only)."""
         ...
 
     def history_id(self) -> int:

@@ -31,7 +31,7 @@ from typing import Any
 
 import psycopg
 
-from ..bridge.engine import BridgeEngine
+from ..bridge.engine import BridgeEngine, RelayOptions
 from ..bridge.status import BridgeStatus
 from .backend import PostgresBackend
 from .errors import PostgresBridgeError, PostgresReadOnly, PostgresUnavailable, redact_dsn
@@ -87,17 +87,8 @@ class PostgresBridge(BridgeEngine):
             command_timeout=command_timeout,
             synchronous_commit=synchronous_commit,
         )
-        super().__init__(
-            backend,
-            status,
-            log,
-            relay=relay,
-            election_interval=election_interval,
-            reconnect_max=reconnect_max,
-            local_wait=local_wait,
-            autostart=autostart,
-            trim_interval=trim_interval,
-        )
+        options = RelayOptions(relay, election_interval, reconnect_max, local_wait, autostart, trim_interval)
+        super().__init__(backend, status, log, options)
         self.postgres = backend
 
     def _conn(self) -> psycopg.Connection[Any]:

@@ -24,7 +24,7 @@ import logging
 
 import redis
 
-from ..bridge.engine import BridgeEngine
+from ..bridge.engine import BridgeEngine, RelayOptions
 from ..bridge.status import BridgeStatus
 from .backend import RedisBackend
 from .errors import RedisBridgeError, RedisReadOnly, RedisUnavailable
@@ -72,15 +72,12 @@ class RedisBridge(BridgeEngine):
         self.max_in_memory_publish_backlog = max_in_memory_publish_backlog
         status = BridgeStatus("redis", redact_url(url), log)
         backend = RedisBackend(url, self.pubsub_channel, status, socket_timeout, connect_timeout)
+        options = RelayOptions(relay, election_interval, reconnect_max, local_wait, autostart)
         super().__init__(
             backend,
             status,
             log,
-            relay=relay,
-            election_interval=election_interval,
-            reconnect_max=reconnect_max,
-            local_wait=local_wait,
-            autostart=autostart,
+            options,
             queue_in_memory=queue_in_memory,
             max_in_memory_publish_backlog=max_in_memory_publish_backlog,
         )
