@@ -1,12 +1,12 @@
 """The PostgreSQL side of the bridge kit (:class:`~shmbus.adapters.bridge.backend.Backend`): the gem's table.
 
-Publishes call the ``shmbus_send`` procedures; the relay LISTENs (any role with CONNECT may ``pg_notify``, so a
-notice is only a doorbell) and reads the table after its position. Ids are drawn at INSERT and appear at COMMIT, so
-a missing id may be in flight: :meth:`PostgresBackend.settle` waits for the table's writers (``pg_locks``). Trims
-record the newest id they deleted (``shmbus_trimmed``): a missing id at or below it is a lost message, not a
-rolled-back id; and per channel (``shmbus_trimmed_channels``): whether a channel's backlog from 0 is whole. Every
-statement has a client-side timeout (``command_timeout``): a frozen server raises :class:`PostgresUnavailable`,
-never blocks a publisher or the relay for the length of the freeze.
+Publishes call the ``shmbus_send`` procedures (which seal their notices); the relay LISTENs (any role with CONNECT may
+``pg_notify``: an unsealed notice is only a doorbell) and reads the table after its position. Ids are drawn at INSERT
+and appear at COMMIT, so a missing id may be in flight: :meth:`PostgresBackend.settle` waits for the table's writers
+(``pg_locks``). Trims record the newest id they deleted (``shmbus_trimmed``): a missing id at or below it is a lost
+message, not a rolled-back id; and per channel (``shmbus_trimmed_channels``): whether a channel's backlog from 0 is
+whole. Every statement has a client-side timeout (``command_timeout``): a frozen server raises
+:class:`PostgresUnavailable`, never blocks a publisher or the relay for the length of the freeze.
 """
 
 from __future__ import annotations

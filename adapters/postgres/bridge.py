@@ -11,7 +11,8 @@
   app on the gem's postgres backend and a Python app on shmbus share one bus, with the same ids. The id is the row
   id: a message's channel id *is* its global id (a channel's ids have gaps), so the segment holds sparse ids.
 * **One relay per host** (the bridge kit's election) LISTENs and, on every notice, reads the table after the
-  segment's newest id: **a notice is a doorbell**, never stored (any role with CONNECT may ``pg_notify``). A missing
+  segment's newest id: **a notice is a doorbell**, never stored (any role with CONNECT may ``pg_notify``), unless
+  the procedure sealed it with the key in ``shmbus_seal_key`` (then the next id is stored without the read). A missing
   id below a committed one (a hole) is waited for until the transactions then writing to the table have ended;
   an id a trim deleted before this host read it counts as lost (``relay_lost``) and shows as a gap.
 * **Reads** come from the segment; only a gap (older than the segment holds) is filled from the table.

@@ -1,9 +1,10 @@
 """The Redis side of the bridge kit (:class:`~shmbus.adapters.bridge.backend.Backend`): the gem's key layout.
 
-Publish runs one Lua script (EVALSHA) that assigns the ids, stores the line in the gem's backlogs and PUBLISHes it;
-the relay reads Redis's global backlog (pointers) and the channel backlogs (the lines), so a PUBLISHed line is only
-ever a doorbell. Every global id up to ``__mb_global_id_n`` was a message (Redis draws ids inside the script), so an
-id the global backlog no longer holds is a trimmed one: lost for a host that had not read it.
+Publish runs one Lua script (EVALSHA) that assigns the ids, stores the line in the gem's backlogs and PUBLISHes it and
+its seal; the relay stores a line whose seal verifies, else reads Redis's global backlog (pointers) and the channel
+backlogs (the lines): any other PUBLISHed line is only a doorbell. Every global id up to ``__mb_global_id_n`` was a
+message (Redis draws ids inside the script), so an id the global backlog no longer holds is a trimmed one: lost for a
+host that had not read it.
 """
 
 from __future__ import annotations
