@@ -98,7 +98,7 @@ class Backend(Protocol):
         """*relay*: connect the notification side (checking the server may serve a relay at all)."""
         ...
 
-    #: the hash the backend seals notices with (``hashlib`` name: what its script or procedure has).
+    #: the hash the backend seals notices with: ``"sha1"`` (Redis Lua) or ``"sha256"`` (PostgreSQL).
     seal_hash: str
 
     def seal_key(self) -> bytes | None:
