@@ -316,7 +316,8 @@ class Relay:
         if key is None or not history or not ring.seals:
             return False
         seg = self.bus.segment
-        for row in sealed_rows(ring, self.backend.seal_hash, key, history):
+        after = max(self.status.position, seg.global_id())  # its publisher may have landed it: nothing to verify
+        for row in sealed_rows(ring, self.backend.seal_hash, key, history, after):
             pos = max(self.status.position, seg.global_id())
             if row.global_id <= pos:
                 continue  # already stored (or landed by its publisher)

@@ -59,12 +59,13 @@ def seal_of(payload: bytes) -> tuple[int, bytes] | None:
         return None
 
 
-def sealed_rows(ring: Ring, hash_name: str, key: bytes, history: int) -> list[Row]:
-    """The lines of ``ring`` whose seal verifies for ``history``, as rows in id order (each id once)."""
+def sealed_rows(ring: Ring, hash_name: str, key: bytes, history: int, after: int) -> list[Row]:
+    """The lines of ``ring`` with ids above ``after`` whose seal verifies for ``history``, as rows in id order (each
+    id once; lines at or below ``after`` are not even verified)."""
     rows: dict[int, Row] = {}
     for line in ring.lines:
         row = parse_line(line)
-        if row is None or row.global_id in rows:
+        if row is None or row.global_id <= after or row.global_id in rows:
             continue
         tag = ring.seals.get(row.global_id)
         if tag is not None and hmac.compare_digest(tag, mac(hash_name, key, history, line)):

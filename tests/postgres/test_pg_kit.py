@@ -248,6 +248,30 @@ def test_a_connect_only_role_can_neither_read_the_seal_key_nor_seal(
     assert [m.data for m in b.backlog("/chat")] == ["hello", "sealed"]
 
 
+def test_the_publish_procedures_seal_as_the_kit_verifies(make_host: Callable[..., Bus], pg: Any, sql: Any) -> None:
+    """Both procedures (one message, a batch) send each line's seal on the seal channel, equal to the kit's
+    ``seals.mac`` with the key in ``shmbus_seal_key`` and the table's history (else every notice would silently
+    cost a read)."""
+    from shmbus.adapters.bridge.seals import mac, seal_of
+
+    a = make_host("a")
+    wait_relaying(a)
+    (key,) = sql.execute("SELECT key FROM shmbus_seal_key").fetchone()
+    history = a.segment.history_id()
+    seals_channel = pg["channel"] + "_shmbus_seals"
+    with psycopg.connect(pg["dsn"], autocommit=True) as listener:
+        listener.execute(f'LISTEN "{pg["channel"]}"')
+        listener.execute(f'LISTEN "{seals_channel}"')
+        first = a.publish("/s", "one")
+        a.default.publish_many(a, [("/s", i) for i in range(3)])
+        got = list(listener.notifies(timeout=5, stop_after=8))
+    lines = {int(n.payload.split("|")[0]): n.payload.encode() for n in got if n.channel == pg["channel"]}
+    seals = dict(seal_of(n.payload.encode()) for n in got if n.channel == seals_channel)  # type: ignore[misc]
+    assert sorted(seals) == sorted(lines) and len(lines) == 4 and min(lines) == first
+    for gid, line in lines.items():
+        assert seals[gid] == mac("sha256", key.encode(), history, line)
+
+
 def test_a_frozen_server_is_a_typed_error_within_the_timeout(
     private_pg: PostgresServer, make_host: Callable[..., Bus]
 ) -> None:

@@ -111,6 +111,32 @@ def test_a_forged_seal_is_not_stored_and_only_the_buss_key_seals(
     assert r.zrangebyscore(layout.backlog_key("/chat"), first + 1, first + 1) == []  # not read from Redis
 
 
+def test_the_publish_scripts_seal_as_the_kit_verifies(redis_server: Any, make_host: Callable[..., Bus]) -> None:
+    """Both publish scripts (one message, a batch) send each line's seal on the seal channel, equal to the kit's
+    ``seals.mac`` with the key and history Redis holds (else every notice would silently cost a read)."""
+    from shmbus.adapters.bridge.seals import mac, seal_of
+    from shmbus.adapters.redis import layout
+
+    a = make_host("a", redis_server.url)
+    wait_relaying(a)
+    r = redis.Redis.from_url(redis_server.url)
+    key, history = r.get(layout.SEAL_KEY), int(r.get(layout.HISTORY_KEY))
+    ps = r.pubsub(ignore_subscribe_messages=True)
+    ps.subscribe("_message_bus_0", layout.seal_channel("_message_bus_0"))
+    wait_for(lambda: r.pubsub_numsub("_message_bus_0")[0][1] >= 2, what="the test subscribed")
+    a.publish("/s", "one")
+    a.default.publish_many(a, [("/s", i) for i in range(3)])
+    got: list[Any] = []
+    wait_for(lambda: got.append(ps.get_message(timeout=0.1)) or len([m for m in got if m]) >= 8, what="4 + 4")
+    msgs = [m for m in got if m]
+    lines = {int(m["data"].split(b"|")[0]): m["data"] for m in msgs if m["channel"] == b"_message_bus_0"}
+    seals = dict(seal_of(m["data"]) for m in msgs if m["channel"] != b"_message_bus_0")  # type: ignore[misc]
+    assert sorted(seals) == sorted(lines) == [1, 2, 3, 4]
+    for gid, line in lines.items():
+        assert seals[gid] == mac("sha1", key, history, line)
+    ps.close()
+
+
 def test_an_oversized_message_raises_before_the_script(redis_server: Any, make_host: Callable[..., Bus]) -> None:
     a = make_host("a", redis_server.url)
     a.publish("/big", "small")
