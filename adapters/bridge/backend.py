@@ -13,6 +13,8 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
+from .rows import Ring, Row
+
 if TYPE_CHECKING:
     from shmbus.bus import Backlog, Bus
     from shmbus.engines import BacklogGap, Envelope
@@ -21,30 +23,12 @@ if TYPE_CHECKING:
 __all__ = ["Backend", "Doorbell", "Page", "Ring", "Row"]
 
 
-class Row(NamedTuple):
-    """One message of the backend's history, as read from it (never from a notice)."""
-
-    global_id: int
-    message_id: int  #: the channel's id (Redis); the global id again on PostgreSQL (sparse ids)
-    channel: str  #: the backend's channel name (the channel, with the site suffix)
-    value: bytes | None  #: the gem's envelope; None: the id existed, but the backend no longer holds the message
-
-
 class Page(NamedTuple):
     """What one history read returned: the messages and the identity of the history they belong to (read with
     them, so a history replaced between two reads is noticed before its messages are stored; 0: unknown)."""
 
     history: int
     rows: list[Row]
-
-
-class Ring(NamedTuple):
-    """What one wait on the doorbell brought: the highest id the notices name (0: none; a hint), the gem's lines
-    (bytes), and the seals (id -> mac) that came with them (:mod:`.seals`)."""
-
-    top: int
-    lines: list[bytes]
-    seals: dict[int, bytes]
 
 
 class Doorbell(Protocol):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-from .backend import Ring, Row
+from .rows import Ring, Row
 
 __all__ = ["NO_RING", "mac", "parse_line", "seal_of", "sealed_rows"]
 
