@@ -4,7 +4,8 @@ Everything else (the relay election, the catch-up and its loss accounting, the h
 host's own writes, status and metrics, fork) is the kit's, written once (:mod:`.relay`, :mod:`.engine`). A backend
 only moves bytes: it publishes envelopes and says which ids they got, reads its own history after an id, names
 that history, and rings a doorbell when something may be new. **Notices are doorbells, never data**: the kit stores
-only what :meth:`Backend.read_after` returned, so a stale, repeated or forged notice can at most cost one read.
+only what :meth:`Backend.read_after` returned, or a line the backend's own publish code sealed with a key only the
+bus's writers hold (:mod:`.seals`), so a stale, repeated or forged notice can at most cost one read.
 """
 
 from __future__ import annotations
@@ -12,22 +13,15 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
+from .rows import Ring, Row
+
 if TYPE_CHECKING:
     from shmbus.bus import Backlog
     from shmbus.engines import BacklogGap, Envelope
     from shmbus.host import BusHost
     from shmbus.segment import BridgeRecord, Segment
 
-__all__ = ["Backend", "Doorbell", "Page", "Row"]
-
-
-class Row(NamedTuple):
-    """One message of the backend's history, as read from it (never from a notice)."""
-
-    global_id: int
-    message_id: int  #: the channel's id (Redis); the global id again on PostgreSQL (sparse ids)
-    channel: str  #: the backend's channel name (the channel, with the site suffix)
-    value: bytes | None  #: the gem's envelope; None: the id existed, but the backend no longer holds the message
+__all__ = ["Backend", "Doorbell", "Page", "Ring", "Row"]
 
 
 class Page(NamedTuple):
@@ -42,9 +36,10 @@ class Doorbell(Protocol):
     """A backend's notification connection (SUBSCRIBE, LISTEN), opened before the catch-up read so nothing published
     after that read goes unnoticed."""
 
-    def ring(self, timeout: float) -> int:
-        """Wait up to ``timeout`` s for notices; the highest id they name (0: none). A hint only: it decides whether
-        to read, never what is stored. Raises the backend's connection errors (the relay reconnects)."""
+    def ring(self, timeout: float) -> Ring:
+        """Wait up to ``timeout`` s for notices: what they brought. Its ``top`` is a hint only (whether to read);
+        only lines whose seal verifies may be stored without a read (:mod:`.seals`). Raises the backend's
+        connection errors (the relay reconnects)."""
         ...
 
     def keepalive(self) -> None:
@@ -86,6 +81,14 @@ class Backend(Protocol):
 
     def open_doorbell(self) -> Doorbell:
         """*relay*: connect the notification side (checking the server may serve a relay at all)."""
+        ...
+
+    #: the hash the backend seals notices with: ``"sha1"`` (Redis Lua) or ``"sha256"`` (PostgreSQL).
+    seal_hash: str
+
+    def seal_key(self) -> bytes | None:
+        """*relay*: the key the bus's writers seal notices with, as last read (None: none, or this process may not
+        read it: every notice is then a doorbell only)."""
         ...
 
     def history_id(self) -> int:

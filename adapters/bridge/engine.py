@@ -7,7 +7,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from shmbus.engines import BacklogGap, Engine, Envelope, RelayFigures
 from shmbus.errors import EngineError
@@ -24,9 +24,20 @@ if TYPE_CHECKING:
     from shmbus.bus import Backlog
     from shmbus.host import BusHost
 
-__all__ = ["Batch", "BridgeEngine"]
+__all__ = ["Batch", "BridgeEngine", "RelayOptions"]
 
 GROUP = 1000  # envelopes per backend publish call (one round trip)
+
+
+class RelayOptions(NamedTuple):
+    """The options every bridge takes for its relay and landing (documented on ``RedisBridge``)."""
+
+    relay: bool
+    election_interval: float
+    reconnect_max: float
+    local_wait: float
+    autostart: bool
+    trim_interval: float = 0.0
 
 
 class Batch:
@@ -61,25 +72,16 @@ class BridgeEngine(Engine):
         backend: Backend,
         status: BridgeStatus,
         log: logging.Logger,
+        options: RelayOptions,
         *,
-        relay: bool,
-        election_interval: float,
-        reconnect_max: float,
-        local_wait: float,
-        autostart: bool,
-        trim_interval: float = 0.0,
         queue_in_memory: bool = False,
         max_in_memory_publish_backlog: int = 1000,
     ) -> None:
         self.backend = backend
         self.status = status
         self.log = log
-        self.relay = relay
-        self.election_interval = election_interval
-        self.reconnect_max = reconnect_max
-        self.local_wait = local_wait
-        self.autostart = autostart
-        self.trim_interval = trim_interval
+        self.relay, self.election_interval, self.reconnect_max, self.local_wait, self.autostart = options[:5]
+        self.trim_interval = options.trim_interval
         self.queue_in_memory = queue_in_memory
         self.queue = PublishQueue(self._send_queued, max_in_memory_publish_backlog, log) if queue_in_memory else None
         self._bus: BusHost | None = None

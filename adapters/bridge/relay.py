@@ -4,7 +4,9 @@ The rules, written once:
 
 * **The backend is the truth, notices are doorbells.** A notice only says "read": the relay stores what
   :meth:`Backend.read_after` returns after its position, in id order. A stale, repeated or forged notice costs at
-  most one read that finds nothing; it can neither store, duplicate nor reset anything.
+  most one read that finds nothing; it can neither store, duplicate nor reset anything. The one shortcut: a line
+  the backend's own publish code *sealed* (:mod:`.seals`) for the history the segment records, and whose id is
+  the very next after the position, is the backend's word already and is stored without the read.
 * **Loss is counted.** Ids the backend no longer holds when the relay reads past them (trimmed or expired before
   this host read them; a writer that outlived the backend's timeout) are added to ``relay_lost`` and logged, and
   every channel's next message starts a new chain (``Segment.break_chains``), so a backlog read across the loss
@@ -29,8 +31,9 @@ from shmbus.channels import split_backend_name
 from shmbus.engines import Envelope
 
 from ..redis.layout import decode_envelope
-from .backend import Backend, Doorbell, Row
+from .backend import Backend, Doorbell, Ring, Row
 from .election import RelayElection
+from .seals import sealed_rows
 from .status import BridgeStatus
 
 if TYPE_CHECKING:
@@ -176,13 +179,13 @@ class Relay:
         next_trim = now + self.trim_interval
         next_metrics = now + METRICS_INTERVAL
         while not stop.is_set():
-            hint = bell.ring(0.25)
+            ring = bell.ring(0.25)
             now = time.monotonic()
-            if hint:
+            if ring.top:
                 idle_since = now
                 # publishers land only right after the segment's newest: every id up to it is settled
                 self.status.position = max(self.status.position, seg.global_id())
-                if hint > self.status.position:
+                if ring.top > self.status.position and not self.store_sealed(ring):
                     self.catch_up()  # else stale, repeated, already landed by its publisher, or forged: nothing
             if now >= next_history:
                 next_history = now + HISTORY_CHECK_INTERVAL
@@ -303,6 +306,27 @@ class Relay:
                 break
         self.status.position = max(self.status.position, pos)
         self.status.backend_newest = max(self.status.backend_newest, self.status.position, self.backend.newest_id())
+
+    def store_sealed(self, ring: Ring) -> bool:
+        """Store the sealed lines of ``ring`` that continue the position one id after another; True if that covered
+        every id it names (no read needed). A seal proves the line is the backend's, written in the history the
+        segment records; only the next id is taken, so nothing is skipped, stored twice or counted here."""
+        key = self.backend.seal_key()
+        history = self.bus.segment.history_id()
+        if key is None or not history or not ring.seals:
+            return False
+        seg = self.bus.segment
+        after = max(self.status.position, seg.global_id())  # its publisher may have landed it: nothing to verify
+        for row in sealed_rows(ring, self.backend.seal_hash, key, history, after):
+            pos = max(self.status.position, seg.global_id())
+            if row.global_id <= pos:
+                continue  # already stored (or landed by its publisher)
+            if row.global_id != pos + 1:
+                return False  # a gap: in flight, rolled back or lost; the read decides
+            self._mark = seg.global_id()  # stored before a message of the recorded history: its own
+            self._store(row)
+        self.status.backend_newest = max(self.status.backend_newest, self.status.position)
+        return max(self.status.position, seg.global_id()) >= ring.top
 
     def _lose(self, first: int, last: int, lost_upto: int) -> None:
         """Move past ``first``..``last``, which the backend does not hold: those at or below ``lost_upto`` were

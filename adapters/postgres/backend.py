@@ -1,18 +1,19 @@
 """The PostgreSQL side of the bridge kit (:class:`~shmbus.adapters.bridge.backend.Backend`): the gem's table.
 
-Publishes call the ``shmbus_send`` procedures; the relay LISTENs (any role with CONNECT may ``pg_notify``, so a
-notice is only a doorbell) and reads the table after its position. Ids are drawn at INSERT and appear at COMMIT, so
-a missing id may be in flight: :meth:`PostgresBackend.settle` waits for the table's writers (``pg_locks``). Trims
-record the newest id they deleted (``shmbus_trimmed``): a missing id at or below it is a lost message, not a
-rolled-back id; and per channel (``shmbus_trimmed_channels``): whether a channel's backlog from 0 is whole. Every
-statement has a client-side timeout (``command_timeout``): a frozen server raises :class:`PostgresUnavailable`,
-never blocks a publisher or the relay for the length of the freeze.
+Publishes call the ``shmbus_send`` procedures (which seal their notices); the relay LISTENs (any role with CONNECT may
+``pg_notify``: an unsealed notice is only a doorbell) and reads the table after its position. Ids are drawn at INSERT
+and appear at COMMIT, so a missing id may be in flight: :meth:`PostgresBackend.settle` waits for the table's writers
+(``pg_locks``). Trims record the newest id they deleted (``shmbus_trimmed``): a missing id at or below it is a lost
+message, not a rolled-back id; and per channel (``shmbus_trimmed_channels``): whether a channel's backlog from 0 is
+whole. Every statement has a client-side timeout (``command_timeout``): a frozen server raises
+:class:`PostgresUnavailable`, never blocks a publisher or the relay for the length of the freeze.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import secrets
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,8 @@ from shmbus.channels import backend_name
 from shmbus.perprocess import Birth
 from shmbus.segment import BridgeRecord
 
-from ..bridge.backend import Page, Row
+from ..bridge.backend import Page, Ring, Row
+from ..bridge.seals import NO_RING, seal_of
 from ..bridge.status import BridgeStatus
 from ..redis.layout import PIPE_ESCAPE, decode_envelope, encode_envelope
 from . import sql
@@ -62,29 +64,42 @@ class TimedConnection(psycopg.Connection[Any]):
 
 
 class PostgresDoorbell:
-    """The LISTEN connection: a notice's id is a hint; the relay reads the table."""
+    """The LISTEN connection, to the gem's channel and the seal channel: a notice's id is a hint; the relay reads
+    the table unless the line came sealed (the bridge kit's ``seals``)."""
 
     def __init__(self, backend: PostgresBackend) -> None:
         self.backend = backend
         self.conn = backend.connect()
+        self.seals = backend.notify_channel + sql.SEAL_SUFFIX
         try:
             backend.check_server(self.conn)  # a standby refuses LISTEN: say read-only, not only "reconnecting"
             self.conn.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(backend.notify_channel)))
+            if len(self.seals.encode()) <= 63:  # else the procedures send no seals
+                self.conn.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(self.seals)))
+            backend.read_seal_key(self.conn)
         except BaseException:
             self.conn.close()
             raise
 
-    def ring(self, timeout: float) -> int:
+    def ring(self, timeout: float) -> Ring:
         top = 0
+        lines: list[bytes] = []
+        seals: dict[int, bytes] = {}
         # returns as soon as one notice arrives, with every notice received in the same read
         noticed = self.backend.noticed
         for n in self.conn.notifies(timeout=timeout, stop_after=1):
+            if n.channel == self.seals:
+                seal = seal_of(n.payload.encode())
+                if seal is not None:
+                    seals[seal[0]] = seal[1]
+                continue
+            lines.append(n.payload.encode())
             parts = n.payload.split("|", 3)
             with contextlib.suppress(ValueError):
                 top = max(top, int(parts[0]))
             if len(parts) == 4 and len(noticed) < _NOTICED_MAX:  # a channel to trim: the gem's rule for any channel
                 noticed.add(parts[2].replace(PIPE_ESCAPE, "|"))
-        return top
+        return Ring(top, lines, seals) if lines or seals else NO_RING
 
     def keepalive(self) -> None:
         self.conn.execute("SELECT 1")
@@ -98,6 +113,7 @@ class PostgresBackend:
 
     kind = "postgres"
     sparse_ids = True
+    seal_hash = "sha256"  # what PostgreSQL has without extensions
     errors: tuple[type[BaseException], ...] = (psycopg.Error, PostgresBridgeError)
     unreachable: tuple[type[BaseException], ...] = (psycopg.OperationalError,)
 
@@ -134,6 +150,7 @@ class PostgresBackend:
         self._trimmed_below = 0  # the global trim's previous bound (rows at or below it are gone)
         self._newest = 0
         self._history: int | None = None
+        self._seal_key: bytes | None = None
         self.noticed: set[str] = set()  # channels named by notices since the last trim pass (published here too)
 
     # ------------------------------------------------------------------ connections
@@ -158,8 +175,9 @@ class PostgresBackend:
         try:
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(hashtext('shmbus.setup.' || current_schema()))")
-                for stmt in (*sql.CREATE_TABLE, *sql.CREATE_TRIMMED):
+                for stmt in (*sql.CREATE_TABLE, *sql.CREATE_TRIMMED, *sql.CREATE_SEAL_KEY):
                     conn.execute(stmt)
+                conn.execute(sql.INSERT_SEAL_KEY, (secrets.token_hex(32),))
                 conn.execute(sql.CREATE_PROCEDURE)
                 conn.execute(sql.CREATE_MANY_PROCEDURE)
         except psycopg.errors.ReadOnlySqlTransaction as exc:
@@ -299,6 +317,18 @@ class PostgresBackend:
         except psycopg.OperationalError:
             self.drop_conn()
             raise
+
+    def read_seal_key(self, conn: psycopg.Connection[Any]) -> None:
+        """Read the seal key (on the doorbell's connection, when it opens); a role that may not read it relays
+        from the table only."""
+        try:
+            row = conn.execute(sql.SELECT_SEAL_KEY).fetchone()
+        except (psycopg.errors.InsufficientPrivilege, psycopg.errors.UndefinedTable):
+            row = None
+        self._seal_key = row[0].encode() if row else None
+
+    def seal_key(self) -> bytes | None:
+        return self._seal_key
 
     def history_id(self) -> int:
         (history, newest, in_recovery, read_only) = self._relay_query(sql.SELECT_HISTORY)[0]

@@ -11,7 +11,8 @@
   app on the gem's postgres backend and a Python app on shmbus share one bus, with the same ids. The id is the row
   id: a message's channel id *is* its global id (a channel's ids have gaps), so the segment holds sparse ids.
 * **One relay per host** (the bridge kit's election) LISTENs and, on every notice, reads the table after the
-  segment's newest id: **a notice is a doorbell**, never stored (any role with CONNECT may ``pg_notify``). A missing
+  segment's newest id: **a notice is a doorbell**, never stored (any role with CONNECT may ``pg_notify``), unless
+  the procedure sealed it with the key in ``shmbus_seal_key`` (then the next id is stored without the read). A missing
   id below a committed one (a hole) is waited for until the transactions then writing to the table have ended;
   an id a trim deleted before this host read it counts as lost (``relay_lost``) and shows as a gap.
 * **Reads** come from the segment; only a gap (older than the segment holds) is filled from the table.
@@ -31,7 +32,7 @@ from typing import Any
 
 import psycopg
 
-from ..bridge.engine import BridgeEngine
+from ..bridge.engine import BridgeEngine, RelayOptions
 from ..bridge.status import BridgeStatus
 from .backend import PostgresBackend
 from .errors import PostgresBridgeError, PostgresReadOnly, PostgresUnavailable, redact_dsn
@@ -87,17 +88,8 @@ class PostgresBridge(BridgeEngine):
             command_timeout=command_timeout,
             synchronous_commit=synchronous_commit,
         )
-        super().__init__(
-            backend,
-            status,
-            log,
-            relay=relay,
-            election_interval=election_interval,
-            reconnect_max=reconnect_max,
-            local_wait=local_wait,
-            autostart=autostart,
-            trim_interval=trim_interval,
-        )
+        options = RelayOptions(relay, election_interval, reconnect_max, local_wait, autostart, trim_interval)
+        super().__init__(backend, status, log, options)
         self.postgres = backend
 
     def _conn(self) -> psycopg.Connection[Any]:

@@ -12,11 +12,13 @@ from __future__ import annotations
 __all__ = [
     "CREATE_MANY_PROCEDURE",
     "CREATE_PROCEDURE",
+    "CREATE_SEAL_KEY",
     "CREATE_TABLE",
     "CREATE_TRIMMED",
     "SELECT_GONE_UPTO",
     "SELECT_HISTORY",
     "DEFAULT_NOTIFY_CHANNEL",
+    "INSERT_SEAL_KEY",
     "NOTIFY_LIMIT",
     "PUBLISH",
     "PUBLISH_MANY",
@@ -25,6 +27,8 @@ __all__ = [
     "SELECT_CHANNEL_NEWEST",
     "SELECT_HELD",
     "SELECT_REWRITE",
+    "SELECT_SEAL_KEY",
+    "SEAL_SUFFIX",
     "SELECT_WRITERS",
     "TRIM_CHANNEL",
     "TRIM_EXPIRE",
@@ -45,6 +49,37 @@ CREATE_TABLE = (
     "CREATE INDEX IF NOT EXISTS table_added_at_index ON message_bus (added_at)",
 )
 
+#: The seal key (shmbus's own table, one row): a random secret. Tables get no grants to other roles, so only the
+#: owner (the role that created the bus's tables), superusers and roles granted SELECT read it: they can seal
+#: notices (see the bridge kit's ``seals``); a role with CONNECT only can notify, not seal.
+CREATE_SEAL_KEY = (
+    "CREATE TABLE IF NOT EXISTS shmbus_seal_key (one boolean PRIMARY KEY DEFAULT true CHECK (one), key text NOT NULL)",
+    "REVOKE ALL ON shmbus_seal_key FROM PUBLIC",
+)
+INSERT_SEAL_KEY = "INSERT INTO shmbus_seal_key (one, key) VALUES (true, %s) ON CONFLICT (one) DO NOTHING"
+SELECT_SEAL_KEY = "SELECT key FROM shmbus_seal_key"
+#: The seal channel of a notify channel (PostgreSQL channel names have at most 63 bytes: longer, no seals).
+SEAL_SUFFIX = "_shmbus_seals"
+
+# The procedures' seal of one line, after its notice: ``gid|mac`` on the seal channel, mac as the kit's
+# ``seals.mac`` with sha256 and the table's history identity. Never an error after the COMMIT (the client would
+# take the publish for failed): no key table, no privilege or a long channel name only mean no seal.
+_SEAL_READ = """
+  seal_ch := p_notify || '{suffix}';
+  IF octet_length(seal_ch) <= 63 AND has_table_privilege(to_regclass('shmbus_seal_key'), 'SELECT') THEN
+    SELECT key INTO seal_k FROM shmbus_seal_key;
+    seal_h := ((((('message_bus'::regclass)::oid)::bigint << 31)
+      # pg_relation_filenode('message_bus'::regclass)::bigint) & 9223372036854775807)::text;
+  END IF;
+""".replace("{suffix}", SEAL_SUFFIX)
+_SEAL_ONE = """
+      IF seal_k IS NOT NULL THEN
+        PERFORM pg_notify(seal_ch, {id} || '|' || encode(sha256(convert_to(seal_k || encode(sha256(convert_to(
+          seal_k || seal_h || '|' || line, 'UTF8')), 'hex'), 'UTF8')), 'hex'));
+      END IF;
+"""
+_SEAL_DECLARE = "seal_ch text; seal_k text; seal_h text;"
+
 # One call = the gem's publish, in its order: INSERT ... RETURNING id, COMMIT, then pg_notify of its line in a
 # transaction of its own (a procedure, so both take one round trip; PostgreSQL 11 or later). The split matters for
 # throughput: a transaction that notifies holds PostgreSQL's cluster-wide notify lock from its pre-commit to its
@@ -52,27 +87,37 @@ CREATE_TABLE = (
 # commit); the notice's own transaction writes no WAL and commits without waiting for a flush. Ids may commit out
 # of id order (they always could with the gem's writers): the relays wait for a missing id's writers (pg_locks).
 # As with the gem, a connection lost between the two leaves a row without a notice: relays read it from the table
-# on the next notice (or within seconds when idle).
-CREATE_PROCEDURE = """
+# on the next notice (or within seconds when idle). A line short enough to carry its value is also sealed.
+CREATE_PROCEDURE = (
+    """
 CREATE OR REPLACE PROCEDURE shmbus_send(p_channel text, p_value text, p_notify text, p_line_channel text,
     INOUT new_id bigint DEFAULT NULL)
 LANGUAGE plpgsql AS $fn$
 DECLARE
   line text;
+  """
+    + _SEAL_DECLARE
+    + """
 BEGIN
   INSERT INTO message_bus (channel, value) VALUES (p_channel, p_value) RETURNING id INTO new_id;
   COMMIT;
   line := new_id || '|' || new_id || '|' || p_line_channel || '|' || p_value;
   IF octet_length(line) >= 8000 THEN
-    line := new_id || '|' || new_id || '|' || p_line_channel || '|';
+    PERFORM pg_notify(p_notify, new_id || '|' || new_id || '|' || p_line_channel || '|');
+  ELSE
+    PERFORM pg_notify(p_notify, line);"""
+    + _SEAL_READ
+    + _SEAL_ONE.format(id="new_id")
+    + """
   END IF;
-  PERFORM pg_notify(p_notify, line);
 END
 $fn$
 """
+)
 
 # Many messages in one call (one round trip): every row in one transaction, ids in array order, then every notice.
-CREATE_MANY_PROCEDURE = """
+CREATE_MANY_PROCEDURE = (
+    """
 CREATE OR REPLACE PROCEDURE shmbus_send_many(p_channels text[], p_values text[], p_notify text,
     p_line_channels text[], INOUT new_ids bigint[] DEFAULT NULL)
 LANGUAGE plpgsql AS $fn$
@@ -81,23 +126,32 @@ DECLARE
   n int := coalesce(array_length(p_channels, 1), 0);
   new_id bigint;
   line text;
+  """
+    + _SEAL_DECLARE
+    + """
 BEGIN
   new_ids := '{}';
   FOR i IN 1 .. n LOOP
     INSERT INTO message_bus (channel, value) VALUES (p_channels[i], p_values[i]) RETURNING id INTO new_id;
     new_ids := new_ids || new_id;
   END LOOP;
-  COMMIT;
+  COMMIT;"""
+    + _SEAL_READ
+    + """
   FOR i IN 1 .. n LOOP
     line := new_ids[i] || '|' || new_ids[i] || '|' || p_line_channels[i] || '|' || p_values[i];
     IF octet_length(line) >= 8000 THEN
-      line := new_ids[i] || '|' || new_ids[i] || '|' || p_line_channels[i] || '|';
+      PERFORM pg_notify(p_notify, new_ids[i] || '|' || new_ids[i] || '|' || p_line_channels[i] || '|');
+    ELSE
+      PERFORM pg_notify(p_notify, line);"""
+    + _SEAL_ONE.format(id="new_ids[i]")
+    + """
     END IF;
-    PERFORM pg_notify(p_notify, line);
   END LOOP;
 END
 $fn$
 """
+)
 
 # The gem's three trims (its clear_global_backlog, expire and clear_channel_backlog statements), which a relay runs
 # every ``trim_interval`` instead of inside every publish: after each pass the table holds what the gem's

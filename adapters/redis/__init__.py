@@ -10,7 +10,9 @@ notification — is the gem's, so a Ruby app and a Python app on one Redis share
   app configured with ``url:`` only, whatever database the URL names; shmbus takes the URL's database. To share a
   bus with such a Ruby app on a database other than 0, pass ``RedisBridge(url, pubsub_channel="_message_bus_0")``.
 * **Publish script.** Same keys, arguments and effects as the gem's, but it returns ``{global_id, channel_id}``
-  (the gem's returns the channel id): the publisher stores its own message in the segment with Redis's ids.
+  (the gem's returns the channel id): the publisher stores its own message in the segment with Redis's ids. It
+  also PUBLISHes a seal of the line on ``<channel>_shmbus_seals`` (keyed by ``__mb_shmbus_seal``; see
+  ``docs/redis.md``), which only shmbus relays subscribe to: the gem's line and channel are unchanged.
 * **Unreachable or read-only Redis.** The gem queues in memory by default (``queue_in_memory`` true) and only on
   READONLY; shmbus raises :class:`RedisUnavailable` / :class:`RedisReadOnly` by default, and with
   ``queue_in_memory=True`` queues on both (``publish`` then returns None, as the gem's does). A queued message keeps

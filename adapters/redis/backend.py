@@ -1,9 +1,10 @@
 """The Redis side of the bridge kit (:class:`~shmbus.adapters.bridge.backend.Backend`): the gem's key layout.
 
-Publish runs one Lua script (EVALSHA) that assigns the ids, stores the line in the gem's backlogs and PUBLISHes it;
-the relay reads Redis's global backlog (pointers) and the channel backlogs (the lines), so a PUBLISHed line is only
-ever a doorbell. Every global id up to ``__mb_global_id_n`` was a message (Redis draws ids inside the script), so an
-id the global backlog no longer holds is a trimmed one: lost for a host that had not read it.
+Publish runs one Lua script (EVALSHA) that assigns the ids, stores the line in the gem's backlogs and PUBLISHes it and
+its seal; the relay stores a line whose seal verifies, else reads Redis's global backlog (pointers) and the channel
+backlogs (the lines): any other PUBLISHed line is only a doorbell. Every global id up to ``__mb_global_id_n`` was a
+message (Redis draws ids inside the script), so an id the global backlog no longer holds is a trimmed one: lost for a
+host that had not read it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from shmbus.message import Message
 from shmbus.perprocess import Birth
 from shmbus.segment import BridgeRecord
 
-from ..bridge.backend import Page, Row
+from ..bridge.backend import Page, Ring, Row
+from ..bridge.seals import NO_RING, seal_of
 from ..bridge.status import BridgeStatus
 from . import layout
 from .errors import RedisBridgeError, RedisReadOnly, RedisUnavailable
@@ -42,7 +44,8 @@ _GROUP = 250  # messages per run of the batch script: bounds how long one script
 
 
 class RedisDoorbell:
-    """The SUBSCRIBE connection: a line's id is a hint; the relay reads the backlog."""
+    """The SUBSCRIBE connection, to the gem's channel and the seal channel: a line's id is a hint; the relay reads
+    the backlog unless the line came sealed (the bridge kit's ``seals``)."""
 
     def __init__(self, backend: RedisBackend) -> None:
         self.backend = backend
@@ -50,28 +53,38 @@ class RedisDoorbell:
         self.conn: Any = pool.connection_class(**pool.connection_kwargs)
         self.conn.connect()
         self.ping_sent = 0.0
-        self.conn.send_command("SUBSCRIBE", backend.pubsub_channel)
-        reply = self.conn.read_response()
-        if not reply or reply[0] != b"subscribe":
-            raise redis.exceptions.ConnectionError(f"unexpected SUBSCRIBE reply {reply!r}")
+        self.seals = layout.seal_channel(backend.pubsub_channel).encode()
+        self.conn.send_command("SUBSCRIBE", backend.pubsub_channel, self.seals)
+        for _ in range(2):
+            reply = self.conn.read_response()
+            if not reply or reply[0] != b"subscribe":
+                raise redis.exceptions.ConnectionError(f"unexpected SUBSCRIBE reply {reply!r}")
 
-    def ring(self, timeout: float) -> int:
+    def ring(self, timeout: float) -> Ring:
         conn = self.conn
         if not conn.can_read(timeout=timeout):
             if self.ping_sent and time.monotonic() - self.ping_sent > self.backend.socket_timeout:
                 raise redis.exceptions.TimeoutError("no PING reply on the subscription connection")
-            return 0
+            return NO_RING
         top = 0
+        lines: list[bytes] = []
+        seals: dict[int, bytes] = {}
         while True:
             reply = conn.read_response()
             if reply[0] == b"message":
-                line = reply[2]
-                with contextlib.suppress(ValueError):
-                    top = max(top, int(line[: line.index(b"|")]))
+                if reply[1] == self.seals:
+                    seal = seal_of(reply[2])
+                    if seal is not None:
+                        seals[seal[0]] = seal[1]
+                else:
+                    line = reply[2]
+                    lines.append(line)
+                    with contextlib.suppress(ValueError):
+                        top = max(top, int(line[: line.index(b"|")]))
             elif reply[0] == b"pong":
                 self.ping_sent = 0.0
             if not conn.can_read(timeout=0):
-                return top
+                return Ring(top, lines, seals)
 
     def keepalive(self) -> None:
         if not self.ping_sent:
@@ -87,6 +100,7 @@ class RedisBackend:
 
     kind = "redis"
     sparse_ids = False
+    seal_hash = "sha1"  # what Redis's Lua has (redis.sha1hex)
     errors: tuple[type[BaseException], ...] = (redis.exceptions.RedisError,)
     unreachable: tuple[type[BaseException], ...] = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
@@ -103,6 +117,7 @@ class RedisBackend:
         self._birth = Birth()  # where _client was made
         self._gone = 0
         self._newest = 0
+        self._seal_key: bytes | None = None
         self._codec: Codec = get_codec(None)
 
     # ------------------------------------------------------------------ connections
@@ -229,13 +244,18 @@ class RedisBackend:
         return bell
 
     def history_id(self) -> int:
-        fresh = secrets.randbits(63) or 1
+        """The history key (set when missing), and with it the seal key (set when missing: a FLUSHDB drops both)."""
+        fresh, key = secrets.randbits(63) or 1, secrets.token_hex(32)
         pipe = self.client.pipeline(transaction=False)
-        pipe.eval(layout.HISTORY_SCRIPT, 1, layout.HISTORY_KEY, fresh)
+        pipe.eval(layout.HISTORY_SCRIPT, 2, layout.HISTORY_KEY, layout.SEAL_KEY, fresh, key)
         pipe.get(layout.GLOBAL_ID_KEY)
         got = pipe.execute()
         self._newest = int(got[1] or 0)
-        return int(got[0])
+        self._seal_key = bytes(got[0][1]) if got[0][1] else None
+        return int(got[0][0])
+
+    def seal_key(self) -> bytes | None:
+        return self._seal_key
 
     def history_continues(self, seg: Segment, changed: bool, mark: int) -> bool:
         """A changed identity: Redis lost its keys (FLUSHDB, a restart without persistence). Unknown (an older

@@ -7,8 +7,9 @@
   same Redis sees the same messages with the same ids, and vice versa. The publisher then stores its own message
   locally when that keeps the segment contiguous, else it waits briefly for the relay.
 * **One relay per host** (the bridge kit's election: an OFD lock on the segment file) SUBSCRIBEs to
-  ``_message_bus_<db>`` and, on every line, reads Redis's global backlog after the segment's newest id: the line is
-  a doorbell, the backlog is what is stored. Ids Redis trimmed before this host read them count as lost.
+  ``_message_bus_<db>`` and its seal channel: a line the script sealed that follows the segment's newest id is
+  stored, on any other line it reads Redis's global backlog after that id (a line is a doorbell; Redis's word is
+  what is stored). Ids Redis trimmed before this host read them count as lost.
 * **Reads** come from the segment; only a gap (older than the segment holds) is filled from Redis.
 * **Faults**: an unreachable Redis makes ``publish`` raise :class:`RedisUnavailable` after ``socket_timeout`` (or
   queue, with ``queue_in_memory=True``); a replica raises :class:`RedisReadOnly` (or queues); a flushed or restarted
@@ -24,7 +25,7 @@ import logging
 
 import redis
 
-from ..bridge.engine import BridgeEngine
+from ..bridge.engine import BridgeEngine, RelayOptions
 from ..bridge.status import BridgeStatus
 from .backend import RedisBackend
 from .errors import RedisBridgeError, RedisReadOnly, RedisUnavailable
@@ -72,15 +73,12 @@ class RedisBridge(BridgeEngine):
         self.max_in_memory_publish_backlog = max_in_memory_publish_backlog
         status = BridgeStatus("redis", redact_url(url), log)
         backend = RedisBackend(url, self.pubsub_channel, status, socket_timeout, connect_timeout)
+        options = RelayOptions(relay, election_interval, reconnect_max, local_wait, autostart)
         super().__init__(
             backend,
             status,
             log,
-            relay=relay,
-            election_interval=election_interval,
-            reconnect_max=reconnect_max,
-            local_wait=local_wait,
-            autostart=autostart,
+            options,
             queue_in_memory=queue_in_memory,
             max_in_memory_publish_backlog=max_in_memory_publish_backlog,
         )

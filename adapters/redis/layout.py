@@ -21,6 +21,7 @@ __all__ = [
     "GLOBAL_ID_KEY",
     "PUBLISH_SCRIPT",
     "PUBLISH_SHA",
+    "SEAL_KEY",
     "Decoded",
     "backlog_id_key",
     "backlog_key",
@@ -30,16 +31,39 @@ __all__ = [
     "parse_line",
     "parse_pointer",
     "script_args",
+    "seal_channel",
 ]
 
 GLOBAL_ID_KEY = "__mb_global_id_n"
 GLOBAL_BACKLOG_KEY = "__mb_global_backlog_n"
 PIPE_ESCAPE = "$$123$$"
 
+#: The seal key (shmbus's own: the gem never reads it): a random secret a relay sets when missing (a FLUSHDB
+#: drops it with the history). Whoever may read it can seal notices (see the bridge kit's ``seals``): give
+#: pub/sub-only ACL users no access to it.
+SEAL_KEY = "__mb_shmbus_seal"
+#: The seal of the line just published, PUBLISHed as ``gid|mac`` on the seal channel (the kit's ``seals.mac`` with
+#: sha1); none while the key or the history key is missing.
+SEAL_LUA = """
+local sk = redis.call('GET', {key})
+local sh = sk and redis.call('GET', {history})
+if sh then
+  redis.call('PUBLISH', {channel},
+    string.format('%d|', gid) .. redis.sha1hex(sk .. redis.sha1hex(sk .. sh .. '|' .. line)))
+end
+"""
+
+
+def seal_channel(pubsub_channel: str) -> str:
+    """The pub/sub channel of the seals, next to the gem's (only shmbus relays subscribe to it)."""
+    return f"{pubsub_channel}_shmbus_seals"
+
+
 # Same keys, arguments and effects as the gem's LUA_PUBLISH (own text): ids, backlogs, TTLs, PUBLISH, trim.
-# The only difference: it returns {global_id, channel_id} (the gem's returns the channel id), which the bridge
-# needs to store the message locally with Redis's ids.
-PUBLISH_SCRIPT = """
+# The differences: it returns {global_id, channel_id} (the gem's returns the channel id), which the bridge
+# needs to store the message locally with Redis's ids; and it PUBLISHes the line's seal on the seal channel.
+PUBLISH_SCRIPT = (
+    """
 local gid = redis.call('INCR', KEYS[1])
 local cid = redis.call('INCR', KEYS[2])
 local line = string.format('%d|%d|', gid, cid) .. ARGV[1]  -- not %s: Lua 5.1 cuts it at a NUL byte
@@ -51,6 +75,9 @@ redis.call('EXPIRE', KEYS[3], age)
 redis.call('ZADD', KEYS[4], gid, string.format('%d|%s', cid, ARGV[5]))
 redis.call('EXPIRE', KEYS[4], age)
 redis.call('PUBLISH', KEYS[5], line)
+"""
+    + SEAL_LUA.format(key="KEYS[6]", history="KEYS[7]", channel="ARGV[6]")
+    + """
 redis.call('EXPIRE', KEYS[2], age)
 if cid > size then
   redis.call('ZREMRANGEBYSCORE', KEYS[3], 1, cid - size)
@@ -60,21 +87,25 @@ if gid > gsize then
 end
 return {gid, cid}
 """
+)
 PUBLISH_SHA = hashlib.sha1(PUBLISH_SCRIPT.encode()).hexdigest()
 
 # The same effects for many messages in one call (the pipelined/batch path): one script run per group instead of
-# one per message cuts Redis's per-call overhead. KEYS: global id, global backlog, pub/sub channel, then per
-# message its id key and backlog key; ARGV: n, gsize, then per message line tail, age, size, backend channel.
+# one per message cuts Redis's per-call overhead. KEYS: global id, global backlog, pub/sub channel, seal key,
+# history key, then per message its id key and backlog key; ARGV: n, gsize, seal channel, then per message line
+# tail, age, size, backend channel. The seal key and history are read once per run (the script is atomic).
 # The global backlog is trimmed once at the end, which leaves the same set as trimming after every message.
 PUBLISH_MANY_SCRIPT = """
 local n = tonumber(ARGV[1])
 local gsize = tonumber(ARGV[2])
 local out = {}
 local gid = 0
+local sk = redis.call('GET', KEYS[4])
+local sh = sk and redis.call('GET', KEYS[5])
 for i = 0, n - 1 do
-  local idk = KEYS[4 + 2 * i]
-  local blk = KEYS[5 + 2 * i]
-  local a = 3 + 4 * i
+  local idk = KEYS[6 + 2 * i]
+  local blk = KEYS[7 + 2 * i]
+  local a = 4 + 4 * i
   local age = tonumber(ARGV[a + 1])
   local size = tonumber(ARGV[a + 2])
   gid = redis.call('INCR', KEYS[1])
@@ -85,6 +116,10 @@ for i = 0, n - 1 do
   redis.call('ZADD', KEYS[2], gid, string.format('%d|', cid) .. ARGV[a + 3])
   redis.call('EXPIRE', KEYS[2], age)
   redis.call('PUBLISH', KEYS[3], line)
+  if sh then
+    redis.call('PUBLISH', ARGV[3],
+      string.format('%d|', gid) .. redis.sha1hex(sk .. redis.sha1hex(sk .. sh .. '|' .. line)))
+  end
   redis.call('EXPIRE', idk, age)
   if cid > size then
     redis.call('ZREMRANGEBYSCORE', blk, 1, cid - size)
@@ -103,11 +138,11 @@ PUBLISH_MANY_SHA = hashlib.sha1(PUBLISH_MANY_SCRIPT.encode()).hexdigest()
 def many_script_args(single_args: list[list[Any]]) -> list[Any]:
     """EVALSHA arguments (after the sha) of PUBLISH_MANY_SCRIPT for messages given as ``script_args`` lists."""
     first = single_args[0]
-    keys: list[Any] = [first[1], first[4], first[5]]
-    argv: list[Any] = [len(single_args), first[9]]
+    keys: list[Any] = [first[1], first[4], first[5], first[6], first[7]]
+    argv: list[Any] = [len(single_args), first[11], first[13]]
     for a in single_args:
         keys += (a[2], a[3])
-        argv += (a[6], a[7], a[8], a[10])
+        argv += (a[8], a[9], a[10], a[12])
     return [len(keys), *keys, *argv]
 
 
@@ -195,21 +230,24 @@ def parse_pointer(member: bytes) -> tuple[int, str]:
 
 
 def script_args(env: Envelope, codec: Codec, gsize: int, pubsub_channel: str) -> list[Any]:
-    """EVALSHA arguments after the sha: numkeys, the five keys, the five arguments."""
+    """EVALSHA arguments after the sha: numkeys, the seven keys, the six arguments."""
     chan = backend_name(env.channel, env.site_id)
     age = max(1, math.ceil(env.max_backlog_age))
     return [
-        5,
+        7,
         GLOBAL_ID_KEY,
         backlog_id_key(chan),
         backlog_key(chan),
         GLOBAL_BACKLOG_KEY,
         pubsub_channel,
+        SEAL_KEY,
+        HISTORY_KEY,
         line_tail(chan, encode_envelope(codec, env.payload, env.meta)),
         age,
         max(1, env.max_backlog_size),
         max(1, gsize),
         chan,
+        seal_channel(pubsub_channel),
     ]
 
 
@@ -217,17 +255,21 @@ def script_args(env: Envelope, codec: Codec, gsize: int, pubsub_channel: str) ->
 #: FLUSHDB or a restart without persistence, when the next relay sets a new random one: a different value than the
 #: one a segment recorded means that segment holds another history.
 HISTORY_KEY = "__mb_shmbus_history"
-#: Get it, or set a new one; 0 (unknown) on a read-only replica that has none yet.
+#: Get it, or set a new one; 0 (unknown) on a read-only replica that has none yet. The same for the seal key
+#: (false: none). Returns {history, seal key}.
 HISTORY_SCRIPT = """
-local v = redis.call('GET', KEYS[1])
-if not v then
-  local ok = redis.pcall('SET', KEYS[1], ARGV[1])
-  if type(ok) == 'table' and ok.err then
-    return 0
+local function get_or_set(key, fresh)
+  local v = redis.call('GET', key)
+  if v then
+    return v
   end
-  v = ARGV[1]
+  local ok = redis.pcall('SET', key, fresh)
+  if type(ok) == 'table' and ok.err then
+    return false
+  end
+  return fresh
 end
-return v
+return {get_or_set(KEYS[1], ARGV[1]) or 0, get_or_set(KEYS[2], ARGV[2])}
 """
 
 #: The relay's read, in one round trip: the history key, the newest id, then for up to ARGV[2] global backlog

@@ -171,20 +171,27 @@ def test_stale_and_repeated_notices_during_local_publishing_never_reset(
     assert ids == sorted(set(ids)) and set(sent) <= set(ids)
 
 
-def test_a_forged_notice_from_a_connect_only_role_injects_and_resets_nothing(
-    private_pg: PostgresServer, make_host: Callable[..., Bus], bus_name: str
-) -> None:
-    """Any role with CONNECT may pg_notify. The gem stores what a notice says; the relay only reads the table
-    (which that role cannot write), so a forged line is never delivered and the real message that later gets its
-    id is delivered without a reset."""
-    dsn = dsn_for(private_pg.url, "public")
-    channel = "_message_bus_0"
+def hosts_and_mallory(private_pg: PostgresServer, make_host: Callable[..., Bus]) -> tuple[Bus, Bus, int]:
+    """Hosts a and b on the private cluster (notify channel ``_message_bus_0``), b holding a's first message on
+    /chat (its id returned), and a role ``mallory`` with CONNECT only."""
+    dsn, channel = dsn_for(private_pg.url, "public"), "_message_bus_0"
     a, b = make_host("a", dsn=dsn, notify_channel=channel), make_host("b", dsn=dsn, notify_channel=channel)
     wait_relaying(a, b)
     first = a.publish("/chat", "hello")
     wait_for(lambda: b.last_id("/chat") == first, what="b has the first message")
     with psycopg.connect(private_pg.url, autocommit=True) as admin:
         admin.execute("CREATE ROLE mallory LOGIN")
+    return a, b, first
+
+
+def test_a_forged_notice_from_a_connect_only_role_injects_and_resets_nothing(
+    private_pg: PostgresServer, make_host: Callable[..., Bus], bus_name: str
+) -> None:
+    """Any role with CONNECT may pg_notify. The gem stores what a notice says; the relay only reads the table
+    (which that role cannot write), so a forged line is never delivered and the real message that later gets its
+    id is delivered without a reset."""
+    channel = "_message_bus_0"
+    a, b, first = hosts_and_mallory(private_pg, make_host)
     mallory_url = private_pg.url.replace("postgres@", "mallory@")
     with psycopg.connect(mallory_url, autocommit=True) as m:
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
@@ -200,6 +207,69 @@ def test_a_forged_notice_from_a_connect_only_role_injects_and_resets_nothing(
         wait_for(lambda h=host: h.last_id("/chat") == real, what=f"{host.name} has the real message")
         assert [m.data for m in host.backlog("/chat")] == ["hello", "the real one"]
         assert host.default.health()["resets"] == 0
+
+
+def test_a_connect_only_role_can_neither_read_the_seal_key_nor_seal(
+    private_pg: PostgresServer, make_host: Callable[..., Bus]
+) -> None:
+    """A relay stores a notified line without reading the table only when its seal verifies (made with the key in
+    ``shmbus_seal_key``, for the table's history). A CONNECT-only role cannot read the key; its seals (a guessed
+    key, another history, a real seal it overheard re-sent with its own line) are not stored. A seal made with the
+    key is, though the table holds no such row: whoever may read the key is a writer of the bus."""
+    from shmbus.adapters.bridge.seals import mac
+
+    channel, seals = "_message_bus_0", "_message_bus_0_shmbus_seals"
+    a, b, first = hosts_and_mallory(private_pg, make_host)
+    with psycopg.connect(private_pg.url, autocommit=True) as admin:
+        row = admin.execute("SELECT key FROM shmbus_seal_key").fetchone()
+    key, history = row[0].encode(), b.segment.history_id()
+    real_line = f"{first}|{first}|/chat|{GEM_VALUE % json.dumps('hello')}".encode()
+    line = f"{first + 1}|{first + 1}|/chat|{GEM_VALUE % json.dumps('<script>alert(1)</script>')}".encode()
+    mallory_url = private_pg.url.replace("postgres@", "mallory@")
+    with psycopg.connect(mallory_url, autocommit=True) as m:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            m.execute("SELECT key FROM shmbus_seal_key")
+        for tag in (
+            mac("sha256", b"0" * len(key), history, line),  # a guessed key
+            mac("sha256", key, history + 1, line),  # another history
+            mac("sha256", key, history, real_line),  # the real seal of the first line
+        ):
+            seal = f"{first + 1}|{tag.decode()}"
+            m.execute("SELECT pg_notify(%s, %s), pg_notify(%s, %s)", (channel, line.decode(), seals, seal))
+    time.sleep(1.0)  # the relays have rung and read (nothing)
+    for host in (a, b):
+        assert [m.data for m in host.backlog("/chat")] == ["hello"]
+    sealed = f"{first + 1}|{first + 1}|/chat|{GEM_VALUE % json.dumps('sealed')}".encode()
+    with psycopg.connect(private_pg.url, autocommit=True) as admin:
+        seal = f"{first + 1}|{mac('sha256', key, history, sealed).decode()}"
+        admin.execute("SELECT pg_notify(%s, %s), pg_notify(%s, %s)", (channel, sealed.decode(), seals, seal))
+        assert admin.execute("SELECT count(*) FROM message_bus WHERE id = %s", (first + 1,)).fetchone() == (0,)
+    wait_for(lambda: b.last_id("/chat") == first + 1, what="b stored the sealed line")
+    assert [m.data for m in b.backlog("/chat")] == ["hello", "sealed"]
+
+
+def test_the_publish_procedures_seal_as_the_kit_verifies(make_host: Callable[..., Bus], pg: Any, sql: Any) -> None:
+    """Both procedures (one message, a batch) send each line's seal on the seal channel, equal to the kit's
+    ``seals.mac`` with the key in ``shmbus_seal_key`` and the table's history (else every notice would silently
+    cost a read)."""
+    from shmbus.adapters.bridge.seals import mac, seal_of
+
+    a = make_host("a")
+    wait_relaying(a)
+    (key,) = sql.execute("SELECT key FROM shmbus_seal_key").fetchone()
+    history = a.segment.history_id()
+    seals_channel = pg["channel"] + "_shmbus_seals"
+    with psycopg.connect(pg["dsn"], autocommit=True) as listener:
+        listener.execute(f'LISTEN "{pg["channel"]}"')
+        listener.execute(f'LISTEN "{seals_channel}"')
+        first = a.publish("/s", "one")
+        a.default.publish_many(a, [("/s", i) for i in range(3)])
+        got = list(listener.notifies(timeout=5, stop_after=8))
+    lines = {int(n.payload.split("|")[0]): n.payload.encode() for n in got if n.channel == pg["channel"]}
+    seals = dict(seal_of(n.payload.encode()) for n in got if n.channel == seals_channel)  # type: ignore[misc]
+    assert sorted(seals) == sorted(lines) and len(lines) == 4 and min(lines) == first
+    for gid, line in lines.items():
+        assert seals[gid] == mac("sha256", key.encode(), history, line)
 
 
 def test_a_frozen_server_is_a_typed_error_within_the_timeout(

@@ -68,6 +68,76 @@ def test_published_lines_are_doorbells_never_stored(redis_server: Any, make_host
         assert host.default.health()["resets"] == 0
 
 
+def test_a_forged_seal_is_not_stored_and_only_the_buss_key_seals(
+    redis_server: Any, make_host: Callable[..., Bus]
+) -> None:
+    """A line with a seal on the seal channel is stored without reading Redis only when the seal verifies: made
+    with the bus's key (which a pub/sub-only client cannot read) for the history host b records. Forged seals (a
+    guessed key, another history, the real seal of another line) are not stored; the one made with the key is,
+    though Redis does not hold that message: whoever may read the key is a writer of the bus."""
+    from shmbus.adapters.bridge.seals import mac
+    from shmbus.adapters.redis import layout
+
+    a, b = make_host("a", redis_server.url), make_host("b", redis_server.url)
+    wait_relaying(a, b)
+    first = a.publish("/chat", "hello")
+    wait_for(lambda: b.last_id("/chat") == first, what="b has the first message")
+    r = redis.Redis.from_url(redis_server.url)
+    key, history = r.get(layout.SEAL_KEY), b.segment.history_id()
+    assert key and history
+    real_line = r.zrangebyscore(layout.backlog_key("/chat"), first, first)[0]
+    seals = layout.seal_channel("_message_bus_0")
+
+    def ring(line: bytes, tag: bytes) -> None:
+        pipe = r.pipeline(transaction=True)  # both in one delivery, as the publish script sends them
+        pipe.publish("_message_bus_0", line)
+        pipe.publish(seals, b"%d|%s" % (first + 1, tag))
+        pipe.execute()
+
+    forged = b'%d|%d|/chat|{"data":"<script>alert(1)</script>","user_ids":null,"group_ids":null,"client_ids":null}'
+    line = forged % (first + 1, first + 1)
+    ring(line, mac("sha1", b"0" * len(key), history, line))  # a guessed key
+    ring(line, mac("sha1", key, history + 1, line))  # another history
+    ring(line, mac("sha1", key, history, real_line))  # the real seal of the first line
+    time.sleep(0.5)
+    for host in (a, b):
+        assert [m.data for m in host.backlog("/chat")] == ["hello"]
+    sealed = b'%d|%d|/chat|{"data":"sealed","user_ids":null,"group_ids":null,"client_ids":null}' % (
+        first + 1,
+        first + 1,
+    )
+    ring(sealed, mac("sha1", key, history, sealed))
+    wait_for(lambda: b.last_id("/chat") == first + 1, what="b stored the sealed line")
+    assert [m.data for m in b.backlog("/chat")] == ["hello", "sealed"]
+    assert r.zrangebyscore(layout.backlog_key("/chat"), first + 1, first + 1) == []  # not read from Redis
+
+
+def test_the_publish_scripts_seal_as_the_kit_verifies(redis_server: Any, make_host: Callable[..., Bus]) -> None:
+    """Both publish scripts (one message, a batch) send each line's seal on the seal channel, equal to the kit's
+    ``seals.mac`` with the key and history Redis holds (else every notice would silently cost a read)."""
+    from shmbus.adapters.bridge.seals import mac, seal_of
+    from shmbus.adapters.redis import layout
+
+    a = make_host("a", redis_server.url)
+    wait_relaying(a)
+    r = redis.Redis.from_url(redis_server.url)
+    key, history = r.get(layout.SEAL_KEY), int(r.get(layout.HISTORY_KEY))
+    ps = r.pubsub(ignore_subscribe_messages=True)
+    ps.subscribe("_message_bus_0", layout.seal_channel("_message_bus_0"))
+    wait_for(lambda: r.pubsub_numsub("_message_bus_0")[0][1] >= 2, what="the test subscribed")
+    a.publish("/s", "one")
+    a.default.publish_many(a, [("/s", i) for i in range(3)])
+    got: list[Any] = []
+    wait_for(lambda: got.append(ps.get_message(timeout=0.1)) or len([m for m in got if m]) >= 8, what="4 + 4")
+    msgs = [m for m in got if m]
+    lines = {int(m["data"].split(b"|")[0]): m["data"] for m in msgs if m["channel"] == b"_message_bus_0"}
+    seals = dict(seal_of(m["data"]) for m in msgs if m["channel"] != b"_message_bus_0")  # type: ignore[misc]
+    assert sorted(seals) == sorted(lines) == [1, 2, 3, 4]
+    for gid, line in lines.items():
+        assert seals[gid] == mac("sha1", key, history, line)
+    ps.close()
+
+
 def test_an_oversized_message_raises_before_the_script(redis_server: Any, make_host: Callable[..., Bus]) -> None:
     a = make_host("a", redis_server.url)
     a.publish("/big", "small")
