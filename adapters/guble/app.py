@@ -33,7 +33,7 @@ from ..http import MAX_BODY_SIZE, ProtocolError
 from ..transports.hub import DEFAULT_MAX_BUFFER, Sink
 from ..transports.identity import Identity
 from ..transports.rest import AsgiRestPublish, publish_or_refuse
-from ..transports.validation import MAX_SUBSCRIPTIONS, check_channel
+from ..transports.validation import MAX_SUBSCRIPTIONS, check_client_channel
 from ..transports.websocket import MAX_FRAME, WebSocketApp
 from .protocol import (
     BadRequest,
@@ -185,7 +185,7 @@ class GubleApp(WebSocketApp):
             floor = self.bus.segment.global_id()
             for topic in (sink.application_id, "common"):
                 try:
-                    channel = check_channel(f"{USER_SPACE}{sink.space}/{topic}")
+                    channel = check_client_channel(f"{USER_SPACE}{sink.space}/{topic}")
                     if "," in channel:
                         continue  # an application id with a comma makes no guble path
                     sink.add_pattern(channel, "prefix", floor)
@@ -235,7 +235,7 @@ class GubleApp(WebSocketApp):
 
     # ------------------------------------------------------------------ commands
     def _receive_cmd(self, sink: _GubleSink, cmd: ReceiveCmd) -> None:
-        path = check_channel(cmd.path, "path")
+        path = check_client_channel(cmd.path, "path")
         known = (path, "prefix") in sink.patterns
         if cmd.count is None and not known and sink.subscription_count() >= self.max_subscriptions:
             raise BadRequest(f"too many subscriptions (limit {self.max_subscriptions})")
@@ -257,7 +257,7 @@ class GubleApp(WebSocketApp):
         sink.push(notification("ok-subscribed-to", path))
 
     def _replay_cmd(self, sink: _GubleSink, cmd: Replay) -> None:
-        path = check_channel(cmd.path, "path")
+        path = check_client_channel(cmd.path, "path")
         site = sink.site or ""
         last = self.bus.last_id(path, site)
         after = max(cmd.after, 0)
@@ -282,7 +282,7 @@ class GubleApp(WebSocketApp):
             sink.push(notification("error-send", text, info, error=True))
 
         try:
-            check_channel(cmd.path, "path")
+            check_client_channel(cmd.path, "path")
         except ProtocolError as exc:
             refuse(exc.reason)
             return

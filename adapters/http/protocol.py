@@ -14,7 +14,7 @@ from shmbus.message import Message
 from .interning import intern_bounded
 from .options import Options, Route, match_route
 from .registry import Registry
-from .request import PollRequest, check_channel
+from .request import PollRequest, check_client_channel
 from .waiter import Ending, Lookups, Waiter, filter_allows
 from .wire import (
     BASE_HEADERS,
@@ -98,7 +98,7 @@ class MessageBusProtocol:
         channel = params.get("channel")
         if not channel:
             raise ProtocolError(400, "broadcast needs a channel parameter")
-        check_channel(channel)
+        check_client_channel(channel)
         self.bus.publish(channel, params.get("data"))
         return Response(200, [("content-type", "text/html")], b"sent")
 

@@ -71,10 +71,11 @@ def parse_query_dlp(query: str) -> bool:
     return False
 
 
-def check_channel(channel: Any, what: str = "channel") -> str:
+def check_client_channel(channel: Any, what: str = "channel") -> str:
     """A channel (or pattern, or path) name from a client: the bus's one rule
     (:func:`shmbus.channels.channel_problem`) with its reserved ``/__`` names refused too; a ProtocolError(400)
-    with the reason, never a crash. Every HTTP entry (polls, SSE, WebSocket, REST, guble) uses this."""
+    with the reason, never a crash. Every HTTP entry (polls, SSE, WebSocket, REST, guble) uses this; code inside
+    the process uses :func:`shmbus.channels.check_channel` (the same rule, a typed ``InvalidChannel``)."""
     problem = channel_problem(channel, reserved=False, what=what)
     if problem is not None:
         raise ProtocolError(400, problem)
@@ -151,7 +152,7 @@ def _channels_from_items(items: Iterable[tuple[Any, Any]], options: Options) -> 
         if key == "__seq":
             seq = _parse_seq(value)
             continue
-        ch = shared_channel(check_channel(key))
+        ch = shared_channel(check_client_channel(key))
         channels[ch] = _parse_id(ch, value)
         if len(channels) > options.max_channels_per_poll:
             raise ProtocolError(400, f"too many channels in one poll (limit {options.max_channels_per_poll})")

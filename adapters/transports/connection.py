@@ -27,7 +27,7 @@ from shmbus.message import Message
 
 from ..http import ProtocolError
 from .identity import Identity
-from .validation import PATTERN_KINDS, check_channel, check_pattern
+from .validation import PATTERN_KINDS, check_client_channel, check_pattern
 
 __all__ = ["Connection", "ConnectionSink", "DataCallback", "check_hooks"]
 
@@ -135,7 +135,7 @@ class Connection:
         kind = pattern_kind(pattern)
         try:
             if kind is None:
-                check_channel(channel)
+                check_client_channel(channel)
             else:
                 check_pattern(channel, kind)  # a malformed glob ([], [z-a]) is refused here, before anything changes
         except ProtocolError as exc:

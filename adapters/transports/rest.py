@@ -28,7 +28,7 @@ from shmbus.errors import InvalidChannel, InvalidMessage, PayloadTooLarge
 from ..asgi_support import Receive, Scope, Send, fallback, maybe_await, read_body, relative_path, send_simple
 from ..http import MAX_BODY_SIZE, MAX_CLIENT_ID_LENGTH, ProtocolError
 from ..wsgi_support import Environ, StartResponse, start_simple
-from .validation import check_channel
+from .validation import check_client_channel
 
 __all__ = ["AsgiRestPublish", "PublishRequest", "WsgiRestPublish", "parse_publish"]
 
@@ -62,7 +62,7 @@ def route(method: str, path: str, prefix: str) -> str | None:
     rest = path[len(prefix) :]
     if not rest:
         raise ProtocolError(400, f"missing channel: POST {prefix}<channel>")
-    return check_channel("/" + rest)
+    return check_client_channel("/" + rest)
 
 
 def _id_list(name: str, values: list[str]) -> list[Any]:

@@ -44,7 +44,7 @@ from .connection import Connection
 from .hub import DEFAULT_MAX_BUFFER, Sink
 from .replay import replay_since
 from .sse_stream import StreamPace, check_keepalive
-from .validation import MAX_SUBSCRIPTIONS, check_channel, check_pattern
+from .validation import MAX_SUBSCRIPTIONS, check_client_channel, check_pattern
 
 __all__ = ["SSEApp", "StreamRequest", "format_event", "parse_event_id", "parse_request"]
 
@@ -101,7 +101,7 @@ def parse_request(
         query = parse_qs(raw, keep_blank_values=True, errors="strict", max_num_fields=max_subscriptions + 10)
     except (UnicodeDecodeError, ValueError):
         raise ProtocolError(400, f"malformed query string (or more than {max_subscriptions + 10} parameters)")
-    channels = [check_channel(c) for c in query.get("channel", [])]
+    channels = [check_client_channel(c) for c in query.get("channel", [])]
     patterns = [(check_pattern(p, kind), kind) for kind in ("prefix", "glob") for p in query.get(kind, [])]
     if not channels and not patterns and need_channels:
         raise ProtocolError(400, "name at least one channel (?channel=/a), prefix (?prefix=/a) or glob (?glob=/a/*)")

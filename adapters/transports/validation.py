@@ -1,7 +1,7 @@
 """What a transport accepts from a client: channel and pattern names, client ids, the subscription limit.
 
 Every check answers bad input with a :class:`~shmbus.adapters.http.ProtocolError` (a 4xx with a reason, or the
-WebSocket's error frame), never a crash; :func:`check_channel` is the middleware's own rule.
+WebSocket's error frame), never a crash; :func:`check_client_channel` is the middleware's own rule.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 from shmbus.patterns import compile_pattern
 
 from ..http import ProtocolError
-from ..http.request import check_channel as check_channel  # the transports' name for it
+from ..http.request import check_client_channel as check_client_channel
 from ..http.wire import CLIENT_ID_RE, INVALID_CLIENT_ID
 
 #: Most subscriptions (channels + patterns) one connection may hold.
@@ -20,9 +20,10 @@ PATTERN_KINDS = ("prefix", "glob")
 
 
 def check_pattern(pattern: Any, kind: str) -> str:
-    """Validate a pattern from a client (:func:`check_channel`'s rules, then :func:`shmbus.patterns.compile_pattern`
-    must accept it: no empty set ``[]``, no reversed range ``[z-a]``): a ProtocolError(400), never a crash."""
-    check_channel(pattern, "pattern")
+    """Validate a pattern from a client (:func:`check_client_channel`'s rules, then
+    :func:`shmbus.patterns.compile_pattern` must accept it: no empty set ``[]``, no reversed range ``[z-a]``): a
+    ProtocolError(400), never a crash."""
+    check_client_channel(pattern, "pattern")
     if kind not in PATTERN_KINDS:
         raise ProtocolError(400, f"pattern kind must be one of {list(PATTERN_KINDS)}, got {str(kind)[:20]!r}")
     try:

@@ -42,7 +42,7 @@ from .connection import Connection
 from .hub import DEFAULT_MAX_BUFFER, Sink
 from .identity import Identity
 from .replay import replay_since
-from .validation import MAX_SUBSCRIPTIONS, check_channel
+from .validation import MAX_SUBSCRIPTIONS, check_client_channel
 from .ws_commands import BadInput, dumps, frame, ids_field, int_field, parse_command, target
 
 __all__ = ["WebSocketApp"]
@@ -313,7 +313,7 @@ class WebSocketApp(TransportApp):
         channel = obj.get("channel")
         if channel is None:
             raise BadInput("replay needs a 'channel' (patterns cannot be replayed by message id)")
-        channel = check_channel(channel)
+        channel = check_client_channel(channel)
         start = int_field(obj, "start_id", default=0)
         count = int_field(obj, "count", default=MAX_REPLAY, lo=1, hi=MAX_REPLAY)
         assert start is not None and count is not None
@@ -331,7 +331,7 @@ class WebSocketApp(TransportApp):
         self._status(sink, "replayed", ref, channel=channel, count=sent, last_id=top, gap=backlog.gap)
 
     async def _publish(self, sink: Sink, scope: Scope, obj: dict[str, Any], ref: Any) -> None:
-        channel = check_channel(obj.get("channel"))
+        channel = check_client_channel(obj.get("channel"))
         if self.allow_publish is None:
             raise BadInput("publishing over this WebSocket is disabled")
         if "data" not in obj:
