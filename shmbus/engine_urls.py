@@ -6,17 +6,27 @@ workers' engine from a URL (``SHMBUS_ENGINE_URL`` or the segment's record). The 
 is imported). A kind nobody registered yet is looked up in :data:`PROVIDERS`, a table of module *names*
 (data, not imports): importing the named module registers the kind. A third-party engine registers itself the
 same way and may add its module to the table.
+
+A bridge's package stays light (its client library is imported only when a bridge is built or named):
+:func:`lazy_engine` is the factory it registers, :func:`lazy_attributes` its module ``__getattr__``.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
-from typing import NamedTuple
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, NamedTuple
 
 from .engines import Engine
 
-__all__ = ["PROVIDERS", "EngineFactory", "engine_from_url", "register_engine_kind"]
+__all__ = [
+    "PROVIDERS",
+    "EngineFactory",
+    "engine_from_url",
+    "lazy_attributes",
+    "lazy_engine",
+    "register_engine_kind",
+]
 
 #: ``factory(url, relay, options)``: the engine for ``url`` (``options``: the segment's recorded options).
 EngineFactory = Callable[[str, bool, Mapping[str, str]], Engine]
@@ -36,6 +46,30 @@ _kinds: dict[str, _Kind] = {}
 def register_engine_kind(kind: str, schemes: tuple[str, ...], factory: EngineFactory) -> None:
     """Make ``engine_from_url`` build ``kind`` engines (for URLs with one of ``schemes``) with ``factory``."""
     _kinds[kind] = _Kind(tuple(s.lower() for s in schemes), factory)
+
+
+def lazy_engine(module: str, engine_class: str, channel_option: str) -> EngineFactory:
+    """A factory that imports ``module`` only when it builds its ``engine_class``, passing on the recorded
+    ``channel_option`` (the bridge's notify or pub/sub channel keyword)."""
+
+    def factory(url: str, relay: bool, options: Mapping[str, str]) -> Engine:
+        build = getattr(importlib.import_module(module), engine_class)
+        engine: Engine = build(url, relay=relay, **{channel_option: options.get(channel_option)})
+        return engine
+
+    return factory
+
+
+def lazy_attributes(package: str, module: str, names: Collection[str]) -> Callable[[str], Any]:
+    """A package's module ``__getattr__`` that imports ``module`` the first time one of ``names`` is asked for
+    (so importing the package, e.g. to register its kind, does not import the client library)."""
+
+    def __getattr__(name: str) -> Any:
+        if name in names:
+            return getattr(importlib.import_module(module), name)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return __getattr__
 
 
 def _kind(kind: str) -> _Kind | None:

@@ -6,11 +6,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from shmbus.engine_urls import register_engine_kind
-from shmbus.engines import Engine
+from shmbus.engine_urls import lazy_attributes, lazy_engine, register_engine_kind
 
 if TYPE_CHECKING:
     from .bridge import PostgresBridge
@@ -18,21 +16,8 @@ if TYPE_CHECKING:
 
 __all__ = ["PostgresBridge", "PostgresBridgeError", "PostgresReadOnly", "PostgresUnavailable"]
 
-
-def __getattr__(name: str) -> Any:
-    """Import the bridge (and psycopg) on first use."""
-    if name in __all__:
-        from . import bridge
-
-        return getattr(bridge, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _from_url(url: str, relay: bool, options: Mapping[str, str]) -> Engine:
-    """``shmbus.engine_urls``'s factory: the bridge a process attaching a bridged bus builds."""
-    from .bridge import PostgresBridge
-
-    return PostgresBridge(url, relay=relay, notify_channel=options.get("notify_channel"))
-
-
-register_engine_kind("postgres", ("postgres", "postgresql"), _from_url)
+# the bridge (and psycopg) is imported on first use; a process attaching a bridged bus builds it by URL
+__getattr__ = lazy_attributes(__name__, f"{__name__}.bridge", __all__)
+register_engine_kind(
+    "postgres", ("postgres", "postgresql"), lazy_engine(f"{__name__}.bridge", "PostgresBridge", "notify_channel")
+)

@@ -28,14 +28,18 @@ it with :class:`~.backend.PostgresBackend`.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from ..bridge.engine import BridgeEngine, RelayOptions
+from ..bridge.engine import BridgeEngine
 from ..bridge.status import BridgeStatus
+from ..relay_keywords import RelayKeywords, relay_options
 from .backend import PostgresBackend
 from .errors import PostgresBridgeError, PostgresReadOnly, PostgresUnavailable, redact_dsn
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["PostgresBridge", "PostgresBridgeError", "PostgresReadOnly", "PostgresUnavailable", "redact_dsn"]
 
@@ -64,16 +68,12 @@ class PostgresBridge(BridgeEngine):
         *,
         db: int = 0,
         notify_channel: str | None = None,
-        relay: bool = True,
-        election_interval: float = 0.25,
-        reconnect_max: float = 1.0,
-        local_wait: float = 1.0,
         hole_timeout: float = 5.0,
         trim_interval: float = 1.0,
         connect_timeout: float = 3.0,
         command_timeout: float = 5.0,
         synchronous_commit: bool = True,
-        autostart: bool = True,
+        **relay: Unpack[RelayKeywords],
     ) -> None:
         self.dsn = dsn
         self.notify_channel = notify_channel or f"_message_bus_{db}"
@@ -88,7 +88,7 @@ class PostgresBridge(BridgeEngine):
             command_timeout=command_timeout,
             synchronous_commit=synchronous_commit,
         )
-        options = RelayOptions(relay, election_interval, reconnect_max, local_wait, autostart, trim_interval)
+        options = relay_options(relay, trim_interval)
         super().__init__(backend, status, log, options)
         self.postgres = backend
 

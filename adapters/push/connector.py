@@ -35,7 +35,7 @@ from .cursor import CursorTracker
 from .election import Elector, FileElector
 from .figures import metric_families
 from .options import PushOptions, message_options, payload_for
-from .sender import Job, Outcome, Sender
+from .sender import Job, LaneOptions, Outcome, Sender
 from .state import COUNTERS, HEARTBEAT, SenderState, StaleSender, Store
 from .stores import FileStore, store_for
 from .subscriptions import Recipients, Registration, topic_matches
@@ -108,9 +108,9 @@ class PushConnector:
         self.group_ids_for = group_ids_for
         self.options_for = options_for
         self.default_options = default_options or PushOptions()
-        self.lane_options: dict[str, Any] = dict(
-            workers_per_service=workers_per_service, max_queue=max_queue, timeout=timeout,
-            max_attempts=max_attempts, max_retry_after=max_retry_after, stall_after=stall_after,
+        self.lane_options = LaneOptions(
+            workers_per_service, max_queue, timeout, max_attempts, max_retry_after,
+            timeout if stall_after is None else stall_after,
         )  # fmt: skip
         self.max_in_flight = max_in_flight
         self.save_interval = save_interval
@@ -159,7 +159,7 @@ class PushConnector:
         self._stop.set()
         self._wake.set()
         if self._thread is not None and self._thread.ident != threading.get_ident():
-            self._thread.join(timeout=grace + self.lane_options["timeout"] + 5)
+            self._thread.join(timeout=grace + self.lane_options.timeout + 5)
         self.bus.untap(self._on_batch)
 
     def _after_fork(self) -> None:
@@ -221,7 +221,7 @@ class PushConnector:
         epoch = self.bus.epoch
         log.info("shmbus push: %s sends from global id %d (term %d)", me, state.cursor, state.term)
         tracker = CursorTracker(state.cursor)
-        sender = Sender(self.vapid, on_event=self._count, **self.lane_options)
+        sender = Sender(self.vapid, self.lane_options, self._count)
         with self._counts_lock:
             self._state, self._sender = state, sender
         self._gone.clear()

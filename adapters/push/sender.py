@@ -98,30 +98,26 @@ class Lane:
     threads: list[threading.Thread] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class LaneOptions:
+    """How every lane sends: the connector's keywords of the same names and meaning (their defaults are there, in
+    one place), with ``stall_after`` resolved (None there: ``timeout``)."""
+
+    workers_per_service: int
+    max_queue: int
+    timeout: float
+    max_attempts: int
+    max_retry_after: float
+    stall_after: float
+
+
 class Sender:
     """Lanes created on first use; ``submit`` waits only while a lane that is answering has a full queue.
     ``on_event(name)`` counts ``retried`` (the outcomes go to each job's ``done``)."""
 
-    def __init__(
-        self,
-        vapid: VapidKeys,
-        *,
-        workers_per_service: int,
-        max_queue: int,
-        timeout: float,
-        max_attempts: int,
-        max_retry_after: float,
-        stall_after: float | None,
-        on_event: Callable[[str], None] | None = None,
-    ) -> None:
-        """The options are the connector's of the same names (their defaults are there, in one place)."""
+    def __init__(self, vapid: VapidKeys, options: LaneOptions, on_event: Callable[[str], None] | None = None) -> None:
         self.vapid = vapid
-        self.workers_per_service = workers_per_service
-        self.max_queue = max_queue
-        self.timeout = timeout
-        self.max_attempts = max_attempts
-        self.max_retry_after = max_retry_after
-        self.stall_after = timeout if stall_after is None else stall_after
+        self.options = options
         self.on_event = on_event or (lambda _name: None)
         self._lanes: dict[str, Lane] = {}
         self._lock = threading.Lock()
@@ -140,7 +136,7 @@ class Sender:
         at once, with ``done(DROPPED)``."""
         lane = self._lane(job.reg.origin)
         with lane.cond:
-            while len(lane.queue) >= self.max_queue:
+            while len(lane.queue) >= self.options.max_queue:
                 if self._stop.is_set() or self._stalled(lane, time.monotonic()):
                     break
                 lane.cond.wait(0.05)
@@ -148,7 +144,7 @@ class Sender:
                 lane.queue.append(job)
                 lane.cond.notify()
                 return
-        job.done(job, Outcome.DROPPED, f"queue of {lane.origin} full ({self.max_queue}) and stalled")
+        job.done(job, Outcome.DROPPED, f"queue of {lane.origin} full ({self.options.max_queue}) and stalled")
 
     def stop(self, grace: float = 0.0) -> int:
         """Stop the workers after up to ``grace`` seconds of draining. Jobs still queued then are abandoned, not
@@ -166,13 +162,16 @@ class Sender:
                 lane.cond.notify_all()
         for lane in list(self._lanes.values()):
             for t in lane.threads:
-                t.join(timeout=self.timeout + 1)
+                t.join(timeout=self.options.timeout + 1)
         return left
 
     def _stalled(self, lane: Lane, now: float) -> bool:
         """Its workers have waited ``stall_after`` for a final answer, or it is paused for longer than that (a
         ``Retry-After``). A lane whose workers are idle is not stalled: they are about to take the queue."""
-        return bool(lane.busy and now - lane.progress > self.stall_after) or lane.paused_until - now > self.stall_after
+        return (
+            bool(lane.busy and now - lane.progress > self.options.stall_after)
+            or lane.paused_until - now > self.options.stall_after
+        )
 
     def _lane(self, origin: str) -> Lane:
         lane = self._lanes.get(origin)
@@ -182,7 +181,7 @@ class Sender:
             lane = self._lanes.get(origin)
             if lane is None:
                 lane = self._lanes[origin] = Lane(origin)
-                for i in range(self.workers_per_service):
+                for i in range(self.options.workers_per_service):
                     t = threading.Thread(target=self._work, args=(lane,), name=f"shmbus-push-{i}", daemon=True)
                     lane.threads.append(t)
                     t.start()
@@ -231,7 +230,7 @@ class Sender:
         try:
             body = encrypt(job.payload, job.reg)
             if conn is None:
-                conn = _connect(lane.origin, self.timeout)
+                conn = _connect(lane.origin, self.options.timeout)
             status, wait = self._post(conn, job, body)
             why = f"HTTP {status}"
         except (OSError, http.client.HTTPException) as exc:
@@ -250,7 +249,7 @@ class Sender:
         return conn
 
     def _retry(self, lane: Lane, job: Job, wait: float | None, why: str) -> None:
-        if job.attempts >= self.max_attempts or (wait is not None and wait > self.max_retry_after):
+        if job.attempts >= self.options.max_attempts or (wait is not None and wait > self.options.max_retry_after):
             self._settle(lane, job, Outcome.FAILED, f"{why}; gave up after {job.attempts} attempt(s)")
             return
         delay = wait if wait is not None else min(0.5 * 2 ** (job.attempts - 1), MAX_BACKOFF)

@@ -34,11 +34,9 @@ notification — is the gem's, so a Ruby app and a Python app on one Redis share
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from shmbus.engine_urls import register_engine_kind
-from shmbus.engines import Engine
+from shmbus.engine_urls import lazy_attributes, lazy_engine, register_engine_kind
 
 from .election import relay_active
 from .urls import redact_url
@@ -48,23 +46,12 @@ if TYPE_CHECKING:
     from .errors import RedisBridgeError, RedisReadOnly, RedisUnavailable
 
 __all__ = ["RedisBridge", "RedisBridgeError", "RedisReadOnly", "RedisUnavailable", "redact_url", "relay_active"]
-_BRIDGE = frozenset({"RedisBridge", "RedisBridgeError", "RedisReadOnly", "RedisUnavailable"})
 
-
-def __getattr__(name: str) -> Any:
-    """Import the bridge (and redis-py) on first use, so ``shmbus.adapters.redis.layout`` stays light."""
-    if name in _BRIDGE:
-        from . import bridge
-
-        return getattr(bridge, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _from_url(url: str, relay: bool, options: Mapping[str, str]) -> Engine:
-    """``shmbus.engine_urls``'s factory: the bridge a process attaching a bridged bus builds."""
-    from .bridge import RedisBridge
-
-    return RedisBridge(url, relay=relay, pubsub_channel=options.get("pubsub_channel"))
-
-
-register_engine_kind("redis", ("redis", "rediss", "unix"), _from_url)
+# the bridge (and redis-py) is imported on first use, so ``shmbus.adapters.redis.layout`` stays light; a process
+# attaching a bridged bus builds it by URL
+__getattr__ = lazy_attributes(
+    __name__, f"{__name__}.bridge", {"RedisBridge", "RedisBridgeError", "RedisReadOnly", "RedisUnavailable"}
+)
+register_engine_kind(
+    "redis", ("redis", "rediss", "unix"), lazy_engine(f"{__name__}.bridge", "RedisBridge", "pubsub_channel")
+)

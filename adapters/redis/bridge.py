@@ -22,14 +22,19 @@ configures it with :class:`~.backend.RedisBackend`.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import redis
 
-from ..bridge.engine import BridgeEngine, RelayOptions
+from ..bridge.engine import BridgeEngine
 from ..bridge.status import BridgeStatus
+from ..relay_keywords import RelayKeywords, relay_options
 from .backend import RedisBackend
 from .errors import RedisBridgeError, RedisReadOnly, RedisUnavailable
 from .urls import redact_url
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["RedisBridge", "RedisBridgeError", "RedisReadOnly", "RedisUnavailable"]
 
@@ -57,13 +62,9 @@ class RedisBridge(BridgeEngine):
         pubsub_channel: str | None = None,
         queue_in_memory: bool = False,
         max_in_memory_publish_backlog: int = 1000,
-        relay: bool = True,
-        election_interval: float = 0.25,
-        reconnect_max: float = 1.0,
         socket_timeout: float = 5.0,
         connect_timeout: float = 2.0,
-        local_wait: float = 1.0,
-        autostart: bool = True,
+        **relay: Unpack[RelayKeywords],
     ) -> None:
         self.url = url
         db = redis.connection.parse_url(url).get("db", 0) if url.startswith(("redis", "unix")) else 0
@@ -73,7 +74,7 @@ class RedisBridge(BridgeEngine):
         self.max_in_memory_publish_backlog = max_in_memory_publish_backlog
         status = BridgeStatus("redis", redact_url(url), log)
         backend = RedisBackend(url, self.pubsub_channel, status, socket_timeout, connect_timeout)
-        options = RelayOptions(relay, election_interval, reconnect_max, local_wait, autostart)
+        options = relay_options(relay)
         super().__init__(
             backend,
             status,

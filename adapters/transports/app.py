@@ -30,7 +30,7 @@ class TransportApp:
         path: str,
         max_buffer: int,
         max_subscriptions: int,
-        lookups: dict[str, Any],
+        lookups: LookupOptions,
         on_open: Callable[[Connection], Any] | None = None,
         on_close: Callable[[Connection], Any] | None = None,
     ) -> None:
@@ -42,7 +42,7 @@ class TransportApp:
         self.path = path
         self.max_buffer = max_buffer
         self.max_subscriptions = max_subscriptions
-        self.lookups = LookupOptions(**lookups)
+        self.lookups = lookups
         self.hub = Hub(bus)
         self.dropped = 0  # connections dropped for not reading (this process)
 

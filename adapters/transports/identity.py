@@ -7,7 +7,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from ..asgi_support import Scope, maybe_await
 from ..http import Lookups, MessageBusProtocol, Waiter
@@ -27,6 +27,15 @@ class Identity:
         """A :class:`~shmbus.adapters.http.Waiter` used only for its ``allowed`` check (the middleware's targeting
         rules)."""
         return Waiter(self.client_id or "", 0, self.lookups, (), True, epoch)
+
+
+class LookupKeywords(TypedDict, total=False):
+    """:class:`LookupOptions` as keywords, for a constructor's ``**options: Unpack[...]``."""
+
+    user_id_lookup: Lookup | None
+    group_ids_lookup: Lookup | None
+    site_id_lookup: Lookup | None
+    client_id_lookup: Lookup | None
 
 
 @dataclass

@@ -31,7 +31,7 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 from shmbus.bus import Bus
@@ -41,10 +41,14 @@ from ..asgi_support import Receive, Scope, Send, fallback, header, relative_path
 from ..http import ProtocolError, encode_message
 from .app import TransportApp
 from .connection import Connection
-from .hub import DEFAULT_MAX_BUFFER, Sink
+from .hub import Sink
 from .replay import replay_since
-from .sse_stream import StreamPace, check_keepalive
-from .validation import MAX_SUBSCRIPTIONS, check_client_channel, check_pattern
+from .sse_options import SSEKeywords, SSEOptions
+from .sse_stream import StreamPace
+from .validation import check_client_channel, check_pattern
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["SSEApp", "StreamRequest", "format_event", "parse_event_id", "parse_request"]
 
@@ -179,32 +183,21 @@ def message_encoders(is_json: bool) -> dict[bool, Callable[[Message], bytes]]:
 class SSEApp(TransportApp):
     """ASGI app serving ``GET <path>`` as an event stream; other requests go to ``app`` (or 404).
 
-    ``keepalive_interval`` (seconds) also bounds how late a bus reset with no new message is noticed;
-    ``retry_ms`` is sent as the SSE ``retry:`` hint. Lookups are the middleware's (scope in, value out; may be
-    async) plus ``client_id_lookup``. ``on_open(connection)`` / ``on_close(connection)`` (plain or async) see each
-    stream as a :class:`~shmbus.adapters.transports.connection.Connection`: ``on_open`` may subscribe it
-    server-side (then the query may name no channel at all); subscriptions it makes are replayed on a resume like
-    the query's. If ``on_open`` raises, the client gets a 500.
+    Keywords (``bus``, ``path``, ``keepalive_interval``, ``max_buffer``, ``max_subscriptions``, ``retry_ms``,
+    the hooks, the lookups): :class:`~shmbus.adapters.transports.sse_options.SSEOptions`. Lookups are the
+    middleware's (scope in, value out; may be async) plus ``client_id_lookup``. ``on_open(connection)`` /
+    ``on_close(connection)`` (plain or async) see each stream as a
+    :class:`~shmbus.adapters.transports.connection.Connection`: ``on_open`` may subscribe it server-side (then the
+    query may name no channel at all); subscriptions it makes are replayed on a resume like the query's. If
+    ``on_open`` raises, the client gets a 500.
     """
 
-    def __init__(
-        self,
-        app: Callable[..., Any] | None = None,
-        *,
-        bus: Bus | None = None,
-        path: str = "/sse",
-        keepalive_interval: float = 15.0,
-        max_buffer: int = DEFAULT_MAX_BUFFER,
-        max_subscriptions: int = MAX_SUBSCRIPTIONS,
-        retry_ms: int | None = 2000,
-        on_open: Callable[[Connection], Any] | None = None,
-        on_close: Callable[[Connection], Any] | None = None,
-        **lookups: Any,
-    ) -> None:
-        check_keepalive(keepalive_interval)
-        super().__init__(app, bus, path, max_buffer, max_subscriptions, lookups, on_open, on_close)
-        self.keepalive_interval = keepalive_interval
-        self.retry_ms = retry_ms
+    def __init__(self, app: Callable[..., Any] | None = None, **keywords: Unpack[SSEKeywords]) -> None:
+        options = SSEOptions(**keywords)
+        o = options
+        super().__init__(app, o.bus, o.path, o.max_buffer, o.max_subscriptions, o, o.on_open, o.on_close)
+        self.keepalive_interval = options.keepalive_interval
+        self.retry_ms = options.retry_ms
         self._encoders = message_encoders(self.bus.codec.is_json)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shmbus.bus import Bus
 from shmbus.message import Message
@@ -43,9 +43,8 @@ from ..wsgi_support import (
     server_threads,
     start_simple,
 )
-from .connection import Connection, check_hooks
-from .hub import DEFAULT_MAX_BUFFER, Sink, SinkIndex
-from .identity import LookupOptions
+from .connection import Connection
+from .hub import Sink, SinkIndex
 from .sse import (
     SSE_HEADERS,
     finish_open,
@@ -54,8 +53,11 @@ from .sse import (
     parse_request,
     start_open,
 )
-from .sse_stream import StreamPace, check_keepalive
-from .validation import MAX_SUBSCRIPTIONS
+from .sse_options import SSEWSGIKeywords, SSEWSGIOptions
+from .sse_stream import StreamPace
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["SSEWSGIApp"]
 
@@ -103,41 +105,24 @@ def _hand_on(hub: _ProcessHub, msgs: list[Message]) -> None:
 class SSEWSGIApp:
     """WSGI app serving ``GET <path>`` as an event stream; other requests go to ``app`` (or 404).
 
-    Options as :class:`~shmbus.adapters.transports.sse.SSEApp` (``keepalive_interval``, ``max_buffer``,
-    ``max_subscriptions``, ``retry_ms``, ``on_open``, ``on_close``, the lookups), plus ``max_streams`` (per
-    process) and ``allow_sync_workers``. If ``on_open`` raises, the client gets a 500.
+    Keywords as :class:`~shmbus.adapters.transports.sse.SSEApp`'s, plus ``max_streams`` (per process) and
+    ``allow_sync_workers``: :class:`~shmbus.adapters.transports.sse_options.SSEWSGIOptions`. If ``on_open``
+    raises, the client gets a 500.
     """
 
-    def __init__(
-        self,
-        app: Callable[..., Any] | None = None,
-        *,
-        bus: Bus | None = None,
-        path: str = "/sse",
-        keepalive_interval: float = 15.0,
-        max_buffer: int = DEFAULT_MAX_BUFFER,
-        max_subscriptions: int = MAX_SUBSCRIPTIONS,
-        max_streams: int = 1000,
-        retry_ms: int | None = 2000,
-        allow_sync_workers: bool = False,
-        on_open: Callable[[Connection], Any] | None = None,
-        on_close: Callable[[Connection], Any] | None = None,
-        **lookups: Any,
-    ) -> None:
-        check_keepalive(keepalive_interval)
-        check_hooks(on_open, on_close)
+    def __init__(self, app: Callable[..., Any] | None = None, **keywords: Unpack[SSEWSGIKeywords]) -> None:
         self.app = app
-        self.bus = bus_or_default(bus)
-        self.path = path
-        self.keepalive_interval = keepalive_interval
-        self.max_buffer = max_buffer
-        self.max_subscriptions = max_subscriptions
-        self.max_streams = max_streams
-        self.retry_ms = retry_ms
-        self.allow_sync_workers = allow_sync_workers
-        self.on_open = on_open
-        self.on_close = on_close
-        self.lookups = LookupOptions(**lookups)
+        self.lookups = options = SSEWSGIOptions(**keywords)
+        self.bus = bus_or_default(options.bus)
+        self.path = options.path
+        self.keepalive_interval = options.keepalive_interval
+        self.max_buffer = options.max_buffer
+        self.max_subscriptions = options.max_subscriptions
+        self.max_streams = options.max_streams
+        self.retry_ms = options.retry_ms
+        self.allow_sync_workers = options.allow_sync_workers
+        self.on_open = options.on_open
+        self.on_close = options.on_close
         self.dropped = 0
         self._encoders = message_encoders(self.bus.codec.is_json)
         # a forked child never touches its parent's hub: it makes its own on its first stream

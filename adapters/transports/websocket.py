@@ -40,7 +40,7 @@ from ..http import ProtocolError, encode_message
 from .app import TransportApp
 from .connection import Connection
 from .hub import DEFAULT_MAX_BUFFER, Sink
-from .identity import Identity
+from .identity import Identity, LookupOptions
 from .replay import replay_since
 from .validation import MAX_SUBSCRIPTIONS, check_client_channel
 from .ws_commands import BadInput, dumps, frame, ids_field, int_field, parse_command, target
@@ -87,7 +87,7 @@ class WebSocketApp(TransportApp):
     ) -> None:
         if allow_publish is not None and not callable(allow_publish):
             raise TypeError("allow_publish must be callable")
-        super().__init__(app, bus, path, max_buffer, max_subscriptions, lookups, on_open, on_close)
+        super().__init__(app, bus, path, max_buffer, max_subscriptions, LookupOptions(**lookups), on_open, on_close)
         self.allow_publish = allow_publish
         self.max_frame = max_frame
         self.keepalive_interval = keepalive_interval
