@@ -109,7 +109,7 @@ BEGIN
   ELSE
     PERFORM pg_notify(p_notify, line);
     seal_first := new_id;
-    seal_body := octet_length(line) || '|' || line;"""
+    seal_body := octet_length(convert_to(line, 'UTF8')) || '|' || line;"""
     + _SEAL_READ
     + _SEAL_RUN.format(last="new_id")
     + """
@@ -155,7 +155,7 @@ BEGIN
       IF seal_body = '' THEN
         seal_first := new_ids[i];
       END IF;
-      seal_body := seal_body || octet_length(line) || '|' || line;
+      seal_body := seal_body || octet_length(convert_to(line, 'UTF8')) || '|' || line;
     END IF;
   END LOOP;"""
     + _SEAL_RUN.format(last="new_ids[n]")
