@@ -68,6 +68,52 @@ def parse_args(
     return p.parse_args(argv)
 
 
+def split_option(p: argparse.ArgumentParser) -> None:
+    """The bridge benchmarks' ``--split-relays``."""
+    p.add_argument(
+        "--split-relays",
+        action="store_true",
+        help="relay host A and host B in two processes (as on two machines), not both in one helper",
+    )
+
+
+def start_helpers(script: str, argv: list[str], split: bool) -> list[subprocess.Popen[str]]:
+    """A bridge benchmark's relay processes, ``script`` run with ``argv`` and the hosts it relays: one for both
+    hosts ("ab"), or with ``split`` one per host ("a", "b"), as on real hosts (the relays then do not take turns on
+    one interpreter lock). The last one holds host B's subscriber and answers "dump" with its latencies."""
+    helpers = []
+    try:
+        for hosts in ("a", "b") if split else ("ab",):
+            helpers.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", script, *argv, hosts],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+            )
+            out = helpers[-1].stdout
+            if out is None or out.readline().strip() != "READY":
+                raise RuntimeError("bench helper did not start")
+    except BaseException:
+        stop_helpers(helpers)
+        raise
+    return helpers
+
+
+def stop_helpers(helpers: list[subprocess.Popen[str]], timeout: float = 10) -> None:
+    """Close the helpers' stdin (their cue to end) and wait for them; kill one that does not end in ``timeout``."""
+    for helper in helpers:
+        with contextlib.suppress(OSError):
+            if helper.stdin is not None:
+                helper.stdin.close()
+        try:
+            helper.wait(timeout)
+        except subprocess.TimeoutExpired:
+            helper.kill()
+            helper.wait()
+
+
 def fork(fn: Any, *args: Any) -> int:
     """Run ``fn(*args)`` in a forked child that never returns into the parent's code (it exits 1 if ``fn`` returns
     or raises without calling ``os._exit`` itself); the child's pid."""

@@ -4,21 +4,20 @@ cross-host latency and database queries per read, vs psycopg in the same run.
 
 Two "hosts" (two segments) bridged to one table in a throw-away schema of the machine's PostgreSQL
 (``DATABASE_URL``, else ``postgresql://postgres@127.0.0.1:5432/test``). A helper process is the relay of both hosts
-and holds host B's subscriber; this process publishes on host A with ``relay=False`` (a publishing worker's
-figures); the concurrent figures come from 4 worker processes publishing on host A at once (as web workers
-would), started together. Baselines, interleaved: psycopg ``INSERT ... RETURNING id`` in a loop on a bare table
-(no secondary index, no CHECK, no notice: one round trip per row) and, fairer, on a copy of the gem's table (its
-CHECK and both indexes) with the row's ``pg_notify`` in the same statement (a listener in the helper wakes for
-each, as the relays do for the bridge's), each from one thread and from 4 processes; the bare insert as one
-``INSERT ... SELECT FROM unnest(...) RETURNING id`` per 100 rows; and psycopg LISTEN/NOTIFY latency between the
-same two processes. Queries per read are counted on the bridge's own
-connection getter (every statement it runs goes through it): the target is 0 when the segment has the data.
-The gem's trims run in the relay (helper process) once a second, as the bridge does by default.
+(with ``--split-relays`` one helper per host, as on two machines) and holds host B's subscriber; this process
+publishes on host A with ``relay=False`` (a publishing worker's figures); the concurrent figures come from 4 worker
+processes publishing on host A at once (as web workers would), started together. Baselines, interleaved: psycopg
+``INSERT ... RETURNING id`` in a loop on a bare table (no secondary index, no CHECK, no notice: one round trip per
+row) and, fairer, on a copy of the gem's table (its CHECK and both indexes) with the row's ``pg_notify`` in the same
+statement (a listener in the helper wakes for each, as the relays do for the bridge's), each from one thread and
+from 4 processes; the bare insert as one ``INSERT ... SELECT FROM unnest(...) RETURNING id`` per 100 rows; and
+psycopg LISTEN/NOTIFY latency between the same two processes. Queries per read are counted on the bridge's own
+connection getter (every statement it runs goes through it): the target is 0 when the segment has the data. The
+gem's trims run in the relay (helper process) once a second, as the bridge does by default.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
@@ -46,13 +45,23 @@ import json, sys, threading, time
 import psycopg
 from shmbus import Bus
 from shmbus.adapters.postgres import PostgresBridge
-name_a, name_b, dsn, notify, channel = sys.argv[1:6]
+name_a, name_b, dsn, notify, channel, hosts = sys.argv[1:7]
 lat = []
 def on_msg(m):
     lat.append((time.perf_counter_ns() - m.data["t"]) / 1000.0)
-a = Bus(name_a, keepalive_interval=0, engine=PostgresBridge(dsn, notify_channel=notify, election_interval=0.05))
-b = Bus(name_b, keepalive_interval=0, engine=PostgresBridge(dsn, notify_channel=notify, election_interval=0.05))
-b.subscribe(channel, on_msg)
+buses = [Bus(n, keepalive_interval=0, engine=PostgresBridge(dsn, notify_channel=notify, election_interval=0.05))
+         for n, h in ((name_a, "a"), (name_b, "b")) if h in hosts]
+while any(x.default.health()["relay_state"] != "relaying" for x in buses):
+    time.sleep(0.01)
+if "b" not in hosts:
+    print("READY", flush=True)
+    for line in sys.stdin:
+        if line.strip() == "dump":
+            print("[]", flush=True)
+    for x in buses:
+        x.close()
+    sys.exit(0)
+buses[-1].subscribe(channel, on_msg)
 listen = psycopg.connect(dsn, autocommit=True)
 listen.execute("LISTEN bench_baseline")
 def pump():
@@ -67,15 +76,14 @@ def drain():
         for n in fair.notifies(timeout=1.0):
             pass
 threading.Thread(target=drain, daemon=True).start()
-while a.default.health()["relay_state"] != "relaying" or b.default.health()["relay_state"] != "relaying":
-    time.sleep(0.01)
 print("READY", flush=True)
 for line in sys.stdin:
     if line.strip() == "dump":
         time.sleep(0.05)
         print(json.dumps(lat), flush=True)
         lat.clear()
-a.close(); b.close()
+for x in buses:
+    x.close()
 """
 
 
@@ -151,15 +159,7 @@ def concurrent(mode: str, dsn: str, notify: str, name: str, per_worker: int) -> 
             p.stdin.flush()
         spans = [json.loads(p.stdout.readline()) for p in procs if p.stdout is not None]
     finally:
-        for p in procs:
-            with contextlib.suppress(OSError):
-                if p.stdin is not None:
-                    p.stdin.close()
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        c.stop_helpers(procs, timeout=30)
     return WORKERS * per_worker / (max(e for _, e in spans) - min(b for b, _ in spans))
 
 
@@ -221,7 +221,7 @@ def latency(helper: subprocess.Popen[str], send: Any, n: int) -> list[float]:
 
 
 def main() -> None:
-    args = c.parse_args(__doc__)
+    args = c.parse_args(__doc__, extra=c.split_option)
     if psycopg is None:
         c.skip("psycopg is not installed (pip install 'shmbus[postgres]')")
     from shmbus.adapters.postgres import PostgresBridge
@@ -240,17 +240,11 @@ def main() -> None:
     dsn = psycopg.conninfo.make_conninfo(url, options=f"-c search_path={schema}")
     notify = f"_mb_{schema}"
     name_a, name_b = c.unique_name("bench-pg-a"), c.unique_name("bench-pg-b")
-    helper = subprocess.Popen(
-        [sys.executable, "-c", HELPER, name_a, name_b, dsn, notify, CHANNEL],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    helpers: list[subprocess.Popen[str]] = []
     buses: list[Bus] = []
     try:
-        assert helper.stdout is not None
-        if helper.stdout.readline().strip() != "READY":
-            raise RuntimeError("bench helper did not start")
+        helpers = c.start_helpers(HELPER, [name_a, name_b, dsn, notify, CHANNEL], args.split_relays)
+        helper = helpers[-1]
         a = Bus(name_a, keepalive_interval=0, engine=PostgresBridge(dsn, notify_channel=notify, relay=False))
         b = Bus(name_b, keepalive_interval=0, engine=PostgresBridge(dsn, notify_channel=notify, relay=False))
 
@@ -401,18 +395,17 @@ def main() -> None:
         rep.target("bridge publish msgs/s (single, synchronous_commit=False)", med("fs"), 5000)
         rep.target("bridge publish_many msgs/s (batched)", med("bb"), 20000)
         rep.note(
+            "relays: one process per host (--split-relays)"
+            if args.split_relays
+            else "relays: both hosts' in one helper process (--split-relays: one per host)"
+        )
+        rep.note(
             "figures are for a publishing worker; PostgreSQL, the relay (helper process) and the publisher share "
             "the machine's 2 vCPUs"
         )
         conn.close()
     finally:
-        if helper.stdin is not None:
-            helper.stdin.close()
-        try:
-            helper.wait(10)
-        except subprocess.TimeoutExpired:
-            helper.kill()
-            helper.wait()
+        c.stop_helpers(helpers)
         for bus in buses:
             bus.destroy()
         for name in (name_a, name_b):

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Redis bridge: publish rate, cross-host latency and Redis commands per read, vs redis-py in the same run.
 
-Two "hosts" (two segments) bridged to one private redis-server. A helper process is the relay of both hosts
-and holds host B's subscriber; this process publishes on host A with ``relay=False`` (so its figures are a
-publishing worker's, not a relay's). Baselines, measured interleaved: redis-py PUBLISH (sync and pipelined
-x100) and redis-py pub/sub latency between the same two processes. Redis commands per long-poll read come from
-``INFO commandstats`` deltas (target 0 when the segment has the data; the gem's Redis backend needs >= 2).
+Two "hosts" (two segments) bridged to one private redis-server. A helper process is the relay of both hosts (with
+``--split-relays`` one helper per host, as on two machines) and holds host B's subscriber; this process publishes on
+host A with ``relay=False`` (so its figures are a publishing worker's, not a relay's). Baselines, measured
+interleaved: redis-py PUBLISH (sync and pipelined x100) and redis-py pub/sub latency between the same two processes.
+Redis commands per long-poll read come from ``INFO commandstats`` deltas (target 0 when the segment has the data;
+the gem's Redis backend needs >= 2).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import os
 import random
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from typing import Any
@@ -35,28 +35,30 @@ import json, os, sys, threading, time
 import redis
 from shmbus import Bus
 from shmbus.adapters.redis import RedisBridge
-name_a, name_b, url, channel = sys.argv[1:5]
+name_a, name_b, url, channel, hosts = sys.argv[1:6]
 lat = []
 def on_msg(m):
     lat.append((time.perf_counter_ns() - m.data["t"]) / 1000.0)
-a = Bus(name_a, keepalive_interval=0, engine=RedisBridge(url, election_interval=0.05))
-b = Bus(name_b, keepalive_interval=0, engine=RedisBridge(url, election_interval=0.05))
-b.subscribe(channel, on_msg)
-ps = redis.Redis.from_url(url, protocol=2).pubsub(ignore_subscribe_messages=True)
-ps.subscribe("baseline")
-def pump():
-    for m in ps.listen():
-        t = json.loads(m["data"])["t"]
-        lat.append((time.perf_counter_ns() - t) / 1000.0)
-threading.Thread(target=pump, daemon=True).start()
-while a.default.health()["relay_state"] != "relaying" or b.default.health()["relay_state"] != "relaying":
+buses = [Bus(n, keepalive_interval=0, engine=RedisBridge(url, election_interval=0.05))
+         for n, h in ((name_a, "a"), (name_b, "b")) if h in hosts]
+if "b" in hosts:
+    buses[-1].subscribe(channel, on_msg)
+    ps = redis.Redis.from_url(url, protocol=2).pubsub(ignore_subscribe_messages=True)
+    ps.subscribe("baseline")
+    def pump():
+        for m in ps.listen():
+            t = json.loads(m["data"])["t"]
+            lat.append((time.perf_counter_ns() - t) / 1000.0)
+    threading.Thread(target=pump, daemon=True).start()
+while any(x.default.health()["relay_state"] != "relaying" for x in buses):
     time.sleep(0.01)
 print("READY", flush=True)
 for line in sys.stdin:
     if line.strip() == "dump":
         print(json.dumps(lat), flush=True)
         lat.clear()
-a.close(); b.close()
+for x in buses:
+    x.close()
 """
 
 
@@ -146,23 +148,17 @@ def commands(r: redis.Redis) -> int:
 
 
 def main() -> None:
-    args = c.parse_args(__doc__)
+    args = c.parse_args(__doc__, extra=c.split_option)
     rep = c.Report("bench_redis_bridge", "Redis bridge vs redis-py, same run, private redis-server", args)
     repeats = args.repeats or (1 if args.quick else 3)
     n_sync, n_batch, n_lat = (2000, 20000, 300) if args.quick else (10000, 100000, 2000)
     srv = PrivateRedis()
     name_a, name_b = c.unique_name("bench-bridge-a"), c.unique_name("bench-bridge-b")
-    helper = subprocess.Popen(
-        [sys.executable, "-c", HELPER, name_a, name_b, srv.url, CHANNEL],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    helpers: list[subprocess.Popen[str]] = []
     buses: list[Bus] = []
     try:
-        assert helper.stdout is not None
-        if helper.stdout.readline().strip() != "READY":
-            raise RuntimeError("bench helper did not start")
+        helpers = c.start_helpers(HELPER, [name_a, name_b, srv.url, CHANNEL], args.split_relays)
+        helper = helpers[-1]
         a = Bus(name_a, keepalive_interval=0, engine=RedisBridge(srv.url, relay=False))
         b = Bus(name_b, keepalive_interval=0, engine=RedisBridge(srv.url, relay=False))
         buses += [a, b]
@@ -233,17 +229,16 @@ def main() -> None:
             "(its Redis backend's poll path), i.e. >= 1-2 commands per poll; shmbus: 0"
         )
         rep.note(
+            "relays: one process per host (--split-relays)"
+            if args.split_relays
+            else "relays: both hosts' in one helper process (--split-relays: one per host)"
+        )
+        rep.note(
             "figures are for a publishing worker; the relay (helper process) shares the 2 vCPUs with it, "
             "with Redis and with the publisher"
         )
     finally:
-        if helper.stdin is not None:
-            helper.stdin.close()
-        try:
-            helper.wait(10)
-        except subprocess.TimeoutExpired:
-            helper.kill()
-            helper.wait()
+        c.stop_helpers(helpers)
         for bus in buses:
             bus.destroy()
         for name in (name_a, name_b):

@@ -33,7 +33,7 @@ from shmbus.engines import Envelope
 from ..redis.layout import decode_envelope
 from .backend import Backend, Doorbell, Ring, Row
 from .election import RelayElection
-from .seals import sealed_rows
+from .seals import Sealer, sealed_rows
 from .status import BridgeStatus
 
 if TYPE_CHECKING:
@@ -77,6 +77,7 @@ class Relay:
         self._named = False  # the backend named its history at the last check
         self._marked_unreachable = False  # the publish state says unreachable because of the relay
         self._mark = 0  # the segment's newest id when the backend's history was last confirmed (see check_history)
+        self._sealer: Sealer | None = None  # verifies seals for the last key and history seen
 
     # ------------------------------------------------------------------ thread
     def start(self) -> None:
@@ -308,25 +309,37 @@ class Relay:
         self.status.backend_newest = max(self.status.backend_newest, self.status.position, self.backend.newest_id())
 
     def store_sealed(self, ring: Ring) -> bool:
-        """Store the sealed lines of ``ring`` that continue the position one id after another; True if that covered
-        every id it names (no read needed). A seal proves the line is the backend's, written in the history the
-        segment records; only the next id is taken, so nothing is skipped, stored twice or counted here."""
-        key = self.backend.seal_key()
-        history = self.bus.segment.history_id()
-        if key is None or not history or not ring.seals:
+        """Store the sealed runs of ``ring`` that continue the position one id after another; True if that covered
+        every id it names (no read needed). A seal proves its lines are the backend's, written in the history the
+        segment records; only runs that continue the position are taken, so nothing is skipped, stored twice or
+        counted here."""
+        if not ring.seals:
             return False
         seg = self.bus.segment
+        sealer = self._sealer_for(seg.history_id())
+        if sealer is None:
+            return False
         after = max(self.status.position, seg.global_id())  # its publisher may have landed it: nothing to verify
-        for row in sealed_rows(ring, self.backend.seal_hash, key, history, after):
+        for row in sealed_rows(ring, sealer, after):
             pos = max(self.status.position, seg.global_id())
             if row.global_id <= pos:
-                continue  # already stored (or landed by its publisher)
+                continue  # landed by its publisher meanwhile
             if row.global_id != pos + 1:
-                return False  # a gap: in flight, rolled back or lost; the read decides
+                return False  # its publisher landed a later one: the read decides
             self._mark = seg.global_id()  # stored before a message of the recorded history: its own
             self._store(row)
         self.status.backend_newest = max(self.status.backend_newest, self.status.position)
         return max(self.status.position, seg.global_id()) >= ring.top
+
+    def _sealer_for(self, history: int) -> Sealer | None:
+        """The verifier for the backend's seal key and the recorded ``history`` (built once per key and history)."""
+        key = self.backend.seal_key()
+        if key is None or not history:
+            return None
+        sealer = self._sealer
+        if sealer is None or sealer.ident != (self.backend.seal_hash, key, history):
+            sealer = self._sealer = Sealer(self.backend.seal_hash, key, history)
+        return sealer
 
     def _lose(self, first: int, last: int, lost_upto: int) -> None:
         """Move past ``first``..``last``, which the backend does not hold: those at or below ``lost_upto`` were

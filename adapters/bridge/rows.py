@@ -19,8 +19,8 @@ class Row(NamedTuple):
 
 class Ring(NamedTuple):
     """What one wait on the doorbell brought: the highest id the notices name (0: none; a hint), the gem's lines
-    (bytes), and the seals (id -> mac) that came with them (:mod:`.seals`)."""
+    (bytes), and the seals that came with them (a run's first id -> its last id and mac) (:mod:`.seals`)."""
 
     top: int
     lines: list[bytes]
-    seals: dict[int, bytes]
+    seals: dict[int, tuple[int, bytes]]

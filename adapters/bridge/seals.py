@@ -1,15 +1,18 @@
-"""Sealed notices: the backend itself vouches for a notice, so the relay may store it without reading it back.
+"""Sealed notices: the backend itself vouches for its notices, so the relay may store them without reading back.
 
 Every notice stays a doorbell (:mod:`.relay`) unless it is *sealed*: the backend's own publish code (the Redis
-script, the PostgreSQL procedure) sends, next to the gem's line ``gid|cid|chan|envelope``, a seal ``gid|mac`` on a
-channel of its own, where ``mac = H(key + H(key + history + "|" + line))`` in hex: ``key`` is a per-bus secret the
-backend keeps where only the bus's writers can read it (a Redis key, a PostgreSQL table without grants), ``history``
-the identity of the backend's history the line was written in, ``H`` a hash the backend has (``sha1`` in Redis's
-Lua, ``sha256`` in PostgreSQL). Whoever can only notify (a pub/sub-only Redis user, a PostgreSQL role with CONNECT)
-cannot seal; a seal names one line of one history, so a replayed one can repeat only the truth of that id.
+scripts, the PostgreSQL procedures) sends, after the gem's lines ``gid|cid|chan|envelope`` of one run of consecutive
+ids, ONE seal ``first|last|mac`` on a channel of its own, where ``mac = H(key + H(key + history + "|" + body))`` in
+hex and ``body`` is every line of the run, in id order, each as ``len|line`` (its length in bytes first, so no two
+ways of cutting the same bytes into lines seal alike): ``key`` is a per-bus secret the backend keeps where only the
+bus's writers can read it (a Redis key, a PostgreSQL table without grants), ``history`` the identity of the
+backend's history the lines were written in, ``H`` a hash the backend has (``sha1`` in Redis's Lua, ``sha256`` in
+PostgreSQL). Whoever can only notify (a pub/sub-only Redis user, a PostgreSQL role with CONNECT) cannot seal; a seal
+names one run of one history, so a replayed one can repeat only the truth of those ids.
 
-The relay stores a sealed line only when it is the very next id after its position and the segment records the
-history it was sealed in; anything else (an unsealed line, a gap, another history) falls back to the history read.
+The relay stores a sealed run only when it has every line of it, the seal verifies for the history the segment
+records, and the run continues its position; anything else (an unsealed line, a missing line, a gap, another
+history) falls back to the history read.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import hmac
 
 from .rows import Ring, Row
 
-__all__ = ["NO_RING", "mac", "parse_line", "seal_of", "sealed_rows"]
+__all__ = ["NO_RING", "Sealer", "mac", "parse_line", "seal_of", "sealed_rows"]
 
 NO_RING = Ring(0, [], {})  #: a wait that brought nothing
 PIPE_ESCAPE = b"$$123$$"  # the gem's escape of a ``|`` in a channel name
@@ -28,11 +31,34 @@ PIPE_ESCAPE = b"$$123$$"  # the gem's escape of a ``|`` in a channel name
 _HASHES = {"sha1": hashlib.sha1, "sha256": hashlib.sha256}  # the backends' hashes (hashlib.new looks names up)
 
 
-def mac(hash_name: str, key: bytes, history: int, line: bytes) -> bytes:
-    """The seal of ``line`` written in ``history`` (hex, as the backend's own code computes it)."""
+def body_of(lines: list[bytes]) -> bytes:
+    """What a seal covers: each line as ``len|line``, in id order."""
+    return b"".join([b"%d|%s" % (len(line), line) for line in lines])
+
+
+def mac(hash_name: str, key: bytes, history: int, lines: list[bytes]) -> bytes:
+    """The seal of the run ``lines`` (consecutive ids, in order) written in ``history`` (hex, as the backend's own
+    code computes it)."""
     h = _HASHES[hash_name]
-    inner = h(b"%s%d|%s" % (key, history, line)).hexdigest().encode()
+    inner = h(b"%s%d|%s" % (key, history, body_of(lines))).hexdigest().encode()
     return h(key + inner).hexdigest().encode()
+
+
+class Sealer:
+    """:func:`mac` for one key and history, with both prefixes hashed once (the relay verifies every burst)."""
+
+    def __init__(self, hash_name: str, key: bytes, history: int) -> None:
+        h = _HASHES[hash_name]
+        self.ident = (hash_name, key, history)
+        self._inner = h(b"%s%d|" % (key, history))
+        self._outer = h(key)
+
+    def mac(self, lines: list[bytes]) -> bytes:
+        inner = self._inner.copy()
+        inner.update(body_of(lines))
+        outer = self._outer.copy()
+        outer.update(inner.hexdigest().encode())
+        return outer.hexdigest().encode()
 
 
 def parse_line(line: bytes) -> Row | None:
@@ -50,24 +76,56 @@ def parse_line(line: bytes) -> Row | None:
     return Row(gid, cid, chan, envelope) if envelope else None
 
 
-def seal_of(payload: bytes) -> tuple[int, bytes] | None:
-    """A seal notice ``gid|mac`` -> ``(gid, mac)``; None if malformed."""
-    gid, bar, tag = payload.partition(b"|")
+def seal_of(payload: bytes) -> tuple[int, int, bytes] | None:
+    """A seal notice ``first|last|mac`` -> ``(first, last, mac)``; None if malformed."""
+    parts = payload.split(b"|", 2)
     try:
-        return (int(gid), tag) if bar and tag else None
-    except ValueError:
+        first, last = int(parts[0]), int(parts[1])
+    except (ValueError, IndexError):
         return None
+    return (first, last, parts[2]) if len(parts) == 3 and parts[2] and 0 < first <= last else None
 
 
-def sealed_rows(ring: Ring, hash_name: str, key: bytes, history: int, after: int) -> list[Row]:
-    """The lines of ``ring`` with ids above ``after`` whose seal verifies for ``history``, as rows in id order (each
-    id once; lines at or below ``after`` are not even verified)."""
-    rows: dict[int, Row] = {}
-    for line in ring.lines:
-        row = parse_line(line)
-        if row is None or row.global_id <= after or row.global_id in rows:
+def _by_id(lines: list[bytes]) -> dict[int, bytes]:
+    """The ring's lines by their id (a later line with the same id replaces an earlier one: a forged twin then
+    fails the seal, and the read decides)."""
+    out: dict[int, bytes] = {}
+    for line in lines:
+        gid = line.partition(b"|")[0]
+        try:
+            out[int(gid)] = line
+        except ValueError:
             continue
-        tag = ring.seals.get(row.global_id)
-        if tag is not None and hmac.compare_digest(tag, mac(hash_name, key, history, line)):
-            rows[row.global_id] = row
-    return [rows[g] for g in sorted(rows)]
+    return out
+
+
+def sealed_rows(ring: Ring, sealer: Sealer, after: int) -> list[Row]:
+    """The rows after ``after`` that the sealed runs of ``ring`` vouch for, in id order, continuing ``after`` one id
+    after another; it stops before a gap, a run with a line missing, or a seal that does not verify (the read
+    decides the rest). Lines at or below ``after`` are not verified."""
+    rows: list[Row] = []
+    seals = ring.seals
+    if not seals:
+        return rows
+    by_id: dict[int, bytes] | None = None
+    pos = after
+    for first in sorted(seals) if len(seals) > 1 else seals:
+        last, tag = seals[first]
+        if last <= pos:
+            continue  # stored already (or landed by its publisher): nothing to verify
+        if first > pos + 1:
+            break  # a gap before this run
+        if len(seals) == 1 and len(ring.lines) == last - first + 1:
+            run = ring.lines  # the common wake-up: one run, its lines as the publish code sent them (in id order)
+        else:
+            by_id = by_id or _by_id(ring.lines)
+            run = [line for line in (by_id.get(g) for g in range(first, last + 1)) if line is not None]
+        if len(run) != last - first + 1 or not hmac.compare_digest(tag, sealer.mac(run)):
+            break
+        for line in run[pos + 1 - first :]:
+            row = parse_line(line)
+            if row is None or row.global_id != pos + 1:  # the ids are part of what is sealed: never for a true seal
+                return rows
+            rows.append(row)
+            pos += 1
+    return rows

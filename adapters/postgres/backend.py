@@ -84,14 +84,14 @@ class PostgresDoorbell:
     def ring(self, timeout: float) -> Ring:
         top = 0
         lines: list[bytes] = []
-        seals: dict[int, bytes] = {}
+        seals: dict[int, tuple[int, bytes]] = {}
         # returns as soon as one notice arrives, with every notice received in the same read
         noticed = self.backend.noticed
         for n in self.conn.notifies(timeout=timeout, stop_after=1):
             if n.channel == self.seals:
                 seal = seal_of(n.payload.encode())
                 if seal is not None:
-                    seals[seal[0]] = seal[1]
+                    seals[seal[0]] = seal[1:]
                 continue
             lines.append(n.payload.encode())
             parts = n.payload.split("|", 3)

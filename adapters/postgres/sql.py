@@ -61,9 +61,10 @@ SELECT_SEAL_KEY = "SELECT key FROM shmbus_seal_key"
 #: The seal channel of a notify channel (PostgreSQL channel names have at most 63 bytes: longer, no seals).
 SEAL_SUFFIX = "_shmbus_seals"
 
-# The procedures' seal of one line, after its notice: ``gid|mac`` on the seal channel, mac as the kit's
-# ``seals.mac`` with sha256 and the table's history identity. Never an error after the COMMIT (the client would
-# take the publish for failed): no key table, no privilege or a long channel name only mean no seal.
+# The procedures' seal of a run of lines (consecutive ids ``seal_first``..``{last}``, each short enough to carry its
+# value; ``seal_body`` holds each as ``len|line``), after their notices: ``first|last|mac`` on the seal channel,
+# mac as the kit's ``seals.mac`` with sha256 and the table's history identity. Never an error after the COMMIT (the
+# client would take the publish for failed): no key table, no privilege or a long channel name only mean no seal.
 _SEAL_READ = """
   seal_ch := p_notify || '{suffix}';
   IF octet_length(seal_ch) <= 63 AND has_table_privilege(to_regclass('shmbus_seal_key'), 'SELECT') THEN
@@ -72,13 +73,14 @@ _SEAL_READ = """
       # pg_relation_filenode('message_bus'::regclass)::bigint) & 9223372036854775807)::text;
   END IF;
 """.replace("{suffix}", SEAL_SUFFIX)
-_SEAL_ONE = """
-      IF seal_k IS NOT NULL THEN
-        PERFORM pg_notify(seal_ch, {id} || '|' || encode(sha256(convert_to(seal_k || encode(sha256(convert_to(
-          seal_k || seal_h || '|' || line, 'UTF8')), 'hex'), 'UTF8')), 'hex'));
+_SEAL_RUN = """
+      IF seal_k IS NOT NULL AND seal_body <> '' THEN
+        PERFORM pg_notify(seal_ch, seal_first || '|' || {last} || '|' || encode(sha256(convert_to(seal_k
+          || encode(sha256(convert_to(seal_k || seal_h || '|' || seal_body, 'UTF8')), 'hex'), 'UTF8')), 'hex'));
       END IF;
+      seal_body := '';
 """
-_SEAL_DECLARE = "seal_ch text; seal_k text; seal_h text;"
+_SEAL_DECLARE = "seal_ch text; seal_k text; seal_h text; seal_first bigint; seal_body text := '';"
 
 # One call = the gem's publish, in its order: INSERT ... RETURNING id, COMMIT, then pg_notify of its line in a
 # transaction of its own (a procedure, so both take one round trip; PostgreSQL 11 or later). The split matters for
@@ -105,9 +107,11 @@ BEGIN
   IF octet_length(line) >= 8000 THEN
     PERFORM pg_notify(p_notify, new_id || '|' || new_id || '|' || p_line_channel || '|');
   ELSE
-    PERFORM pg_notify(p_notify, line);"""
+    PERFORM pg_notify(p_notify, line);
+    seal_first := new_id;
+    seal_body := octet_length(convert_to(line, 'UTF8')) || '|' || line;"""
     + _SEAL_READ
-    + _SEAL_ONE.format(id="new_id")
+    + _SEAL_RUN.format(last="new_id")
     + """
   END IF;
 END
@@ -140,14 +144,22 @@ BEGIN
     + """
   FOR i IN 1 .. n LOOP
     line := new_ids[i] || '|' || new_ids[i] || '|' || p_line_channels[i] || '|' || p_values[i];
+    IF octet_length(line) >= 8000 OR (seal_body <> '' AND new_ids[i] <> new_ids[i - 1] + 1) THEN"""
+    + _SEAL_RUN.format(last="new_ids[i - 1]")
+    + """
+    END IF;
     IF octet_length(line) >= 8000 THEN
       PERFORM pg_notify(p_notify, new_ids[i] || '|' || new_ids[i] || '|' || p_line_channels[i] || '|');
     ELSE
-      PERFORM pg_notify(p_notify, line);"""
-    + _SEAL_ONE.format(id="new_ids[i]")
-    + """
+      PERFORM pg_notify(p_notify, line);
+      IF seal_body = '' THEN
+        seal_first := new_ids[i];
+      END IF;
+      seal_body := seal_body || octet_length(convert_to(line, 'UTF8')) || '|' || line;
     END IF;
-  END LOOP;
+  END LOOP;"""
+    + _SEAL_RUN.format(last="new_ids[n]")
+    + """
 END
 $fn$
 """

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import select
+import ssl
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -59,23 +61,28 @@ class RedisDoorbell:
             reply = self.conn.read_response()
             if not reply or reply[0] != b"subscribe":
                 raise redis.exceptions.ConnectionError(f"unexpected SUBSCRIBE reply {reply!r}")
+        sock = getattr(self.conn, "_sock", None)
+        self._poller: select.poll | None = None
+        if sock is not None and not isinstance(sock, ssl.SSLSocket) and hasattr(select, "poll"):
+            self._poller = select.poll()
+            self._poller.register(sock, select.POLLIN)
 
     def ring(self, timeout: float) -> Ring:
         conn = self.conn
-        if not conn.can_read(timeout=timeout):
+        if not self._readable(timeout):
             if self.ping_sent and time.monotonic() - self.ping_sent > self.backend.socket_timeout:
                 raise redis.exceptions.TimeoutError("no PING reply on the subscription connection")
             return NO_RING
         top = 0
         lines: list[bytes] = []
-        seals: dict[int, bytes] = {}
+        seals: dict[int, tuple[int, bytes]] = {}
         while True:
-            reply = conn.read_response()
+            reply = conn.read_response()  # a closed connection raises here (the read finds EOF)
             if reply[0] == b"message":
                 if reply[1] == self.seals:
                     seal = seal_of(reply[2])
                     if seal is not None:
-                        seals[seal[0]] = seal[1]
+                        seals[seal[0]] = seal[1:]
                 else:
                     line = reply[2]
                     lines.append(line)
@@ -85,6 +92,15 @@ class RedisDoorbell:
                 self.ping_sent = 0.0
             if not conn.can_read(timeout=0):
                 return Ring(top, lines, seals)
+
+    def _readable(self, timeout: float) -> bool:
+        """Wait for the socket: one poll on a poller kept for the connection (redis-py's ``can_read`` polls twice
+        per wake-up, the second time to tell a closed socket, which the read that follows tells as well). A ring
+        always reads until nothing is buffered, so the socket is the only place news can be; TLS sockets, which
+        may hold decrypted bytes above it, take redis-py's way."""
+        if self._poller is None:
+            return bool(self.conn.can_read(timeout=timeout))
+        return bool(self._poller.poll(timeout * 1000))
 
     def keepalive(self) -> None:
         if not self.ping_sent:

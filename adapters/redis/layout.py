@@ -42,14 +42,19 @@ PIPE_ESCAPE = "$$123$$"
 #: drops it with the history). Whoever may read it can seal notices (see the bridge kit's ``seals``): give
 #: pub/sub-only ACL users no access to it.
 SEAL_KEY = "__mb_shmbus_seal"
-#: The seal of the line just published, PUBLISHed as ``gid|mac`` on the seal channel (the kit's ``seals.mac`` with
-#: sha1); none while the key or the history key is missing.
+#: The seal of the run of lines just published (the Lua table ``lines``, ids ``first``..``gid``), PUBLISHed as
+#: ``first|last|mac`` on the seal channel (the kit's ``seals.mac`` with sha1); none while the key or the history key
+#: is missing.
 SEAL_LUA = """
 local sk = redis.call('GET', {key})
 local sh = sk and redis.call('GET', {history})
 if sh then
-  redis.call('PUBLISH', {channel},
-    string.format('%d|', gid) .. redis.sha1hex(sk .. redis.sha1hex(sk .. sh .. '|' .. line)))
+  local body = {{}}
+  for j = 1, #lines do
+    body[j] = string.format('%d|', #lines[j]) .. lines[j]
+  end
+  redis.call('PUBLISH', {channel}, string.format('%d|%d|', first, gid)
+    .. redis.sha1hex(sk .. redis.sha1hex(sk .. sh .. '|' .. table.concat(body))))
 end
 """
 
@@ -75,6 +80,7 @@ redis.call('EXPIRE', KEYS[3], age)
 redis.call('ZADD', KEYS[4], gid, string.format('%d|%s', cid, ARGV[5]))
 redis.call('EXPIRE', KEYS[4], age)
 redis.call('PUBLISH', KEYS[5], line)
+local first, lines = gid, {line}
 """
     + SEAL_LUA.format(key="KEYS[6]", history="KEYS[7]", channel="ARGV[6]")
     + """
@@ -93,15 +99,17 @@ PUBLISH_SHA = hashlib.sha1(PUBLISH_SCRIPT.encode()).hexdigest()
 # The same effects for many messages in one call (the pipelined/batch path): one script run per group instead of
 # one per message cuts Redis's per-call overhead. KEYS: global id, global backlog, pub/sub channel, seal key,
 # history key, then per message its id key and backlog key; ARGV: n, gsize, seal channel, then per message line
-# tail, age, size, backend channel. The seal key and history are read once per run (the script is atomic).
-# The global backlog is trimmed once at the end, which leaves the same set as trimming after every message.
-PUBLISH_MANY_SCRIPT = """
+# tail, age, size, backend channel.
+# The global backlog is trimmed once at the end, which leaves the same set as trimming after every message. The
+# group's ids are consecutive (the script is atomic): ONE seal after its last line vouches for all of them.
+PUBLISH_MANY_SCRIPT = (
+    """
 local n = tonumber(ARGV[1])
 local gsize = tonumber(ARGV[2])
 local out = {}
 local gid = 0
-local sk = redis.call('GET', KEYS[4])
-local sh = sk and redis.call('GET', KEYS[5])
+local first = 0
+local lines = {}
 for i = 0, n - 1 do
   local idk = KEYS[6 + 2 * i]
   local blk = KEYS[7 + 2 * i]
@@ -116,10 +124,10 @@ for i = 0, n - 1 do
   redis.call('ZADD', KEYS[2], gid, string.format('%d|', cid) .. ARGV[a + 3])
   redis.call('EXPIRE', KEYS[2], age)
   redis.call('PUBLISH', KEYS[3], line)
-  if sh then
-    redis.call('PUBLISH', ARGV[3],
-      string.format('%d|', gid) .. redis.sha1hex(sk .. redis.sha1hex(sk .. sh .. '|' .. line)))
+  if first == 0 then
+    first = gid
   end
+  lines[#lines + 1] = line
   redis.call('EXPIRE', idk, age)
   if cid > size then
     redis.call('ZREMRANGEBYSCORE', blk, 1, cid - size)
@@ -130,8 +138,12 @@ end
 if gid > gsize then
   redis.call('ZREMRANGEBYSCORE', KEYS[2], 1, gid - gsize)
 end
+"""
+    + SEAL_LUA.format(key="KEYS[4]", history="KEYS[5]", channel="ARGV[3]")
+    + """
 return out
 """
+)
 PUBLISH_MANY_SHA = hashlib.sha1(PUBLISH_MANY_SCRIPT.encode()).hexdigest()
 
 
