@@ -105,7 +105,6 @@ class _LoopFanout:
 
     def __init__(self, bus: Bus, options: Options, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.gathered = bus.lingered  # how long the bus listener already gathered each batch
         self.proto = MessageBusProtocol(bus, options, null_lock())
         self.batches: list[list[Message]] = []
         self.scheduled = False
@@ -120,21 +119,16 @@ class _LoopFanout:
             if self.scheduled:
                 return
             self.scheduled = True
-        owed = self.wait - self.gathered() if self.window > 0 else 0.0
         try:
-            if owed > 0:
-                self.loop.call_soon_threadsafe(self._drain_later, owed)
-            else:
-                self.loop.call_soon_threadsafe(self.drain)
+            self.loop.call_soon_threadsafe(self.drain if self.window <= 0 else self._drain_soon)
         except RuntimeError:  # loop closed
             with self.lock:
                 self.batches = []
                 self.scheduled = False
 
-    def _drain_later(self, owed: float) -> None:
-        """Loop: drain after what is left of the window (the listener gathered the rest: ``Bus.tap``'s linger),
-        so batches arriving meanwhile reach each client as one chunk."""
-        self.loop.call_later(owed, self.drain)
+    def _drain_soon(self) -> None:
+        """Loop: drain after ``batch_window``, so batches arriving meanwhile reach each client as one chunk."""
+        self.loop.call_later(self.wait, self.drain)
 
     def drain(self) -> None:
         """Loop: dispatch every queued batch, consecutive batches of one epoch as one."""

@@ -265,17 +265,15 @@ class Bus:
         """Call ``listener(messages)`` on the listener thread with every batch of new messages (all channels,
         unfiltered). This is how web adapters wake their waiting clients: one call per batch, not per client.
 
-        ``linger`` (seconds): woken by a publish, and after each batch, the listener waits that long before it
-        reads: one wake-up of this process per ``linger``, a burst's first message with the rest. Only while
-        every consumer lingers (the smallest wins: :meth:`lingered`); a subscription turns it off."""
+        ``linger`` (seconds): the listener may wait that long after a batch before it looks again, so messages
+        published meanwhile come as one batch: one wake-up of this process (a thread switch, the GIL) per
+        ``linger`` instead of one per message. It applies only while every consumer in the process lingers
+        (the smallest value wins); a subscription (:meth:`subscribe`) turns it off, as it expects each message
+        at once. The first message after a quiet spell is never delayed."""
         if linger < 0:
             raise ValueError("linger must be >= 0")
         self.listener.ensure()
         self.subscriptions.tap(listener, linger)
-
-    def lingered(self) -> float:
-        """How long the listener gathers each batch now: a tap with a window of its own waits only the rest."""
-        return self.subscriptions.linger()
 
     def untap(self, listener: BatchListener) -> None:
         self.subscriptions.untap(listener)

@@ -139,12 +139,6 @@ class Listener:
                     break
                 metrics.maybe_flush()
                 seg.wait(word, 1.0)
-                linger = table.linger()
-                if linger > 0 and seg.futex_word() != word:
-                    # Woken by a publish: gather for the linger before the first read too, so the first message
-                    # of a burst travels with the ones right behind it (the taps count on a batch having been
-                    # gathered for ``linger``; see Bus.tap).
-                    stop.wait(linger)
             except BusLockTimeout as exc:  # a stopped lock holder: say so, keep trying (reads go on meanwhile)
                 if stop.is_set() or attachment.current is None:
                     break

@@ -196,15 +196,19 @@ def test_messages_within_batch_window_travel_as_one_chunk(bus: Bus, driver: Any,
     """The fan-out cost fix: what is published within batch_window reaches a stream as one chunk (one write per
     client); with 0 every batch goes at once. Every message arrives exactly once either way.
 
-    The window is the largest allowed (1 s) so that three publishes 30 ms apart fall inside it even on a loaded
-    CI machine (with 0.3 s, a stalled publisher once split them: CI failure of 2026-11-26)."""
+    What is checked is the fan-out's own window: a subscription in this process keeps the bus listener from
+    lingering (``Bus.tap``), so each publish reaches the fan-out as its own batch, 30 ms apart, well inside the
+    window (the largest allowed, 1 s). With the ASGI shell's linger on, the listener's second look would come
+    exactly as the window ends and race it: that made this test fail on CI (2026-11-26) while measuring nothing
+    of the window."""
+    bus.subscribe("/unrelated", lambda msg: None)  # every message at once from the listener: no linger
     d = driver(kind, long_polling_interval=5, batch_window=window)
     r = d.poll("abc", {"/foo": -1}, chunk=True)
     assert b"/__status" in r.next_piece()
     wait_for(lambda: d.parked() == 1, what="parked")
     for i in range(3):
         bus.publish("/foo", i)
-        time.sleep(0.03)  # separate listener batches, well inside the 1 s window
+        time.sleep(0.03)  # separate listener batches, well inside the window
     first = r.next_piece()
     got = split_stream(b"".join(r.received)) if window else [first]
     if window:
