@@ -120,10 +120,11 @@ def _check_host(cluster: Cluster, host: Host, channels: tuple[str, ...]) -> Host
             v.duplicates += again
     v.injected += sum(1 for p in live if p not in ledger.tried)
     newest: dict[tuple[int, str], int] = {}
-    for epoch, channel, mid, _gid, data in host.received:
+    for epoch, channel, mid, gid, data in host.received:
         key = (epoch, channel)
         if mid <= newest.get(key, 0):
             v.disorder += 1
+            v.notes.append(f"live disorder in epoch {epoch} on {channel}: id {mid} (global {gid}) after {newest[key]}")
         newest[key] = mid
         a = acks.get(data)
         if a is not None and a.mid != mid and a.gen_lo == a.gen_hi == final:
@@ -144,6 +145,7 @@ def _check_host(cluster: Cluster, host: Host, channels: tuple[str, ...]) -> Host
         ids = [m.message_id for m in backlog]
         if ids != sorted(set(ids)):
             v.disorder += 1
+            v.notes.append(f"backlog of {channel} out of order or repeated: {ids[:40]}")
         held.update(m.data for m in backlog)
         v.injected += sum(1 for m in backlog if m.data not in ledger.tried)
         reads: dict[int, Any] = {}
