@@ -43,6 +43,7 @@ __all__ = ["Relay"]
 
 PAGE = 1000  # messages per history read
 HISTORY_CHECK_INTERVAL = 1.0  # seconds between history checks while relaying (one small backend call each)
+STALE_CHECK_INTERVAL = 0.1  # at most this often, a notice below the position triggers a history check at once
 IDLE_CHECK = 5.0  # seconds without notices before the doorbell's keepalive and a read (writes without a notice)
 METRICS_INTERVAL = 1.0  # the relay flushes the process's metrics itself (a process may relay without a listener)
 
@@ -177,6 +178,7 @@ class Relay:
         now = time.monotonic()
         idle_since = now
         next_history = now + HISTORY_CHECK_INTERVAL
+        next_stale_check = now
         next_trim = now + self.trim_interval
         next_metrics = now + METRICS_INTERVAL
         while not stop.is_set():
@@ -188,6 +190,14 @@ class Relay:
                 self.status.position = max(self.status.position, seg.global_id())
                 if ring.top > self.status.position and not self.store_sealed(ring):
                     self.catch_up()  # else stale, repeated, already landed by its publisher, or forged: nothing
+                elif ring.top < self.status.position and now >= next_stale_check:
+                    # An id below the position may be a new history's (a FLUSHDB, a TRUNCATE ... RESTART
+                    # IDENTITY): look now, not at the next periodic check, so the bus is reset before that history
+                    # reaches this position and a publisher here lands one of its ids in the old epoch.
+                    next_stale_check = now + STALE_CHECK_INTERVAL
+                    next_history = now + HISTORY_CHECK_INTERVAL
+                    if self.check_history():
+                        self.catch_up()
             if now >= next_history:
                 next_history = now + HISTORY_CHECK_INTERVAL
                 if self.check_history():
