@@ -21,7 +21,17 @@ if TYPE_CHECKING:
     from shmbus.host import BusHost
     from shmbus.segment import BridgeRecord, Segment
 
-__all__ = ["Backend", "Doorbell", "Page", "Ring", "Row"]
+__all__ = ["Acknowledged", "Backend", "Doorbell", "Page", "Ring", "Row"]
+
+
+class Acknowledged(NamedTuple):
+    """What a publish got from the backend: each message's ``(global id, message id)``, and the identity of the
+    history the backend wrote them into, as its publish code read it in the same atomic step (None: this backend
+    does not say; -1: the batch straddled two histories). A publisher lands its messages on this host only when
+    that identity is the one the segment recorded (:mod:`.landing`)."""
+
+    ids: list[tuple[int, int]]
+    history: int | None
 
 
 class Page(NamedTuple):
@@ -73,10 +83,10 @@ class Backend(Protocol):
         """Refuse a bus this backend cannot serve (ValueError), when attached."""
         ...
 
-    def publish(self, bus: BusHost, envelopes: list[Envelope]) -> list[tuple[int, int]]:
+    def publish(self, bus: BusHost, envelopes: list[Envelope]) -> Acknowledged:
         """Store ``envelopes`` in the backend, in order, in as few round trips as it can; their ``(global id,
-        message id)``. Raises the bridge's typed errors (``...Unavailable`` within the backend's timeout,
-        ``...ReadOnly``, ``...BridgeError``); the kit has checked every size beforehand."""
+        message id)`` and the history they went into. Raises the bridge's typed errors (``...Unavailable`` within
+        the backend's timeout, ``...ReadOnly``, ``...BridgeError``); the kit has checked every size beforehand."""
         ...
 
     def open_doorbell(self) -> Doorbell:

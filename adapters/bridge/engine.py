@@ -219,28 +219,29 @@ class BridgeEngine(Engine):
                 out.extend([None] * len(chunk))
                 continue
             try:
-                ids = self.backend.publish(bus, chunk)
+                ack = self.backend.publish(bus, chunk)
             except EngineError:
                 if self.queue is None:
                     raise
                 self.queue.put(chunk)
                 out.extend([None] * len(chunk))
                 continue
-            self.status.published += len(ids)
+            self.status.published += len(ack.ids)
             self.status.set_state("ok")
             assert self.landing is not None
-            self.landing.land(bus, [(e, g, m) for e, (g, m) in zip(chunk, ids, strict=True)])
-            out.extend(m for _, m in ids)
+            self.landing.land(bus, [(e, g, m) for e, (g, m) in zip(chunk, ack.ids, strict=True)], ack.history)
+            out.extend(m for _, m in ack.ids)
         return out
 
     def _send_queued(self, env: Envelope) -> None:
         bus = self._bus_of(None)
-        (gid, mid) = self.backend.publish(bus, [env])[0]
+        ack = self.backend.publish(bus, [env])
+        (gid, mid) = ack.ids[0]
         self.status.published += 1
         self.status.set_state("ok")
         if self.landing is not None:
             with contextlib.suppress(Exception):
-                self.landing.land(bus, [(env, gid, mid)])
+                self.landing.land(bus, [(env, gid, mid)], ack.history)
 
     # ------------------------------------------------------------------ reads, health
     def backlog(self, bus: BusHost, gap: BacklogGap) -> Backlog | None:

@@ -19,16 +19,25 @@ class Landing:
     """A message that directly follows the segment's newest is appended by its publisher (checked under the
     segment's lock: ``expect_global_id``), so the segment stays contiguous and the relay finds it there. Otherwise
     another message sits in between: the publisher waits up to ``local_wait`` for the relay, which stores them in
-    order (not at all when no process of the host relays)."""
+    order (not at all when no process of the host relays).
+
+    Only in the history the segment holds: when the backend wrote the messages into another one (Redis after a
+    FLUSHDB restarts its ids at 1, so a new id can directly follow the segment's newest of the old history), the
+    publisher leaves them to the relay, which resets the bus first."""
 
     def __init__(self, election: RelayElection, local_wait: float, log: logging.Logger) -> None:
         self.election = election
         self.local_wait = local_wait
         self.log = log
 
-    def land(self, bus: BusHost, items: list[tuple[Envelope, int, int]]) -> None:
-        """``items``: ``(envelope, global id, message id)`` in id order, just acknowledged by the backend."""
+    def land(self, bus: BusHost, items: list[tuple[Envelope, int, int]], history: int | None = None) -> None:
+        """``items``: ``(envelope, global id, message id)`` in id order, just acknowledged by the backend in
+        ``history`` (None: the backend does not say)."""
         seg = bus.segment
+        recorded = seg.history_id()
+        if history is not None and recorded and history != recorded:
+            self.wait(bus, items[-1][1])
+            return
         for env, gid, mid in items:
             if seg.global_id() >= gid:
                 continue

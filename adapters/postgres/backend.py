@@ -24,7 +24,7 @@ from shmbus.channels import backend_name
 from shmbus.perprocess import Birth
 from shmbus.segment import BridgeRecord
 
-from ..bridge.backend import Page, Ring, Row
+from ..bridge.backend import Acknowledged, Page, Ring, Row
 from ..bridge.seals import NO_RING, seal_of
 from ..bridge.status import BridgeStatus
 from ..redis.layout import PIPE_ESCAPE, decode_envelope, encode_envelope
@@ -234,7 +234,11 @@ class PostgresBackend:
         return {"dsn": redact_dsn(self.dsn), "notify_channel": self.notify_channel, "in_recovery": self.in_recovery}
 
     # ------------------------------------------------------------------ publish
-    def publish(self, bus: BusHost, envelopes: list[Envelope]) -> list[tuple[int, int]]:
+    def publish(self, bus: BusHost, envelopes: list[Envelope]) -> Acknowledged:
+        """The procedures do not return the table's identity (it would change their signatures under running
+        publishers): ``history`` is None. A plain TRUNCATE keeps the sequence going, so the new history's ids continue
+        the old one's and a message landed before the relay's reset is the one it stores after (same id, same
+        data); ``TRUNCATE ... RESTART IDENTITY`` restarts the ids: the README's limitation."""
         rows = []
         for env in envelopes:
             chan = backend_name(env.channel, env.site_id)
@@ -251,7 +255,7 @@ class PostgresBackend:
                 ids = [int(i) for i in (row[0] if row is not None else None) or ()]
         except Exception as exc:
             raise self._publish_error(exc) from exc
-        return [(g, g) for g in ids]
+        return Acknowledged([(g, g) for g in ids], None)
 
     def _execute(self, query: str, params: tuple[Any, ...]) -> psycopg.Cursor[Any]:
         """Run a publish statement; when the table or a procedure is gone (a plain ``DROP TABLE message_bus``)

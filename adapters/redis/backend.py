@@ -28,7 +28,7 @@ from shmbus.message import Message
 from shmbus.perprocess import Birth
 from shmbus.segment import BridgeRecord
 
-from ..bridge.backend import Page, Ring, Row
+from ..bridge.backend import Acknowledged, Page, Ring, Row
 from ..bridge.seals import NO_RING, seal_of
 from ..bridge.status import BridgeStatus
 from . import layout
@@ -177,13 +177,13 @@ class RedisBackend:
         return {"redis_url": redact_url(self.url), "pubsub_channel": self.pubsub_channel, "redis_role": self.redis_role}
 
     # ------------------------------------------------------------------ publish
-    def publish(self, bus: BusHost, envelopes: list[Envelope]) -> list[tuple[int, int]]:
+    def publish(self, bus: BusHost, envelopes: list[Envelope]) -> Acknowledged:
         args = [layout.script_args(e, bus.codec, bus.max_global_backlog_size, self.pubsub_channel) for e in envelopes]
         if len(args) == 1:
-            return [self._eval_one(args[0])]
+            return self._eval_one(args[0])
         return self._eval_many(args)
 
-    def _eval_one(self, args: list[Any]) -> tuple[int, int]:
+    def _eval_one(self, args: list[Any]) -> Acknowledged:
         try:
             try:
                 res = self.client.execute_command("EVALSHA", layout.PUBLISH_SHA, *args)
@@ -192,9 +192,9 @@ class RedisBackend:
                 res = self.client.execute_command("EVALSHA", layout.PUBLISH_SHA, *args)
         except Exception as exc:
             raise self._publish_error(exc) from exc
-        return int(res[0]), int(res[1])
+        return Acknowledged([(int(res[0]), int(res[1]))], int(res[2]))
 
-    def _eval_many(self, args: list[list[Any]]) -> list[tuple[int, int]]:
+    def _eval_many(self, args: list[list[Any]]) -> Acknowledged:
         """One pipelined round trip; each group of up to ``_GROUP`` messages is ONE run of the batch script (far less
         per-call work in Redis than one EVALSHA per message). NOSCRIPT loads the script and re-sends."""
         groups = [args[i : i + _GROUP] for i in range(0, len(args), _GROUP)]
@@ -223,8 +223,10 @@ class RedisBackend:
             todo = again
         else:
             raise RedisBridgeError("Redis keeps answering NOSCRIPT for the publish script")
-        flat = [int(x) for r in results for x in r]
-        return list(zip(flat[0::2], flat[1::2], strict=True))
+        flat = [int(x) for r in results for x in r[:-1]]
+        histories = {int(r[-1]) for r in results}  # several groups straddling a FLUSHDB: -1, land none
+        history = histories.pop() if len(histories) == 1 else -1
+        return Acknowledged(list(zip(flat[0::2], flat[1::2], strict=True)), history)
 
     def _publish_error(self, exc: BaseException) -> RedisBridgeError:
         if isinstance(exc, RedisBridgeError):

@@ -44,11 +44,12 @@ PIPE_ESCAPE = "$$123$$"
 SEAL_KEY = "__mb_shmbus_seal"
 #: The seal of the run of lines just published (the Lua table ``lines``, ids ``first``..``gid``), PUBLISHed as
 #: ``first|last|mac`` on the seal channel (the kit's ``seals.mac`` with sha1); none while the key or the history key
-#: is missing.
+#: is missing. ``sh``, the history the lines went into ('0' after a FLUSHDB, until a relay names the new one), is
+#: returned to the publisher, which lands its messages on its host only in the history its segment recorded.
 SEAL_LUA = """
 local sk = redis.call('GET', {key})
-local sh = sk and redis.call('GET', {history})
-if sh then
+local sh = redis.call('GET', {history})
+if sk and sh then
   local body = {{}}
   for j = 1, #lines do
     body[j] = string.format('%d|', #lines[j]) .. lines[j]
@@ -65,7 +66,7 @@ def seal_channel(pubsub_channel: str) -> str:
 
 
 # Same keys, arguments and effects as the gem's LUA_PUBLISH (own text): ids, backlogs, TTLs, PUBLISH, trim.
-# The differences: it returns {global_id, channel_id} (the gem's returns the channel id), which the bridge
+# The differences: it returns {global_id, channel_id, history} (the gem's returns the channel id), which the bridge
 # needs to store the message locally with Redis's ids; and it PUBLISHes the line's seal on the seal channel.
 PUBLISH_SCRIPT = (
     """
@@ -91,7 +92,7 @@ end
 if gid > gsize then
   redis.call('ZREMRANGEBYSCORE', KEYS[4], 1, gid - gsize)
 end
-return {gid, cid}
+return {gid, cid, sh or '0'}
 """
 )
 PUBLISH_SHA = hashlib.sha1(PUBLISH_SCRIPT.encode()).hexdigest()
@@ -141,6 +142,7 @@ end
 """
     + SEAL_LUA.format(key="KEYS[4]", history="KEYS[5]", channel="ARGV[3]")
     + """
+out[#out + 1] = sh or '0'
 return out
 """
 )

@@ -285,7 +285,7 @@ def test_batch_script_writes_exactly_what_single_publishes_write(
         b'3|2|/a|{"data":"a2","user_ids":[1,2],"group_ids":null,"client_ids":null}',
         b'5|3|/a|{"data":"a3","user_ids":null,"group_ids":null,"client_ids":null}',
     ]
-    assert r.ttl("__mb_backlog_n_/a") == 604800 and r.get("__mb_global_id_n") == b"5"
+    assert 604_790 <= r.ttl("__mb_backlog_n_/a") <= 604_800 and r.get("__mb_global_id_n") == b"5"
 
 
 def test_cli_stats_shows_the_bridge(redis_server: Any, make_host: Callable[..., Bus]) -> None:

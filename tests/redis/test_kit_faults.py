@@ -150,6 +150,31 @@ def test_an_oversized_message_raises_before_the_script(redis_server: Any, make_h
     assert int(redis.Redis.from_url(redis_server.url).get("__mb_global_id_n")) == 1  # Redis took nothing
 
 
+def test_a_publish_into_a_new_history_is_not_landed_in_the_old_one(
+    redis_server: Any, make_host: Callable[..., Bus]
+) -> None:
+    """After a FLUSHDB Redis's ids start again at 1, so a new id can directly follow the segment's newest of the old
+    history. A publisher used to append it there (a message of the new history in the old epoch: out of order and
+    counted twice once the relay resets); now it lands only in the history its segment recorded."""
+    a = make_host("a", redis_server.url)
+    for i in range(50):
+        a.publish("/h", i)
+    wait_relaying(a)
+    seg = a.segment
+    assert seg.history_id() != 0 and seg.global_id() == 50
+    a.close()  # no relay on this host from now on: nothing resets the segment behind the test's back
+    cron = make_host("a", redis_server.url, relay=False)  # another process of the host (a cron job)
+    r = redis.Redis.from_url(redis_server.url)
+    r.flushdb()
+    r.set("__mb_global_id_n", 50)  # the new history's next id follows the segment's newest
+    assert cron.publish("/h", "new history") == 1
+    assert cron.segment.global_id() == 50  # not landed: it would have been id 51 of the old history
+    r.set("__mb_shmbus_history", str(seg.history_id()))  # the recorded history again: the same publish lands
+    r.set("__mb_global_id_n", 50)
+    cron.publish("/h", "same history")
+    assert cron.segment.global_id() == 51 and cron.backlog("/h")[-1].data == "same history"
+
+
 CRON = """
 import sys
 from shmbus import Bus
