@@ -192,3 +192,24 @@ def test_stop_awaited_in_an_async_callback_ends_the_client_after_it() -> None:
 
     with Stub(lambda seen, n: Reply(pieces=[two]) if n == 0 else Reply(pieces=[1.0, b"[]"])) as stub:
         assert asyncio.run(main(stub.url)) == ([1], "stopped")
+
+
+def test_the_read_timeout_option_ends_a_silent_poll(make_client: MakeClient) -> None:
+    with Stub(lambda seen, n: Reply(pieces=[1.5, b"[]"])) as stub:
+        client = make_client(stub.url, timeout=0.5, chunked=False)
+        client.subscribe("/a", Recorder(), 0)
+        wait_until(lambda: client.stats.failures >= 1, what="the read timeout")
+        assert "ReadTimeout" in str(client.stats.last_error)
+
+
+def test_the_timeout_option_holds_for_an_injected_httpx_client_too(make_client: MakeClient) -> None:
+    """An ``httpx.AsyncClient(auth=...)`` made with httpx's default timeout (5 s) would time out every long poll of
+    a server that holds them 25 s: each poll carries the client's own ``timeout`` (60 s by default)."""
+    msg = b'[{"global_id":1,"message_id":1,"channel":"/a","data":1}]'
+    with Stub(lambda seen, n: Reply(pieces=[1.0, msg] if n == 0 else [2.0, b"[]"])) as stub:
+        http = httpx.AsyncClient(timeout=0.3)  # shorter than the stub's hold, as httpx's 5 s is than Discourse's 25 s
+        client = make_client(stub.url, http_client=http, timeout=10.0, chunked=False)
+        rec = Recorder()
+        client.subscribe("/a", rec, 0)
+        rec.wait(1)
+        assert client.stats.failures == 0, client.stats
