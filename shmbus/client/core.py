@@ -210,8 +210,9 @@ class AsyncMessageBusClient:
         return sub
 
     def unsubscribe(self, channel: str, callback: AsyncCallback | None = None) -> bool:
-        """Remove ``channel``'s subscriptions (only ``callback``'s if given; ``channel`` may be a glob such as
-        ``/x/*``). True if any was removed; their queued messages are dropped, the poll in flight aborted."""
+        """Remove ``channel``'s subscriptions (only ``callback``'s if given; a trailing ``*`` makes ``channel`` a
+        prefix: ``/x/*`` is every channel under ``/x/``). True if any was removed; their queued messages are
+        dropped, the poll in flight aborted."""
         removed = bool(self._tracker.remove(channel, callback))
         if removed:
             self._poll_again()

@@ -140,3 +140,17 @@ def test_pauses_after_a_poll() -> None:
     assert abs(pause_after_poll(elapsed=0.01, got_data=True, long_polling=True, **common) - 0.09) < 1e-9
     assert pause_after_poll(elapsed=1.0, got_data=False, long_polling=True, **common) == 14.0
     assert pause_after_poll(elapsed=1.0, got_data=True, long_polling=False, **common) == 59.0
+
+
+def test_unsubscribe_takes_a_name_as_it_is_and_a_trailing_star_as_a_prefix() -> None:
+    """As the JS client: ``/x/*`` is every channel under ``/x/``; any other name is that channel only, even one
+    holding ``[``, ``?`` or a ``*`` that does not end it."""
+    tracker = Tracker()
+    names = ["/a[1]", "/a1", "/q?", "/qs", "/x/*y", "/x/zy", "/x/", "/x/a/b", "/xa"]
+    for name in names:
+        tracker.add(name, None, 0)
+    assert [s.channel for s in tracker.remove("/a[1]")] == ["/a[1]"]
+    assert [s.channel for s in tracker.remove("/q?")] == ["/q?"]
+    assert [s.channel for s in tracker.remove("/x/*y")] == ["/x/*y"]
+    assert [s.channel for s in tracker.remove("/x/*")] == ["/x/zy", "/x/", "/x/a/b"]
+    assert [s.channel for s in tracker.subscriptions] == ["/a1", "/qs", "/xa"]
