@@ -213,3 +213,61 @@ def test_the_timeout_option_holds_for_an_injected_httpx_client_too(make_client: 
         client.subscribe("/a", rec, 0)
         rec.wait(1)
         assert client.stats.failures == 0, client.stats
+
+
+class InFlight(httpx.AsyncHTTPTransport):
+    """A transport that counts the polls in flight (from sending until their answer is closed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = self.most = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.now += 1
+        self.most = max(self.most, self.now)
+        try:
+            response = await super().handle_async_request(request)
+        except BaseException:
+            self.now -= 1
+            raise
+        return httpx.Response(response.status_code, headers=response.headers, stream=_Counted(response, self))
+
+
+class _Counted(httpx.AsyncByteStream):
+    def __init__(self, response: httpx.Response, counter: InFlight) -> None:
+        self.response, self.counter, self.open = response, counter, True
+
+    async def __aiter__(self) -> Any:
+        async for piece in self.response.aiter_raw():
+            yield piece
+
+    async def aclose(self) -> None:
+        if self.open:
+            self.open = False
+            self.counter.now -= 1
+            await self.response.aclose()
+
+
+def test_subscribe_and_unsubscribe_abort_the_poll_and_never_two_are_in_flight(make_client: MakeClient) -> None:
+    with Stub(lambda seen, n: Reply(pieces=[2.0, b"[]"])) as stub:  # every poll is held 2 s
+        counter = InFlight()
+        client = make_client(stub.url, transport=counter, chunked=False)
+        client.subscribe("/a", Recorder(), 0)
+        wait_until(lambda: len(stub.seen) == 1, what="the first poll")
+        channels, changes = {"/a"}, []
+        for change in ("+/b", "+/c", "-/b", "+/d", "-/c"):
+            time.sleep(0.3)
+            before = time.monotonic()
+            if change[0] == "+":
+                client.subscribe(change[1:], Recorder(), 0)
+                channels.add(change[1:])
+            else:
+                assert client.unsubscribe(change[1:]) is True
+                channels.remove(change[1:])
+            changes.append((before, set(channels)))
+        time.sleep(0.3)
+        client.stop()
+    for at, channels in changes:  # each change was sent at once, in a poll of its own
+        sent = next(s for s in stub.seen if s.at >= at)
+        assert sent.at - at < 0.25 and set(sent.form) - {"__seq"} == channels, (at, sent, channels)
+    assert len(stub.seen) == 1 + len(changes) and counter.most == 1, (len(stub.seen), counter.most)
