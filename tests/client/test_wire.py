@@ -54,8 +54,10 @@ def test_polling_mode_asks_dlp_and_waits_background_callback_interval(make_clien
         client = make_client(stub.url, long_polling=False, background_callback_interval=0.4)
         client.subscribe("/a", Recorder())
         wait_until(lambda: len(stub.seen) >= 3, what="three polls")
+        assert client.status == "started"
         client.stop()
     assert all(s.path.endswith("/poll?dlp=t") and s.headers["Dont-Chunk"] == "true" for s in stub.seen)
+    assert all(s.headers["X-Silence-Logger"] == "true" for s in stub.seen)
     gaps = [b.at - a.at for a, b in itertools.pairwise(stub.seen)]
     assert min(gaps) >= 0.4 - 0.02, gaps
 
@@ -271,3 +273,19 @@ def test_subscribe_and_unsubscribe_abort_the_poll_and_never_two_are_in_flight(ma
         sent = next(s for s in stub.seen if s.at >= at)
         assert sent.at - at < 0.25 and set(sent.form) - {"__seq"} == channels, (at, sent, channels)
     assert len(stub.seen) == 1 + len(changes) and counter.most == 1, (len(stub.seen), counter.most)
+
+
+def test_one_success_resets_the_backoff(make_client: MakeClient) -> None:
+    def script(seen: Seen, n: int) -> Reply:
+        if n in (0, 1, 2, 4):
+            return Reply(500, {"Content-Type": "text/plain"}, [b"down"])
+        return Reply(pieces=[status("/a", 1)] if n == 3 else [2.0, b"[]"])
+
+    with Stub(script) as stub:
+        client = make_client(stub.url, chunked=False, min_poll_interval=0.2, max_poll_interval=2.0)
+        client.subscribe("/a", Recorder())
+        wait_until(lambda: len(stub.seen) >= 6, what="six polls")
+        client.stop()
+    gaps = [b.at - a.at for a, b in itertools.pairwise(stub.seen[:6])]
+    assert gaps[2] >= 0.8 * (1 - JITTER) - 0.01, gaps  # the third failure in a row: 0.2 doubled twice
+    assert gaps[4] <= 0.2 + 0.1, gaps  # the first failure after a success: 0.2 again, not 1.6
