@@ -51,11 +51,11 @@ class AsyncMessageBusClient:
     ``chunked`` (ask for a streamed answer), ``min_poll_interval`` (the first backoff step and the least time
     between two polls), ``max_poll_interval`` (the backoff's cap), ``callback_interval`` (a long poll that
     brought nothing is repeated at most this often), ``headers`` (sent last, so they override), ``client_id``
-    (default: 32 random hex digits), ``timeout`` (the read timeout: longer than the server's long-poll
-    interval), ``first_chunk_timeout`` (no first chunk by then: a buffering proxy; fall back to non-chunked
-    for ``retry_chunked_after`` polls). ``positions`` (from :attr:`positions`) are where ``subscribe`` starts a
-    channel when no ``last_id`` is given. ``http_client`` or ``transport`` inject httpx's (auth, proxies, tests);
-    an injected client is not closed by :meth:`stop`.
+    (default: 32 random hex digits), ``timeout`` (every poll's read timeout, an injected client's too: longer
+    than the server's long-poll interval), ``first_chunk_timeout`` (no first chunk by then: a buffering proxy;
+    fall back to non-chunked for ``retry_chunked_after`` polls). ``positions`` (from :attr:`positions`) are
+    where ``subscribe`` starts a channel when no ``last_id`` is given. ``http_client`` or ``transport`` inject
+    httpx's (auth, proxies, tests); an injected client is not closed by :meth:`stop`.
     """
 
     def __init__(
@@ -122,8 +122,7 @@ class AsyncMessageBusClient:
         if self._tasks:
             return
         if self._http is None or (self._own_http and self._http.is_closed):
-            read = httpx.Timeout(self.timeout, connect=min(self.timeout, 10.0))
-            self._http = httpx.AsyncClient(transport=self._transport, timeout=read)
+            self._http = httpx.AsyncClient(transport=self._transport)  # each poll carries its timeouts
             self._own_http = True
         self._changed, self._queued, self._resumed = asyncio.Event(), asyncio.Event(), asyncio.Event()
         if self._state != "paused":
@@ -211,8 +210,9 @@ class AsyncMessageBusClient:
         return sub
 
     def unsubscribe(self, channel: str, callback: AsyncCallback | None = None) -> bool:
-        """Remove ``channel``'s subscriptions (only ``callback``'s if given; ``channel`` may be a glob such as
-        ``/x/*``). True if any was removed; their queued messages are dropped, the poll in flight aborted."""
+        """Remove ``channel``'s subscriptions (only ``callback``'s if given; a trailing ``*`` makes ``channel`` a
+        prefix: ``/x/*`` is every channel under ``/x/``). True if any was removed; their queued messages are
+        dropped, the poll in flight aborted."""
         removed = bool(self._tracker.remove(channel, callback))
         if removed:
             self._poll_again()

@@ -16,6 +16,8 @@ from .positions import PollRequest
 
 __all__ = ["PollExchange", "PollSettings"]
 
+#: the connect timeout of a poll, at most (seconds; the read timeout is the client's ``timeout``)
+MAX_CONNECT_TIMEOUT = 10.0
 #: ``take(request, items)``: apply one decoded array of the answer; True if it carried anything.
 Take = Callable[[PollRequest, list[dict[str, Any]]], bool]
 
@@ -35,6 +37,8 @@ class PollSettings(Protocol):
     def first_chunk_timeout(self) -> float: ...
     @property
     def min_retry_after(self) -> float: ...
+    @property
+    def timeout(self) -> float: ...
 
 
 class PollExchange:
@@ -67,7 +71,10 @@ class PollExchange:
         headers.update(settings.headers)
         body = urlencode([*request.body.items(), ("__seq", self._seq)])
         url = settings.poll_url if long_poll else settings.poll_url + "?dlp=t"
-        return http.build_request("POST", url, content=body.encode(), headers=headers), chunked
+        # The client's own read timeout on every poll, an injected httpx client's too (httpx's default, 5 s, would
+        # end every long poll a server holds for 25 s).
+        timeout = httpx.Timeout(settings.timeout, connect=min(settings.timeout, MAX_CONNECT_TIMEOUT))
+        return http.build_request("POST", url, content=body.encode(), headers=headers, timeout=timeout), chunked
 
     async def poll(self, http: httpx.AsyncClient, request: PollRequest) -> bool:
         """One poll: True if the server sent anything (messages or positions)."""

@@ -10,7 +10,6 @@ first resolved alone by an immediate request (see :meth:`Tracker.next_request`),
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -82,9 +81,11 @@ class Applied:
 
 
 def channel_matches(pattern: str, channel: str) -> bool:
-    """``unsubscribe``'s channel argument: a name, or a glob (``/x/*``, as the JS client's trailing star)."""
-    if "*" in pattern or "?" in pattern or "[" in pattern:
-        return fnmatch.fnmatchcase(channel, pattern)
+    """``unsubscribe``'s channel argument, as the JS client reads it: a trailing ``*`` makes the rest a prefix
+    (``/x/*``: every channel under ``/x/``); anything else is one channel's name, as it is (``[``, ``?`` or an
+    inner ``*`` are characters of the name, not a pattern)."""
+    if pattern.endswith("*"):
+        return channel.startswith(pattern[:-1])
     return channel == pattern
 
 

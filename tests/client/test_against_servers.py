@@ -157,7 +157,9 @@ def test_unsubscribe_one_callback_or_a_glob(target: Target, make_client: MakeCli
     assert a.messages == [] and c.messages == [] and b.ids == [mid, last]
 
 
-def test_a_callback_that_raises_does_not_stop_the_others(target: Target, make_client: MakeClient, channel: str) -> None:
+def test_a_callback_that_raises_does_not_stop_the_others(
+    target: Target, make_client: MakeClient, channel: str, caplog: pytest.LogCaptureFixture
+) -> None:
     client = make_client(target.url)
     bad, good = Recorder(fail=True), Recorder()
     subs = [client.subscribe(channel, bad), client.subscribe(channel, good)]
@@ -167,6 +169,8 @@ def test_a_callback_that_raises_does_not_stop_the_others(target: Target, make_cl
     bad.wait(2)
     assert good.ids == ids == bad.ids
     assert client.stats.callback_errors == 2
+    logged = [r for r in caplog.records if r.name == "shmbus.client" and "always fails" in str(r.exc_info)]
+    assert len(logged) == 2, caplog.records  # each failure logged, with its traceback
 
 
 def test_stop_returns_at_once_and_nothing_runs_after_it(target: Target, channel: str) -> None:

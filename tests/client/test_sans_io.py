@@ -4,6 +4,7 @@ backoff and the pauses (property tests with hypothesis where the inputs are many
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from hypothesis import given, settings
@@ -140,3 +141,33 @@ def test_pauses_after_a_poll() -> None:
     assert abs(pause_after_poll(elapsed=0.01, got_data=True, long_polling=True, **common) - 0.09) < 1e-9
     assert pause_after_poll(elapsed=1.0, got_data=False, long_polling=True, **common) == 14.0
     assert pause_after_poll(elapsed=1.0, got_data=True, long_polling=False, **common) == 59.0
+
+
+def test_unsubscribe_takes_a_name_as_it_is_and_a_trailing_star_as_a_prefix() -> None:
+    """As the JS client: ``/x/*`` is every channel under ``/x/``; any other name is that channel only, even one
+    holding ``[``, ``?`` or a ``*`` that does not end it."""
+    tracker = Tracker()
+    names = ["/a[1]", "/a1", "/q?", "/qs", "/x/*y", "/x/zy", "/x/", "/x/a/b", "/xa"]
+    for name in names:
+        tracker.add(name, None, 0)
+    assert [s.channel for s in tracker.remove("/a[1]")] == ["/a[1]"]
+    assert [s.channel for s in tracker.remove("/q?")] == ["/q?"]
+    assert [s.channel for s in tracker.remove("/x/*y")] == ["/x/*y"]
+    assert [s.channel for s in tracker.remove("/x/*")] == ["/x/zy", "/x/", "/x/a/b"]
+    assert [s.channel for s in tracker.subscriptions] == ["/a1", "/qs", "/xa"]
+
+
+def test_the_defaults_are_the_issues_and_the_ruby_clients() -> None:
+    from shmbus.client import AsyncMessageBusClient, MessageBusClient
+
+    client = AsyncMessageBusClient("http://127.0.0.1:9/forum")
+    assert (client.long_polling, client.chunked, client.min_poll_interval, client.max_poll_interval) == (
+        True,
+        True,
+        0.1,
+        180.0,
+    )
+    assert (client.background_callback_interval, client.callback_interval, client.timeout) == (60.0, 15.0, 60.0)
+    assert re.fullmatch(r"[0-9a-f]{32}", client.client_id) and client.headers == {}
+    assert client.poll_url == f"http://127.0.0.1:9/forum/message-bus/{client.client_id}/poll"
+    assert client.status == MessageBusClient("http://127.0.0.1:9").status == "new"

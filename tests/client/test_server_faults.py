@@ -129,3 +129,19 @@ def test_import_touches_no_bus_and_needs_no_dev_shm(procs: Any) -> None:
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert out.startswith("ok http://127.0.0.1:9/forum/message-bus/")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_real_server_sends_its_first_chunk_in_time(new_target: NewTarget, make_client: MakeClient, kind: str) -> None:
+    """Long polls held longer than ``first_chunk_timeout``: every server writes its first chunk at once, so the
+    client never takes it for a buffering proxy (and keeps streaming)."""
+    target = new_target(kind, long_polling_interval=3.0)
+    client = make_client(target.url, first_chunk_timeout=0.5)
+    rec = Recorder()
+    client.subscribe("/held", rec)
+    resolved(client, "/held")
+    time.sleep(2.0)  # a long poll is held well past the first-chunk deadline
+    mid = target.publish("/held", "late")
+    rec.wait(1)
+    stats = client.stats
+    assert rec.ids == [mid] and stats.chunked_fallbacks == 0 and stats.failures == 0, stats

@@ -54,8 +54,10 @@ def test_polling_mode_asks_dlp_and_waits_background_callback_interval(make_clien
         client = make_client(stub.url, long_polling=False, background_callback_interval=0.4)
         client.subscribe("/a", Recorder())
         wait_until(lambda: len(stub.seen) >= 3, what="three polls")
+        assert client.status == "started"
         client.stop()
     assert all(s.path.endswith("/poll?dlp=t") and s.headers["Dont-Chunk"] == "true" for s in stub.seen)
+    assert all(s.headers["X-Silence-Logger"] == "true" for s in stub.seen)
     gaps = [b.at - a.at for a, b in itertools.pairwise(stub.seen)]
     assert min(gaps) >= 0.4 - 0.02, gaps
 
@@ -192,3 +194,98 @@ def test_stop_awaited_in_an_async_callback_ends_the_client_after_it() -> None:
 
     with Stub(lambda seen, n: Reply(pieces=[two]) if n == 0 else Reply(pieces=[1.0, b"[]"])) as stub:
         assert asyncio.run(main(stub.url)) == ([1], "stopped")
+
+
+def test_the_read_timeout_option_ends_a_silent_poll(make_client: MakeClient) -> None:
+    with Stub(lambda seen, n: Reply(pieces=[1.5, b"[]"])) as stub:
+        client = make_client(stub.url, timeout=0.5, chunked=False)
+        client.subscribe("/a", Recorder(), 0)
+        wait_until(lambda: client.stats.failures >= 1, what="the read timeout")
+        assert "ReadTimeout" in str(client.stats.last_error)
+
+
+def test_the_timeout_option_holds_for_an_injected_httpx_client_too(make_client: MakeClient) -> None:
+    """An ``httpx.AsyncClient(auth=...)`` made with httpx's default timeout (5 s) would time out every long poll of
+    a server that holds them 25 s: each poll carries the client's own ``timeout`` (60 s by default)."""
+    msg = b'[{"global_id":1,"message_id":1,"channel":"/a","data":1}]'
+    with Stub(lambda seen, n: Reply(pieces=[1.0, msg] if n == 0 else [2.0, b"[]"])) as stub:
+        http = httpx.AsyncClient(timeout=0.3)  # shorter than the stub's hold, as httpx's 5 s is than Discourse's 25 s
+        client = make_client(stub.url, http_client=http, timeout=10.0, chunked=False)
+        rec = Recorder()
+        client.subscribe("/a", rec, 0)
+        rec.wait(1)
+        assert client.stats.failures == 0, client.stats
+
+
+class InFlight(httpx.AsyncHTTPTransport):
+    """A transport that counts the polls in flight (from sending until their answer is closed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = self.most = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.now += 1
+        self.most = max(self.most, self.now)
+        try:
+            response = await super().handle_async_request(request)
+        except BaseException:
+            self.now -= 1
+            raise
+        return httpx.Response(response.status_code, headers=response.headers, stream=_Counted(response, self))
+
+
+class _Counted(httpx.AsyncByteStream):
+    def __init__(self, response: httpx.Response, counter: InFlight) -> None:
+        self.response, self.counter, self.open = response, counter, True
+
+    async def __aiter__(self) -> Any:
+        async for piece in self.response.aiter_raw():
+            yield piece
+
+    async def aclose(self) -> None:
+        if self.open:
+            self.open = False
+            self.counter.now -= 1
+            await self.response.aclose()
+
+
+def test_subscribe_and_unsubscribe_abort_the_poll_and_never_two_are_in_flight(make_client: MakeClient) -> None:
+    with Stub(lambda seen, n: Reply(pieces=[2.0, b"[]"])) as stub:  # every poll is held 2 s
+        counter = InFlight()
+        client = make_client(stub.url, transport=counter, chunked=False)
+        client.subscribe("/a", Recorder(), 0)
+        wait_until(lambda: len(stub.seen) == 1, what="the first poll")
+        channels, changes = {"/a"}, []
+        for change in ("+/b", "+/c", "-/b", "+/d", "-/c"):
+            time.sleep(0.3)
+            before = time.monotonic()
+            if change[0] == "+":
+                client.subscribe(change[1:], Recorder(), 0)
+                channels.add(change[1:])
+            else:
+                assert client.unsubscribe(change[1:]) is True
+                channels.remove(change[1:])
+            changes.append((before, set(channels)))
+        time.sleep(0.3)
+        client.stop()
+    for at, channels in changes:  # each change was sent at once, in a poll of its own
+        sent = next(s for s in stub.seen if s.at >= at)
+        assert sent.at - at < 0.25 and set(sent.form) - {"__seq"} == channels, (at, sent, channels)
+    assert len(stub.seen) == 1 + len(changes) and counter.most == 1, (len(stub.seen), counter.most)
+
+
+def test_one_success_resets_the_backoff(make_client: MakeClient) -> None:
+    def script(seen: Seen, n: int) -> Reply:
+        if n in (0, 1, 2, 4):
+            return Reply(500, {"Content-Type": "text/plain"}, [b"down"])
+        return Reply(pieces=[status("/a", 1)] if n == 3 else [2.0, b"[]"])
+
+    with Stub(script) as stub:
+        client = make_client(stub.url, chunked=False, min_poll_interval=0.2, max_poll_interval=2.0)
+        client.subscribe("/a", Recorder())
+        wait_until(lambda: len(stub.seen) >= 6, what="six polls")
+        client.stop()
+    gaps = [b.at - a.at for a, b in itertools.pairwise(stub.seen[:6])]
+    assert gaps[2] >= 0.8 * (1 - JITTER) - 0.01, gaps  # the third failure in a row: 0.2 doubled twice
+    assert gaps[4] <= 0.2 + 0.1, gaps  # the first failure after a success: 0.2 again, not 1.6
