@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from shmbus import Bus
-from shmbus.adapters.push import MAX_PLAINTEXT, PushApp, PushConnector, PushWSGIApp, VapidKeys
+from shmbus.adapters.push import MAX_PLAINTEXT, PushApp, PushConnector, PushWSGIApp, VapidKeys, default_endpoint_allowed
 from tests.harness.push_service import PushService
 from tests.harness.wait import wait_for
 
@@ -172,3 +172,16 @@ def test_fetch_route_applies_targeting(
         call("GET", f"/push/message?channel=/chat/9&id={mid + 1}", user=6, headers={"x-groups": "3"}).status_code == 200
     )
     assert call("GET", f"/push/message?channel=/news&id={mid}", user=5).status_code == 404
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["https://2130706433/x", "https://0x7f.1/x", "https://127.1/x", "https://0/x", "https://localhost./x",
+     "https://a.localhost/x", "https://10.0.0.1/x", "https://[::1]/x", "https://[::ffff:127.0.0.1]/x",
+     "http://push.example.com/x"],
+)  # fmt: skip
+def test_default_endpoint_policy_refuses_addresses(url: str) -> None:
+    """Every spelling of an IP address the resolver accepts (decimal, hex, short dotted) is refused like a
+    literal: the registration check is no place to trust a name's look. (The sender checks resolved addresses.)"""
+    assert not default_endpoint_allowed(url)
+    assert default_endpoint_allowed(url.replace(url.split("/")[2], "fcm.googleapis.com").replace("http:", "https:"))
