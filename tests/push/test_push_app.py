@@ -185,3 +185,24 @@ def test_default_endpoint_policy_refuses_addresses(url: str) -> None:
     literal: the registration check is no place to trust a name's look. (The sender checks resolved addresses.)"""
     assert not default_endpoint_allowed(url)
     assert default_endpoint_allowed(url.replace(url.split("/")[2], "fcm.googleapis.com").replace("http:", "https:"))
+
+
+def test_devices_per_user_are_bounded(
+    client: tuple[Client, PushConnector], push_service: PushService, vapid: VapidKeys
+) -> None:
+    """A user cannot register devices without bound (each is stored and pushed to): beyond max_devices a new one
+    is 409; re-registering one of them, and another user's devices, are unaffected."""
+    call, c = client
+    call.app.max_devices = 2
+    subs = [push_service.subscribe(vapid.public_key) for _ in range(4)]
+
+    def post(user: int, sub: dict[str, Any]) -> int:
+        body = {"subscription": sub, "topics": ["/chat"]}
+        return call("POST", "/push/subscriptions", user=user, json=body).status_code
+
+    assert [post(5, s) for s in subs[:3]] == [201, 201, 409]
+    assert post(5, subs[0]) == 201  # the same device again: an update, not a new one
+    assert post(6, subs[3]) == 201
+    assert call("DELETE", "/push/subscriptions", user=5, json={"endpoint": subs[1]["endpoint"]}).json()["removed"]
+    assert post(5, subs[2]) == 201
+    assert sorted(r.endpoint for r in c.store.of_user(5)) == sorted([subs[0]["endpoint"], subs[2]["endpoint"]])
