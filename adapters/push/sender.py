@@ -43,6 +43,7 @@ __all__ = ["Job", "Outcome", "Sender"]
 
 log = logging.getLogger(__name__)
 MAX_BACKOFF = 60.0
+MAX_ANSWER = 64 * 1024  # bytes of a push service's answer read at most (theirs are a few bytes)
 
 
 class Outcome(enum.Enum):
@@ -287,11 +288,28 @@ class Sender:
         }
         conn.request("POST", path or "/", body=body, headers=headers)
         resp = conn.getresponse()
-        resp.read()
+        whole = _drain(resp, time.monotonic() + self.options.timeout)
         wait = retry_after(resp.getheader("Retry-After"), time.time())
-        if resp.will_close:
+        if resp.will_close or not whole:
             conn.close()
         return resp.status, wait
+
+
+def _drain(resp: http.client.HTTPResponse, deadline: float) -> bool:
+    """Read the answer's body, at most :data:`MAX_ANSWER` bytes until ``deadline``; False when there was more
+    (the caller hangs up): an endpoint is a URL a user chose, and its server may answer without end."""
+    got = 0
+    while not resp.isclosed():
+        if resp.length == 0:  # all of it read (``read1`` leaves the response open then; ``read`` closes it)
+            resp.read()
+            break
+        if got > MAX_ANSWER or time.monotonic() > deadline:
+            return False
+        chunk = resp.read1(16384)
+        if not chunk:
+            break
+        got += len(chunk)
+    return True
 
 
 def _connect(origin: str, timeout: float, allow: Callable[[IPAddress], bool]) -> http.client.HTTPConnection:

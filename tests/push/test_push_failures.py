@@ -173,3 +173,19 @@ def test_sender_connects_only_to_public_addresses(
 )  # fmt: skip
 def test_public_address_policy(address: str, public: bool) -> None:
     assert public_address(ipaddress.ip_address(address)) is public
+
+
+def test_an_endless_answer_is_cut(
+    bus: Bus, push_service: PushService, connector: Callable[..., PushConnector], vapid: VapidKeys
+) -> None:
+    """An endpoint is a URL a user chose, and its server may answer without end: the sender reads a bounded part
+    of the answer (a push service's is a few bytes), hangs up, and the push counts by its status."""
+    c = connector()
+    dev = push_service.subscribe(vapid.public_key)
+    register(c, dev, 1, ["/e"])
+    push_service.set_mode(dev, "endless")
+    c.start()
+    wait_leading(c)
+    bus.publish("/e", "x")
+    wait_for(lambda: c.stats()["sent"] == 1 and c.stats()["cursor"] == bus.segment.global_id(), what="settled")
+    assert [d.payload["data"] for d in push_service.received(dev)] == ["x"]
