@@ -11,8 +11,8 @@ from collections.abc import Callable
 import pytest
 
 from shmbus import Bus
-from shmbus.adapters.push import PushConnector, VapidKeys
-from shmbus.adapters.push.subscriptions import parse_registration, public_address
+from shmbus.adapters.push import PushConnector, VapidKeys, public_address
+from shmbus.adapters.push.subscriptions import parse_registration
 from tests.harness.push_service import PushService
 from tests.harness.wait import wait_for
 
