@@ -187,3 +187,23 @@ def test_callable_channels_and_a_clean_restart(
     got = [d.payload["data"] for d in push_service.received(dev)]
     assert sorted(got) == ["a1", "a2", "b1", "b2", "c1"]  # each once: none repeated, none skipped
     assert second.stats()["term"] == 2 and second.stats()["sent"] == 5
+
+
+def test_the_4096_byte_boundary(
+    bus: Bus, push_service: PushService, connector: Callable[..., PushConnector], vapid: VapidKeys
+) -> None:
+    """A payload of exactly MAX_PLAINTEXT bytes is pushed whole, and the peer (which refuses a body over 4096
+    bytes with 413) accepts its encryption; one byte more is a fetch notice."""
+    c = connector(channels="/edge").start()
+    dev = push_service.subscribe(vapid.public_key)
+    register(c, dev, 1, ["/edge"])
+    wait_leading(c)
+    head = {"channel": "/edge", "message_id": bus.last_id("/edge") + 1, "global_id": bus.segment.global_id() + 1}
+    text = "z" * (MAX_PLAINTEXT - len(json.dumps({**head, "data": ""}, separators=(",", ":"))))
+    bus.publish("/edge", text)
+    bus.publish("/edge", text + "z")
+    got = wait_for(lambda: len(push_service.received(dev)) == 2 and push_service.received(dev), what="both pushes")
+    whole, notice = sorted(got, key=lambda d: d.payload["global_id"])
+    assert len(json.dumps(whole.payload, separators=(",", ":"))) == MAX_PLAINTEXT
+    assert whole.payload["data"] == text and "fetch" not in whole.payload
+    assert notice.payload["fetch"] is True and push_service.refusals == []
