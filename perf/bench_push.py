@@ -127,7 +127,14 @@ def main() -> int:
                     current = store._subs()
                     current.update({r.endpoint: r.to_json() for r in regs[chunk : chunk + 5000]})
                     store._write_subs(current)
-            connector = PushConnector(bus, vapid=vapid, channels="/bench", store=store, election_interval=0.05).start()
+            connector = PushConnector(
+                bus,
+                vapid=vapid,
+                channels="/bench",
+                store=store,
+                election_interval=0.05,
+                allow_address=lambda ip: ip.is_loopback,
+            ).start()  # the local peer
             deadline = time.monotonic() + 30
             while not connector.leading and time.monotonic() < deadline:
                 time.sleep(0.01)

@@ -12,7 +12,7 @@ from .election import Elector, FileElector
 from .options import MAX_PLAINTEXT, PushOptions, publish_push
 from .state import SenderState, StaleSender, Store
 from .stores import FileStore, store_for
-from .subscriptions import Registration, default_endpoint_allowed
+from .subscriptions import Registration, default_endpoint_allowed, public_address
 from .vapid import VapidKeys
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "Store",
     "VapidKeys",
     "default_endpoint_allowed",
+    "public_address",
     "publish_push",
     "store_for",
 ]

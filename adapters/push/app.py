@@ -5,7 +5,9 @@ Routes under ``prefix`` (default ``/push/``); bodies and answers are JSON:
 * ``GET key`` -> ``{"publicKey": ...}``: the VAPID ``applicationServerKey`` for ``pushManager.subscribe``.
 * ``POST subscriptions`` ``{"subscription": <PushSubscription.toJSON()>, "topics": ["/chat/1", ...]}`` -> 201:
   register (or move) this device for the user ``user_id_lookup`` names; topics are guble-style prefixes, each a
-  pushing channel, and under ``/user/`` only the user's own space.
+  pushing channel, and under ``/user/`` only the user's own space. A user has at most ``max_devices`` (20)
+  devices: a new one beyond that is 409 (each device is stored, pushed to and, on its own push service, given
+  worker threads: no user may multiply that without bound).
 * ``GET subscriptions`` -> ``{"subscriptions": [{"endpoint", "topics", "created"}]}``: the user's own devices.
 * ``DELETE subscriptions`` ``{"endpoint": ...}`` -> ``{"removed": true|false}``: only the user's own.
 * ``GET message?channel=<c>&id=<message id>`` -> the message's push payload with its data: what a service worker
@@ -62,6 +64,7 @@ class _PushRoutes:
         user_id_lookup: Callable[[Any], Any] | None = None,
         group_ids_lookup: Callable[[Any], Any] | None = None,
         site_id_lookup: Callable[[Any], Any] | None = None,
+        max_devices: int = 20,
     ) -> None:
         if not prefix.startswith("/") or not prefix.endswith("/"):
             raise ValueError(f"prefix must start and end with '/', got {prefix!r}")
@@ -71,6 +74,7 @@ class _PushRoutes:
         self.connector = connector
         self.prefix = prefix
         self.allow_endpoint = allow_endpoint
+        self.max_devices = max_devices
         self.lookups = LookupOptions(user_id_lookup, group_ids_lookup, site_id_lookup)
 
     def route(self, method: str, path: str) -> str | None:
@@ -108,6 +112,9 @@ class _PushRoutes:
             reg = parse_registration(
                 data, user, who.lookups.site_id, self.connector.pushes, self.allow_endpoint, time.time()
             )
+            mine = store.of_user(user)
+            if len(mine) >= self.max_devices and all(r.endpoint != reg.endpoint for r in mine):
+                raise ProtocolError(409, f"{len(mine)} devices registered (at most {self.max_devices}); remove one")
             store.add(reg)
             return _json(201, {"endpoint": reg.endpoint, "topics": list(reg.topics)})
         except ProtocolError:

@@ -38,7 +38,7 @@ from .options import PushOptions, message_options, payload_for
 from .sender import Job, LaneOptions, Outcome, Sender
 from .state import COUNTERS, HEARTBEAT, SenderState, StaleSender, Store
 from .stores import FileStore, store_for
-from .subscriptions import Recipients, Registration, topic_matches
+from .subscriptions import IPAddress, Recipients, Registration, public_address, topic_matches
 from .vapid import VapidKeys
 
 __all__ = ["PushConnector"]
@@ -73,6 +73,8 @@ class PushConnector:
     else a file lock next to a file store. ``namespace`` separates apps sharing a database. ``group_ids_for(user_id)``
     resolves groups at send time for ``group_ids`` targeting. ``options_for(message) -> PushOptions | None``
     replaces the ``__push__`` convention (:mod:`.options`); ``default_options`` (TTL one day) applies otherwise.
+    ``allow_address(ip) -> bool`` (default :func:`~.subscriptions.public_address`): the addresses the sender may
+    connect to, checked after resolving each endpoint's host (an endpoint is a URL a user chose: SSRF).
     """
 
     def __init__(
@@ -98,6 +100,7 @@ class PushConnector:
         election_interval: float = 0.5,
         catch_up: float = 10.0,
         on_undelivered: Callable[[int, Registration, str, str], None] | None = None,
+        allow_address: Callable[[IPAddress], bool] = public_address,
     ) -> None:
         self.bus = bus
         self.vapid = vapid
@@ -110,7 +113,7 @@ class PushConnector:
         self.default_options = default_options or PushOptions()
         self.lane_options = LaneOptions(
             workers_per_service, max_queue, timeout, max_attempts, max_retry_after,
-            timeout if stall_after is None else stall_after,
+            timeout if stall_after is None else stall_after, allow_address,
         )  # fmt: skip
         self.max_in_flight = max_in_flight
         self.save_interval = save_interval

@@ -10,6 +10,9 @@ others at most that one wait. A ``429`` or a ``5xx`` (or a timeout, or a cut
 connection) pauses the lane until ``Retry-After`` (or an exponential backoff: 0.5 s doubling to 60 s) and puts
 the job back at the front, up to ``max_attempts`` sends; a ``Retry-After`` beyond ``max_retry_after`` gives up.
 ``404``/``410`` mean the subscription is gone (``expired``: the caller removes it); any other answer is a failure.
+A connection goes only to an address ``allow_address`` accepts, checked after resolving the host name and then
+connected to as checked (no second lookup a rebinding DNS could answer differently); a push to a host with no
+such address is a failure without a request (an endpoint is a URL a user chose: SSRF).
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ from __future__ import annotations
 import email.utils
 import enum
 import http.client
+import ipaddress
 import logging
 import os
+import socket
 import threading
 import time
 from collections import deque
@@ -31,13 +36,14 @@ import http_ece
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from .options import PushOptions
-from .subscriptions import Registration, b64url_decode
+from .subscriptions import IPAddress, Registration, b64url_decode
 from .vapid import VapidKeys
 
 __all__ = ["Job", "Outcome", "Sender"]
 
 log = logging.getLogger(__name__)
 MAX_BACKOFF = 60.0
+MAX_ANSWER = 64 * 1024  # bytes of a push service's answer read at most (theirs are a few bytes)
 
 
 class Outcome(enum.Enum):
@@ -55,6 +61,10 @@ class Job:
     done: Callable[[Job, Outcome, str], None]
     attempts: int = 0
     context: Any = None  # the caller's (the connector's message ticket)
+
+
+class AddressRefused(OSError):
+    """The endpoint's host resolves to no address the sender may connect to."""
 
 
 def encrypt(payload: bytes, reg: Registration) -> bytes:
@@ -109,6 +119,7 @@ class LaneOptions:
     max_attempts: int
     max_retry_after: float
     stall_after: float
+    allow_address: Callable[[IPAddress], bool]
 
 
 class Sender:
@@ -230,9 +241,14 @@ class Sender:
         try:
             body = encrypt(job.payload, job.reg)
             if conn is None:
-                conn = _connect(lane.origin, self.options.timeout)
+                conn = _connect(lane.origin, self.options.timeout, self.options.allow_address)
             status, wait = self._post(conn, job, body)
             why = f"HTTP {status}"
+        except AddressRefused as exc:  # final: retrying would resolve to the same refusal
+            if conn is not None:
+                conn.close()
+            self._settle(lane, job, Outcome.FAILED, str(exc)[:200], answered=True)
+            return None
         except (OSError, http.client.HTTPException) as exc:
             why = f"{type(exc).__name__}: {exc}"[:200]
             if conn is not None:
@@ -272,15 +288,64 @@ class Sender:
         }
         conn.request("POST", path or "/", body=body, headers=headers)
         resp = conn.getresponse()
-        resp.read()
+        whole = _drain(resp, time.monotonic() + self.options.timeout)
         wait = retry_after(resp.getheader("Retry-After"), time.time())
-        if resp.will_close:
+        if resp.will_close or not whole:
             conn.close()
         return resp.status, wait
 
 
-def _connect(origin: str, timeout: float) -> http.client.HTTPConnection:
+def _drain(resp: http.client.HTTPResponse, deadline: float) -> bool:
+    """Read the answer's body, at most :data:`MAX_ANSWER` bytes until ``deadline``; False when there was more
+    (the caller hangs up): an endpoint is a URL a user chose, and its server may answer without end."""
+    got = 0
+    while not resp.isclosed():
+        if resp.length == 0:  # all of it read (``read1`` leaves the response open then; ``read`` closes it)
+            resp.read()
+            break
+        if got > MAX_ANSWER or time.monotonic() > deadline:
+            return False
+        chunk = resp.read1(16384)
+        if not chunk:
+            break
+        got += len(chunk)
+    return True
+
+
+def _connect(origin: str, timeout: float, allow: Callable[[IPAddress], bool]) -> http.client.HTTPConnection:
+    """A connection to ``origin`` whose socket goes only to an address ``allow`` accepts (TLS still verifies the
+    host name: SNI and the certificate are the name's, the address is the checked one)."""
     parts = urlsplit(origin)
+    conn: http.client.HTTPConnection
     if parts.scheme == "https":
-        return http.client.HTTPSConnection(parts.hostname or "", parts.port, timeout=timeout)
-    return http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=timeout)
+        conn = http.client.HTTPSConnection(parts.hostname or "", parts.port, timeout=timeout)
+    else:
+        conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=timeout)
+
+    def create_connection(address: tuple[str, int], timeout: Any = None, source: Any = None) -> socket.socket:
+        host, port = address
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except socket.gaierror as exc:
+            raise OSError(f"cannot resolve {host}: {exc}") from None
+        allowed = [i for i in infos if allow(ipaddress.ip_address(str(i[4][0]).split("%", 1)[0]))]
+        if not allowed:
+            shown = ", ".join(sorted({str(i[4][0]) for i in infos}))[:120]
+            raise AddressRefused(f"{host} resolves to no allowed address ({shown}): not connected")
+        error: OSError | None = None
+        for family, kind, proto, _name, sockaddr in allowed:
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.settimeout(timeout)
+                if source:
+                    sock.bind(source)
+                sock.connect(sockaddr)
+                return sock
+            except OSError as exc:
+                sock.close()
+                error = exc
+        assert error is not None
+        raise error
+
+    conn._create_connection = create_connection  # type: ignore[attr-defined]
+    return conn

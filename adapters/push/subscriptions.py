@@ -13,6 +13,7 @@ import base64
 import binascii
 import ipaddress
 import json
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,7 @@ __all__ = [
     "default_endpoint_allowed",
     "may_receive",
     "parse_registration",
+    "public_address",
     "topic_matches",
     "user_key",
 ]
@@ -101,20 +103,37 @@ class Registration:
 
 
 def default_endpoint_allowed(url: str) -> bool:
-    """The default endpoint policy: ``https`` to a host name, never an IP literal or ``localhost``.
+    """The default endpoint policy: ``https`` to a host name, never an IP address in any spelling or ``localhost``.
 
     Why: the sender POSTs to whatever URL a browser registered, so an endpoint is a request a user can make the
     server send (SSRF). Push services are public HTTPS hosts; pass ``allow_endpoint`` to narrow it further (e.g.
-    to ``fcm.googleapis.com``, ``updates.push.services.mozilla.com``, ``*.push.apple.com``)."""
+    to ``fcm.googleapis.com``, ``updates.push.services.mozilla.com``, ``*.push.apple.com``). The sender checks
+    the addresses a host name resolves to as well (``allow_address``, default :func:`public_address`): a name
+    is no proof of where it points."""
     parts = urlsplit(url)
-    host = (parts.hostname or "").lower()
+    host = (parts.hostname or "").lower().rstrip(".")
     if parts.scheme != "https" or not host or host == "localhost" or host.endswith(".localhost"):
+        return False
+    # no top-level domain is numeric: ``2130706433``, ``127.1``, ``0x7f.1`` are IPv4 addresses to the resolver
+    last = host.rsplit(".", 1)[-1]
+    if last.isdigit() or re.fullmatch(r"0x[0-9a-f]*", last):
         return False
     try:
         ipaddress.ip_address(host)
         return False
     except ValueError:
         return True
+
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def public_address(ip: IPAddress) -> bool:
+    """The sender's default address policy: a globally routable unicast address (not loopback, private,
+    link-local, shared, reserved or multicast; an IPv4-mapped IPv6 address is judged as its IPv4 one)."""
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_global and not ip.is_multicast
 
 
 def _check_endpoint(endpoint: Any, allow: Callable[[str], bool]) -> str:

@@ -11,7 +11,8 @@ with the subscription's private key. Every accepted push is recorded as a :class
 
 Behaviours per subscription (``set_mode``): ``gone`` (404 or 410), ``throttle`` (429 with ``Retry-After`` for
 the first n pushes), ``error`` (500 for the first n), ``hang`` (held unanswered until :meth:`release_hung` or
-:meth:`stop`), ``slow`` (answer after a delay). ``verify=False`` (benchmarks) accepts without decrypting, counting only.
+:meth:`stop`), ``slow`` (answer after a delay), ``endless`` (accept, then send a body without end: a hostile
+endpoint's server). ``verify=False`` (benchmarks) accepts without decrypting, counting only.
 """
 
 from __future__ import annotations
@@ -193,7 +194,23 @@ class PushService:
         if problem is not None:
             self._answer(req, token, problem[0], problem[1])
             return
+        if mode == "endless":
+            self._endless(req, token)
+            return
         self._answer(req, token, 201, "", {"Location": f"{self.origin}/message/{b64url(os.urandom(6))}"})
+
+    def _endless(self, req: BaseHTTPRequestHandler, token: str) -> None:
+        """201 with a body (no length: it ends when the connection does) written until the client hangs up."""
+        with self._lock:
+            self.attempts.append((token, time.time(), 201))
+        req.close_connection = True
+        try:
+            req.send_response(201)
+            req.end_headers()
+            while not self._unhang.is_set():
+                req.wfile.write(b"x" * 16384)
+        except OSError:
+            pass
 
     def _answer(self, req: BaseHTTPRequestHandler, token: str, status: int, reason: str,
                 headers: dict[str, str] | None = None) -> None:  # fmt: skip

@@ -24,6 +24,8 @@ from shmbus import Bus  # noqa: E402
 from shmbus.adapters.push import FileStore, PushConnector, VapidKeys  # noqa: E402
 from tests.harness.push_service import PushService  # noqa: E402
 
+from .push_util import LOOPBACK  # noqa: E402
+
 
 @pytest.fixture
 def push_service() -> Iterator[PushService]:
@@ -58,6 +60,7 @@ def connector(bus: Bus, vapid: VapidKeys, tmp_path: Path) -> Iterator[Callable[.
         options.setdefault("store", FileStore(str(tmp_path / "push")))
         options.setdefault("election_interval", 0.05)
         options.setdefault("timeout", 5.0)
+        options.setdefault("allow_address", LOOPBACK)  # the local push service (the default refuses loopback)
         c = PushConnector(options.pop("bus", bus), vapid=options.pop("vapid", vapid), **options)
         made.append(c)
         return c

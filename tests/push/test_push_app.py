@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from shmbus import Bus
-from shmbus.adapters.push import MAX_PLAINTEXT, PushApp, PushConnector, PushWSGIApp, VapidKeys
+from shmbus.adapters.push import MAX_PLAINTEXT, PushApp, PushConnector, PushWSGIApp, VapidKeys, default_endpoint_allowed
 from tests.harness.push_service import PushService
 from tests.harness.wait import wait_for
 
@@ -172,3 +172,37 @@ def test_fetch_route_applies_targeting(
         call("GET", f"/push/message?channel=/chat/9&id={mid + 1}", user=6, headers={"x-groups": "3"}).status_code == 200
     )
     assert call("GET", f"/push/message?channel=/news&id={mid}", user=5).status_code == 404
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["https://2130706433/x", "https://0x7f.1/x", "https://127.1/x", "https://0/x", "https://localhost./x",
+     "https://a.localhost/x", "https://10.0.0.1/x", "https://[::1]/x", "https://[::ffff:127.0.0.1]/x",
+     "http://push.example.com/x"],
+)  # fmt: skip
+def test_default_endpoint_policy_refuses_addresses(url: str) -> None:
+    """Every spelling of an IP address the resolver accepts (decimal, hex, short dotted) is refused like a
+    literal: the registration check is no place to trust a name's look. (The sender checks resolved addresses.)"""
+    assert not default_endpoint_allowed(url)
+    assert default_endpoint_allowed(url.replace(url.split("/")[2], "fcm.googleapis.com").replace("http:", "https:"))
+
+
+def test_devices_per_user_are_bounded(
+    client: tuple[Client, PushConnector], push_service: PushService, vapid: VapidKeys
+) -> None:
+    """A user cannot register devices without bound (each is stored and pushed to): beyond max_devices a new one
+    is 409; re-registering one of them, and another user's devices, are unaffected."""
+    call, c = client
+    call.app.max_devices = 2
+    subs = [push_service.subscribe(vapid.public_key) for _ in range(4)]
+
+    def post(user: int, sub: dict[str, Any]) -> int:
+        body = {"subscription": sub, "topics": ["/chat"]}
+        return call("POST", "/push/subscriptions", user=user, json=body).status_code
+
+    assert [post(5, s) for s in subs[:3]] == [201, 201, 409]
+    assert post(5, subs[0]) == 201  # the same device again: an update, not a new one
+    assert post(6, subs[3]) == 201
+    assert call("DELETE", "/push/subscriptions", user=5, json={"endpoint": subs[1]["endpoint"]}).json()["removed"]
+    assert post(5, subs[2]) == 201
+    assert sorted(r.endpoint for r in c.store.of_user(5)) == sorted([subs[0]["endpoint"], subs[2]["endpoint"]])

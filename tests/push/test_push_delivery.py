@@ -158,3 +158,52 @@ def test_bus_reset_while_sending(
     bus.publish("/r", "new0")  # global id 1 again, in a new epoch
     wait_for(lambda: len(push_service.received(dev)) == 4, what="after the reset")
     assert push_service.received(dev)[-1].payload["data"] == "new0"
+
+
+def test_callable_channels_and_a_clean_restart(
+    bus: Bus, push_service: PushService, connector: Callable[..., PushConnector], vapid: VapidKeys
+) -> None:
+    """``channels`` as a callable (no prefix could say "every room's /alerts"), and a clean stop and restart on
+    the same store: what was published while no sender ran is pushed on restart, and nothing is pushed twice."""
+
+    def alerts(channel: str) -> bool:
+        return channel.startswith("/room/") and channel.endswith("/alerts")
+
+    first = connector(channels=alerts).start()
+    dev = push_service.subscribe(vapid.public_key)
+    register(first, dev, 1, ["/room/1/alerts", "/room/2/alerts"])
+    wait_leading(first)
+    for channel, data in [("/room/1/alerts", "a1"), ("/room/1/chat", "not pushed"), ("/room/2/alerts", "a2")]:
+        bus.publish(channel, data)
+    wait_for(lambda: first.stats()["cursor"] == bus.segment.global_id(), what="the first sender settled")
+    first.close(grace=2)
+    assert not first.leading
+    bus.publish("/room/1/alerts", "b1")  # no sender runs now
+    bus.publish("/room/2/alerts", "b2")
+    second = connector(channels=alerts).start()
+    wait_leading(second)
+    bus.publish("/room/1/alerts", "c1")
+    wait_for(lambda: second.stats()["cursor"] == bus.segment.global_id(), what="the second sender settled")
+    got = [d.payload["data"] for d in push_service.received(dev)]
+    assert sorted(got) == ["a1", "a2", "b1", "b2", "c1"]  # each once: none repeated, none skipped
+    assert second.stats()["term"] == 2 and second.stats()["sent"] == 5
+
+
+def test_the_4096_byte_boundary(
+    bus: Bus, push_service: PushService, connector: Callable[..., PushConnector], vapid: VapidKeys
+) -> None:
+    """A payload of exactly MAX_PLAINTEXT bytes is pushed whole, and the peer (which refuses a body over 4096
+    bytes with 413) accepts its encryption; one byte more is a fetch notice."""
+    c = connector(channels="/edge").start()
+    dev = push_service.subscribe(vapid.public_key)
+    register(c, dev, 1, ["/edge"])
+    wait_leading(c)
+    head = {"channel": "/edge", "message_id": bus.last_id("/edge") + 1, "global_id": bus.segment.global_id() + 1}
+    text = "z" * (MAX_PLAINTEXT - len(json.dumps({**head, "data": ""}, separators=(",", ":"))))
+    bus.publish("/edge", text)
+    bus.publish("/edge", text + "z")
+    got = wait_for(lambda: len(push_service.received(dev)) == 2 and push_service.received(dev), what="both pushes")
+    whole, notice = sorted(got, key=lambda d: d.payload["global_id"])
+    assert len(json.dumps(whole.payload, separators=(",", ":"))) == MAX_PLAINTEXT
+    assert whole.payload["data"] == text and "fetch" not in whole.payload
+    assert notice.payload["fetch"] is True and push_service.refusals == []

@@ -3,6 +3,7 @@ only its own devices (bounded queue, counted drops) and never a publisher."""
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -10,7 +11,8 @@ from collections.abc import Callable
 import pytest
 
 from shmbus import Bus
-from shmbus.adapters.push import PushConnector, VapidKeys
+from shmbus.adapters.push import PushConnector, VapidKeys, public_address
+from shmbus.adapters.push.subscriptions import parse_registration
 from tests.harness.push_service import PushService
 from tests.harness.wait import wait_for
 
@@ -136,3 +138,54 @@ def test_an_idle_service_is_not_a_stalled_one(
         bus.publish("/i", i)
     wait_for(lambda: c.stats()["cursor"] == bus.segment.global_id(), timeout=20, what="settled")
     assert c.stats()["dropped"] == 0 and len(push_service.received(dev)) == 9
+
+
+def test_sender_connects_only_to_public_addresses(
+    bus: Bus, push_service: PushService, connector: Callable[..., PushConnector], vapid: VapidKeys
+) -> None:
+    """SSRF: an endpoint is a URL a user chose. With the default address policy the sender resolves each host and
+    connects to none that is loopback (or private): an IP literal and a name pointing there are both refused
+    without a request, reported as failed, and not retried."""
+    c = connector(allow_address=public_address, max_attempts=3)
+    literal = push_service.subscribe(vapid.public_key)
+    named = push_service.subscribe(vapid.public_key)
+    named["endpoint"] = named["endpoint"].replace("127.0.0.1", "localhost")  # a name that resolves to loopback
+    register(c, literal, 1, ["/s"])
+    body = {"subscription": named, "topics": ["/s"]}
+    c.store.add(parse_registration(body, 2, None, c.pushes, lambda _url: True, time.time()))
+    c.start()
+    wait_leading(c)
+    bus.publish("/s", "internal?")
+    wait_for(lambda: c.stats()["cursor"] == bus.segment.global_id(), what="settled")
+    st = c.stats()
+    assert (st["sent"], st["failed"], st["retried"]) == (0, 2, 0)
+    assert push_service.attempts == []  # no request ever reached the internal service
+    reasons = sorted((r.endpoint, why) for _g, r, _o, why in c.undelivered)
+    assert [e for e, _w in reasons] == sorted([literal["endpoint"], named["endpoint"]])
+    assert all("no allowed address" in why for _e, why in reasons), reasons
+
+
+@pytest.mark.parametrize(
+    ("address", "public"),
+    [("127.0.0.1", False), ("10.1.2.3", False), ("169.254.169.254", False), ("100.64.0.1", False),
+     ("::1", False), ("::ffff:127.0.0.1", False), ("fe80::1", False), ("0.0.0.0", False), ("224.0.0.1", False),
+     ("142.250.74.106", True), ("2a00:1450:4001:82b::200a", True)],
+)  # fmt: skip
+def test_public_address_policy(address: str, public: bool) -> None:
+    assert public_address(ipaddress.ip_address(address)) is public
+
+
+def test_an_endless_answer_is_cut(
+    bus: Bus, push_service: PushService, connector: Callable[..., PushConnector], vapid: VapidKeys
+) -> None:
+    """An endpoint is a URL a user chose, and its server may answer without end: the sender reads a bounded part
+    of the answer (a push service's is a few bytes), hangs up, and the push counts by its status."""
+    c = connector()
+    dev = push_service.subscribe(vapid.public_key)
+    register(c, dev, 1, ["/e"])
+    push_service.set_mode(dev, "endless")
+    c.start()
+    wait_leading(c)
+    bus.publish("/e", "x")
+    wait_for(lambda: c.stats()["sent"] == 1 and c.stats()["cursor"] == bus.segment.global_id(), what="settled")
+    assert [d.payload["data"] for d in push_service.received(dev)] == ["x"]
