@@ -40,6 +40,13 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     for name in integrations():
         assert f'id="shmbus.adapters.integrations.{name}"' in adapters, f"the API reference lacks {name}"
     assert 'id="shmbus.adapters.integrations.django.publish_on_commit"' in adapters
+    more = (site / "api" / "more" / "index.html").read_text()
+    for anchor in (
+        "shmbus.client.MessageBusClient",
+        "shmbus.adapters.spark.register",
+        "shmbus.adapters.push.PushConnector",
+    ):
+        assert f'id="{anchor}"' in more, f"the API reference lacks {anchor}"
 
 
 def integrations() -> list[str]:
