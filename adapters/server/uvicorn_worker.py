@@ -22,7 +22,6 @@ Needs ``httptools`` (in the ``web`` extra).
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -31,8 +30,6 @@ from uvicorn.workers import UvicornWorker as _UvicornWorker
 from .limits import FEED_STEP, Limits, gunicorn_config_value
 
 __all__ = ["GuardedHttpToolsProtocol", "UvicornWorker"]
-
-log = logging.getLogger("shmbus.adapters.server.uvicorn_worker")
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):

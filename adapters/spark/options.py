@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,8 +20,6 @@ from pyspark.sql.types import (
 from shmbus.channels import check_channel
 
 from .readers import Location
-
-log = logging.getLogger(__name__)
 
 FORMAT_NAME = "shmbus"
 #: Where the idempotent sink records its progress: ``/__shmbus_spark/sink/<sinkId>``.

@@ -21,7 +21,6 @@ the old ones.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from typing import Any
@@ -52,8 +51,6 @@ from .sink import (
 )
 
 __all__ = ["FORMAT_NAME", "ShmbusDataSource", "register", "spark_session"]
-
-log = logging.getLogger(__name__)
 
 
 def spark_session(app_name: str = "shmbus", master: str = "local[2]", **conf: str) -> Any:

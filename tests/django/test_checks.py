@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -66,6 +67,25 @@ def test_bridged_environment_without_engine_warns(djsettings: Any, monkeypatch: 
     monkeypatch.setenv("SHMBUS_REDIS_URL", "redis://127.0.0.1:6379/0")
     assert ids(GOOD) == ["shmbus.W003"]
     assert ids({**GOOD, "ENGINE": "redis://127.0.0.1:6379/0"}) == []
+
+
+def test_a_bridged_bus_without_its_engine_warns(djsettings: Any, bus_name: str) -> None:
+    """The segment records its bridge: a bus that exists and is bridged needs that bridge in ``ENGINE``."""
+    from shmbus.segment import BridgeRecord, Segment, segment_path
+
+    setting = {"BUS": bus_name}
+    assert ids(setting) == [] and not os.path.exists(segment_path(bus_name))  # not there yet: fine, not created
+    seg = Segment.open(bus_name, ring_size=1 << 16, max_channels=16)
+    try:
+        assert ids(setting) == []  # a bus of this host only
+        seg.mark_bridged(BridgeRecord("redis", "redis://127.0.0.1:6379/0", False, {}))
+        assert ids(setting) == ["shmbus.W004"]
+        assert ids({**setting, "ENGINE": "postgresql://u@h/db"}) == ["shmbus.W004"]  # another kind of bridge
+        assert ids({**setting, "ENGINE": "redis://127.0.0.1:6379/0"}) == []
+        assert ids({**setting, "ENGINE": "rediss://127.0.0.1:6380/0"}) == []
+    finally:
+        seg.close()
+        Segment.destroy_by_name(bus_name)
 
 
 def test_sync_worker_without_long_polling_warns(djsettings: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -36,6 +36,39 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     api = (site / "api" / "bus" / "index.html").read_text()
     for anchor in ("shmbus.Bus.publish", "shmbus.Bus.subscribe", "shmbus.Bus.backlog", "shmbus.DistributedCache"):
         assert f'id="{anchor}"' in api, f"the API reference lacks {anchor}"
+    adapters = (site / "api" / "adapters" / "index.html").read_text()
+    for name in integrations():
+        assert f'id="shmbus.adapters.integrations.{name}"' in adapters, f"the API reference lacks {name}"
+    assert 'id="shmbus.adapters.integrations.django.publish_on_commit"' in adapters
+    more = (site / "api" / "more" / "index.html").read_text()
+    for anchor in (
+        "shmbus.client.MessageBusClient",
+        "shmbus.adapters.spark.register",
+        "shmbus.adapters.push.PushConnector",
+    ):
+        assert f'id="{anchor}"' in more, f"the API reference lacks {anchor}"
+
+
+def integrations() -> list[str]:
+    """The modules and packages of ``shmbus.adapters.integrations``."""
+    root = REPO_ROOT / "adapters" / "integrations"
+    return sorted(
+        p.stem if p.is_file() else p.name
+        for p in root.iterdir()
+        if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()
+    )
+
+
+def test_every_integration_has_its_page_in_the_nav_and_its_api_reference() -> None:
+    """One page per integration, in the site's nav, and its module in the generated API reference."""
+    nav = CONFIG.read_text().split("\nnav:", 1)[1]
+    api = "".join(p.read_text() for p in sorted((REPO_ROOT / "docs" / "api").glob("*.md")))
+    names = integrations()
+    assert {"django", "falcon", "flask", "gunicorn", "starlette", "uwsgi"} <= set(names), names
+    for name in names:
+        assert f" {name}.md" in nav, f"docs/{name}.md is not in the nav of mkdocs.yml"
+        assert (REPO_ROOT / "docs" / f"{name}.md").exists(), f"no docs/{name}.md"
+        assert f"::: shmbus.adapters.integrations.{name}\n" in api, f"no API reference for the {name} integration"
 
 
 @pytest.mark.parametrize(

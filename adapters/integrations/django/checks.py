@@ -5,8 +5,9 @@ IDs: ``shmbus.E001`` malformed setting, ``E002`` bad bus name, ``E003`` bad engi
 does not import, ``E005`` ``allow_broadcast`` (a CSRF-free publish route), ``E006`` bad ``BUS_OPTIONS``,
 ``E007`` bad ``MIDDLEWARE`` options, ``E008`` the engine's client library is not installed; ``W001`` a gunicorn
 sync worker without long polling, ``W002`` a gthread worker whose thread count the middleware does not know,
-``W003`` ``$SHMBUS_REDIS_URL`` names a bridge but ``ENGINE`` is empty. The bridged-bus check compares the
-setting with the environment only: the segment does not record whether a bridge feeds it.
+``W003`` ``$SHMBUS_REDIS_URL`` names a bridge but ``ENGINE`` is empty, ``W004`` the bus already exists and is
+bridged (its segment records the bridge) but ``ENGINE`` is empty or names another kind of bridge. The bus is
+only looked at, never created, and one that does not exist yet is no error.
 """
 
 from __future__ import annotations
@@ -102,7 +103,8 @@ def _settings_messages(conf: BusSettings) -> list[Any]:
                     hint=f"pip install 'shmbus[{extra},django]'",
                 )
             )
-    elif os.environ.get("SHMBUS_REDIS_URL"):
+    out += _bridged_segment_messages(conf)
+    if not conf.engine_scheme and os.environ.get("SHMBUS_REDIS_URL"):
         out.append(
             _warning(
                 "$SHMBUS_REDIS_URL is set (a Redis-bridged bus) but SHMBUS['ENGINE'] is None: this app's "
@@ -112,6 +114,39 @@ def _settings_messages(conf: BusSettings) -> list[Any]:
             )
         )
     return out
+
+
+#: ``ENGINE`` URL scheme -> the bridge kind a segment records (``BridgeRecord.kind``).
+_KIND_OF_SCHEME = {"redis": "redis", "rediss": "redis", "postgres": "postgres", "postgresql": "postgres"}
+
+
+def _bridged_segment_messages(conf: BusSettings) -> list[Any]:
+    """W004: the existing segment of ``BUS`` is bridged, and ``ENGINE`` does not name that kind of bridge."""
+    from shmbus.errors import ShmbusError
+    from shmbus.segment import Segment
+
+    try:
+        seg = Segment.open(conf.bus, path=conf.bus_options.get("path"), create=False)
+    except (ShmbusError, OSError, ValueError):  # not there yet (fine), or refused: the bus says why at first use
+        return []
+    try:
+        rec = seg.bridge() if seg.bridged else None
+    finally:
+        seg.close()
+    want = _KIND_OF_SCHEME.get(conf.engine_scheme or "")
+    if rec is None or rec.kind == want:
+        return []
+    have = f"SHMBUS['ENGINE'] is a {conf.engine_scheme}:// bridge" if want else "SHMBUS['ENGINE'] is None"
+    return [
+        _warning(
+            f"bus {conf.bus!r} is bridged ({rec.kind}, {rec.url}) but {have}: these workers do not relay that "
+            "bridge's messages into the bus, and their publishes go through it only when its URL needs no "
+            "password (or $SHMBUS_ENGINE_URL is set), else they raise BusBridged",
+            "shmbus.W004",
+            hint=f"set SHMBUS['ENGINE'] to the bridge's URL ({rec.url}), or destroy the bus (shmbus destroy) if it "
+            "should no longer be bridged",
+        )
+    ]
 
 
 def _server_messages(conf: BusSettings, worker: Worker) -> list[Any]:
