@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-import select
-import ssl
 import threading
-import time
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -28,10 +25,10 @@ from shmbus.message import Message
 from shmbus.perprocess import Birth
 from shmbus.segment import BridgeRecord
 
-from ..bridge.backend import Acknowledged, Page, Ring, Row
-from ..bridge.seals import NO_RING, seal_of
+from ..bridge.backend import Acknowledged, Page, Row
 from ..bridge.status import BridgeStatus
 from . import layout
+from .doorbell import RedisDoorbell
 from .errors import RedisBridgeError, RedisReadOnly, RedisUnavailable
 from .urls import redact_url
 
@@ -43,72 +40,6 @@ if TYPE_CHECKING:
 __all__ = ["RedisBackend"]
 
 _GROUP = 250  # messages per run of the batch script: bounds how long one script blocks Redis
-
-
-class RedisDoorbell:
-    """The SUBSCRIBE connection, to the gem's channel and the seal channel: a line's id is a hint; the relay reads
-    the backlog unless the line came sealed (the bridge kit's ``seals``)."""
-
-    def __init__(self, backend: RedisBackend) -> None:
-        self.backend = backend
-        pool = backend.client.connection_pool
-        self.conn: Any = pool.connection_class(**pool.connection_kwargs)
-        self.conn.connect()
-        self.ping_sent = 0.0
-        self.seals = layout.seal_channel(backend.pubsub_channel).encode()
-        self.conn.send_command("SUBSCRIBE", backend.pubsub_channel, self.seals)
-        for _ in range(2):
-            reply = self.conn.read_response()
-            if not reply or reply[0] != b"subscribe":
-                raise redis.exceptions.ConnectionError(f"unexpected SUBSCRIBE reply {reply!r}")
-        sock = getattr(self.conn, "_sock", None)
-        self._poller: select.poll | None = None
-        if sock is not None and not isinstance(sock, ssl.SSLSocket) and hasattr(select, "poll"):
-            self._poller = select.poll()
-            self._poller.register(sock, select.POLLIN)
-
-    def ring(self, timeout: float) -> Ring:
-        conn = self.conn
-        if not self._readable(timeout):
-            if self.ping_sent and time.monotonic() - self.ping_sent > self.backend.socket_timeout:
-                raise redis.exceptions.TimeoutError("no PING reply on the subscription connection")
-            return NO_RING
-        top = 0
-        lines: list[bytes] = []
-        seals: dict[int, tuple[int, bytes]] = {}
-        while True:
-            reply = conn.read_response()  # a closed connection raises here (the read finds EOF)
-            if reply[0] == b"message":
-                if reply[1] == self.seals:
-                    seal = seal_of(reply[2])
-                    if seal is not None:
-                        seals[seal[0]] = seal[1:]
-                else:
-                    line = reply[2]
-                    lines.append(line)
-                    with contextlib.suppress(ValueError):
-                        top = max(top, int(line[: line.index(b"|")]))
-            elif reply[0] == b"pong":
-                self.ping_sent = 0.0
-            if not conn.can_read(timeout=0):
-                return Ring(top, lines, seals)
-
-    def _readable(self, timeout: float) -> bool:
-        """Wait for the socket: one poll on a poller kept for the connection (redis-py's ``can_read`` polls twice
-        per wake-up, the second time to tell a closed socket, which the read that follows tells as well). A ring
-        always reads until nothing is buffered, so the socket is the only place news can be; TLS sockets, which
-        may hold decrypted bytes above it, take redis-py's way."""
-        if self._poller is None:
-            return bool(self.conn.can_read(timeout=timeout))
-        return bool(self._poller.poll(timeout * 1000))
-
-    def keepalive(self) -> None:
-        if not self.ping_sent:
-            self.conn.send_command("PING")  # a silently dead connection (no RST) shows as a missing PONG
-            self.ping_sent = time.monotonic()
-
-    def close(self) -> None:
-        self.conn.disconnect()
 
 
 class RedisBackend:
@@ -248,7 +179,9 @@ class RedisBackend:
 
     # ------------------------------------------------------------------ the relay's reads
     def open_doorbell(self) -> RedisDoorbell:
-        bell = RedisDoorbell(self)
+        bell = RedisDoorbell(
+            self.client, self.pubsub_channel, layout.seal_channel(self.pubsub_channel), self.socket_timeout
+        )
         try:
             role = self.client.execute_command("ROLE")
             self.redis_role = role[0].decode() if isinstance(role[0], bytes) else str(role[0])

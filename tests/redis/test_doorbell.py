@@ -1,0 +1,71 @@
+"""The Redis doorbell reads its socket itself (hiredis) on the relay's wake-up path: every reply arrives whole and in
+order however the bytes are cut into reads, PONGs are seen, and a closed connection raises (the relay reconnects).
+The redis-py path (no hiredis, TLS) gives the same rings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+from shmbus.adapters.bridge.seals import seal_of
+from shmbus.adapters.redis import doorbell as doorbell_module
+from shmbus.adapters.redis.doorbell import RedisDoorbell
+
+pytestmark = pytest.mark.redis
+
+
+def _drain(bell: RedisDoorbell, want: int) -> tuple[list[bytes], list[int]]:
+    lines: list[bytes] = []
+    seals: list[int] = []
+    for _ in range(10_000):
+        ring = bell.ring(0.5)
+        lines += ring.lines
+        seals += sorted(ring.seals)
+        if len(lines) + len(seals) >= want:
+            break
+    return lines, seals
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["hiredis", "redis-py"])
+def test_every_line_arrives_whole_and_in_order(redis_server: Any, direct: bool, monkeypatch: Any) -> None:
+    if not direct:
+        monkeypatch.setattr(doorbell_module, "_hiredis", None)
+    r = redis.Redis.from_url(redis_server.url, protocol=2)  # as the bridge makes its client
+    bell = RedisDoorbell(r, "/ch", "/ch_seals", socket_timeout=5.0)
+    assert (bell._sock is not None) is direct
+    try:
+        pipe = r.pipeline(transaction=False)
+        sent = []
+        for i in range(1, 601):  # 600 lines of ~1 KB and 600 seals: many reads of 64 KiB, replies cut between them
+            line = b"%d|%d|/c|%s" % (i, i, b"x" * (900 + i % 50))
+            sent.append(line)
+            pipe.publish("/ch", line)
+            pipe.publish("/ch_seals", b"%d|%d|%s" % (i, i, b"f" * 40))
+        pipe.execute()
+        lines, seals = _drain(bell, 1200)
+        assert lines == sent and seals == list(range(1, 601))
+        bell.keepalive()
+        assert bell.ping_sent
+        ring = bell.ring(2.0)
+        assert ring.top == 0 and not bell.ping_sent  # the PONG was read
+        r.publish("/ch", b"not a line")  # a doorbell only: no id, but it rings
+        ring = bell.ring(2.0)
+        assert ring.lines == [b"not a line"] and ring.top == 0
+        r.publish("/ch_seals", b"garbage")
+        assert bell.ring(2.0).seals == {} and seal_of(b"garbage") is None
+    finally:
+        bell.close()
+
+
+def test_a_closed_connection_raises(redis_server: Any) -> None:
+    r = redis.Redis.from_url(redis_server.url, protocol=2)  # as the bridge makes its client
+    bell = RedisDoorbell(r, "/ch", "/ch_seals", socket_timeout=5.0)
+    try:
+        r.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+        with pytest.raises((redis.exceptions.ConnectionError, OSError)):
+            for _ in range(50):
+                bell.ring(0.2)
+    finally:
+        bell.close()
