@@ -86,6 +86,10 @@ def _expire(c: Waiter) -> None:
 
 #: The gathering window stretches to the duration of the last dispatch, up to this many ``batch_window``\ s.
 WINDOW_STRETCH = 10
+#: Clients woken per turn of the loop: a fan-out to tens of thousands of streams (a write each, on the lean
+#: server) lets the loop serve other work between slices, so a message published meanwhile to a few clients
+#: does not wait for every write of a broadcast.
+WAKE_SLICE = 1000
 
 
 class _LoopFanout:
@@ -131,17 +135,26 @@ class _LoopFanout:
         self.loop.call_later(self.wait, self.drain)
 
     def drain(self) -> None:
-        """Loop: dispatch every queued batch, consecutive batches of one epoch as one."""
+        """Loop: dispatch every queued batch, consecutive batches of one epoch as one; wake the clients
+        ``WAKE_SLICE`` at a time, one slice per turn of the loop."""
         with self.lock:
             batches, self.batches = self.batches, []
             self.scheduled = False
-        if self.window <= 0:
-            self.proto.dispatch_batches(batches)
-            return
         started = time.perf_counter()
-        self.proto.dispatch_batches(batches)
-        spent = time.perf_counter() - started
-        self.wait = min(max(self.window, spent), self.window * WINDOW_STRETCH)
+        self._wake_slice(self.proto.deliver_batches(batches), 0, started)
+
+    def _wake_slice(self, clients: list[Waiter], start: int, started: float) -> None:
+        """Loop: wake ``clients[start:]``, a slice now and the rest on the next turns; after the last slice the
+        window stretches to what the whole fan-out took."""
+        end = start + WAKE_SLICE
+        wake = self.proto.wake
+        for c in clients[start:end] if start or len(clients) > end else clients:
+            wake(c)
+        if end < len(clients):
+            self.loop.call_soon(self._wake_slice, clients, end, started)
+        elif self.window > 0:
+            spent = time.perf_counter() - started
+            self.wait = min(max(self.window, spent), self.window * WINDOW_STRETCH)
 
 
 def _queue_batch(fanout: _LoopFanout, msgs: list[Message]) -> None:

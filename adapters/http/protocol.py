@@ -201,24 +201,31 @@ class MessageBusProtocol:
             self.wake(c)
 
     def dispatch_batches(self, batches: list[list[Message]]) -> None:
-        """Deliver batches gathered over ``batch_window`` as one (one chunk per client), never mixing epochs:
-        a reset between two batches splits them."""
+        """Deliver batches gathered over ``batch_window`` as one (one chunk per client) and wake the concerned
+        clients (see :meth:`deliver_batches`)."""
+        for c in self.deliver_batches(batches):
+            self.wake(c)
+
+    def deliver_batches(self, batches: list[list[Message]]) -> list[Waiter]:
+        """Deliver batches as one, never mixing epochs (a reset between two batches splits them); the clients to
+        wake, which the caller may wake a slice at a time (a client woken late still writes what it has then)."""
         if len(batches) == 1:
-            self.dispatch(batches[0])
-            return
+            return self.registry.dispatch(batches[0])
+        wake: list[Waiter] = []
         merged: list[Message] = []
         epoch = None
         for batch in batches:
             if not batch:
                 continue
             if merged and (batch[0].epoch != epoch or batch[-1].epoch != epoch):
-                self.dispatch(merged)
+                wake += self.registry.dispatch(merged)
                 merged = []
             if not merged:
                 epoch = batch[-1].epoch if batch[0].epoch == batch[-1].epoch else None
             merged.extend(batch)
         if merged:
-            self.dispatch(merged)
+            wake += self.registry.dispatch(merged)
+        return wake
 
     def read_backlog(self, c: Waiter, channels: Mapping[str, int | None]) -> tuple[list[bytes], dict[str, int]]:
         """The gem's ``Client#backlog`` with its ``/__status`` rules; records per channel the last id covered."""

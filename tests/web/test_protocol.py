@@ -798,7 +798,7 @@ def test_batch_window_stretches_to_the_last_dispatch_and_back(bus: Bus) -> None:
         loop = asyncio.get_running_loop()
         eng = _LoopFanout(bus, P.Options(batch_window=0.002), loop)
         took = [0.0]
-        eng.proto.dispatch_batches = lambda batches: time.sleep(took[0])  # type: ignore[method-assign]
+        eng.proto.deliver_batches = lambda batches: time.sleep(took[0]) or []  # type: ignore[method-assign]
         assert eng.wait == 0.002
         took[0] = 0.008
         eng.drain()
@@ -810,9 +810,36 @@ def test_batch_window_stretches_to_the_last_dispatch_and_back(bus: Bus) -> None:
         eng.drain()
         assert eng.wait < 0.002 * WINDOW_STRETCH  # back to the window (or to what a preempted dispatch took)
         zero = _LoopFanout(bus, P.Options(batch_window=0), loop)
-        zero.proto.dispatch_batches = lambda batches: time.sleep(0.005)  # type: ignore[method-assign]
+        zero.proto.deliver_batches = lambda batches: time.sleep(0.005) or []  # type: ignore[method-assign]
         zero.drain()
         assert zero.wait == 0
+
+    asyncio.run(main())
+
+
+def test_a_large_fan_out_wakes_its_clients_a_slice_per_loop_turn(bus: Bus) -> None:
+    """Waking 2,500 clients (a write each on the lean server) takes three turns of the loop, so work queued
+    meanwhile (a chat message's dispatch) runs before the last slice instead of after every write; the window
+    stretches to what the whole fan-out took."""
+    import asyncio
+
+    from shmbus.adapters.asgi import WAKE_SLICE, _LoopFanout
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        eng = _LoopFanout(bus, P.Options(batch_window=0.002), loop)
+        events: list[Any] = []
+        clients = list(range(2 * WAKE_SLICE + 500))
+        eng.proto.deliver_batches = lambda batches: clients  # type: ignore[method-assign,assignment,return-value]
+        eng.proto.wake = lambda c: (events.append(c), time.sleep(0.00002))  # type: ignore[method-assign,assignment,func-returns-value]
+        eng.drain()
+        assert events == clients[:WAKE_SLICE]  # one slice now
+        loop.call_soon(events.append, "other work")
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert [e for e in events if e != "other work"] == clients  # every client woken once, in order
+        assert WAKE_SLICE < events.index("other work") < len(clients)  # between two slices
+        assert eng.wait >= 0.002
 
     asyncio.run(main())
 
