@@ -30,6 +30,13 @@ __all__ = ["RedisDoorbell"]
 _READ = 1 << 16
 
 
+def _nothing_buffered(conn: Any) -> bool:
+    """Has redis-py's parser no bytes of a reply left (a hiredis reader that says so)? Only then may the doorbell
+    read the socket itself without cutting a reply in two."""
+    reader = getattr(getattr(conn, "_parser", None), "_reader", None)
+    return reader is not None and hasattr(reader, "has_data") and not reader.has_data()
+
+
 class RedisDoorbell:
     """The SUBSCRIBE connection (see the module doc), made like ``client``'s (the bridge's: RESP2, whose pub/sub replies
     are plain arrays)."""
@@ -58,8 +65,9 @@ class RedisDoorbell:
             if _hiredis is not None:
                 while self.conn.can_read(timeout=0):
                     self._early.append(self.conn.read_response())
-                self._sock = sock
-                self._reader = _hiredis.Reader()
+                if _nothing_buffered(self.conn):  # else a reply's start is in redis-py's buffer: it keeps reading
+                    self._sock = sock
+                    self._reader = _hiredis.Reader()
 
     def ring(self, timeout: float) -> Ring:
         """Wait up to ``timeout`` s; what the notices of one read brought."""

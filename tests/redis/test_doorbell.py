@@ -69,3 +69,17 @@ def test_a_closed_connection_raises(redis_server: Any) -> None:
                 bell.ring(0.2)
     finally:
         bell.close()
+
+
+def test_a_reply_half_in_redis_pys_buffer_keeps_redis_py_reading() -> None:
+    """Taking the socket over while redis-py's parser holds the start of a reply would cut it in two: the
+    doorbell then leaves the reading to redis-py (the SUBSCRIBE replies and a message may come in one read)."""
+    from types import SimpleNamespace
+
+    hiredis = pytest.importorskip("hiredis")
+    reader = hiredis.Reader()
+    conn = SimpleNamespace(_parser=SimpleNamespace(_reader=reader))
+    assert doorbell_module._nothing_buffered(conn)
+    reader.feed(b"*3\r\n$7\r\nmessage\r\n$3\r\n/ch\r\n$10\r\n12|")
+    assert reader.gets() is False and not doorbell_module._nothing_buffered(conn)
+    assert not doorbell_module._nothing_buffered(SimpleNamespace(_parser=SimpleNamespace()))  # a Python parser
