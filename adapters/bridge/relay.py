@@ -22,7 +22,6 @@ The rules, written once:
 
 from __future__ import annotations
 
-import hmac
 import logging
 import threading
 import time
@@ -34,7 +33,7 @@ from shmbus.engines import Envelope
 from ..redis.layout import decode_envelope
 from .backend import Backend, Doorbell, Ring, Row
 from .election import RelayElection
-from .seals import Sealer, parse_line, sealed_rows
+from .seals import Sealer, sealed_rows
 from .status import BridgeStatus
 
 if TYPE_CHECKING:
@@ -330,20 +329,6 @@ class Relay:
         sealer = self._sealer_for(seg.history_id())
         if sealer is None:
             return False
-        if len(ring.lines) == 1 and len(ring.seals) == 1:
-            # the common wake-up, one publish: its line and its seal, checked in as few steps as the wake-up
-            # path allows (every step runs cold after a sleep); the same rules as sealed_rows
-            ((first, (last, tag)),) = ring.seals.items()
-            line = ring.lines[0]
-            if first == last == max(self.status.position, seg.global_id()) + 1 and hmac.compare_digest(
-                tag, sealer.mac_of_body(b"%d|%s" % (len(line), line))
-            ):
-                row = parse_line(line)
-                if row is not None and row.global_id == first:
-                    self._mark = seg.global_id()  # stored before a message of the recorded history: its own
-                    self._store(row)
-                    self.status.backend_newest = max(self.status.backend_newest, first)
-                    return True
         after = max(self.status.position, seg.global_id())  # its publisher may have landed it: nothing to verify
         for row in sealed_rows(ring, sealer, after):
             pos = max(self.status.position, seg.global_id())

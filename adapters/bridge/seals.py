@@ -54,12 +54,8 @@ class Sealer:
         self._outer = h(key)
 
     def mac(self, lines: list[bytes]) -> bytes:
-        return self.mac_of_body(body_of(lines))
-
-    def mac_of_body(self, body: bytes) -> bytes:
-        """The mac of a run whose :func:`body_of` is ``body`` (a single line's is ``b"%d|%s" % (len, line)``)."""
         inner = self._inner.copy()
-        inner.update(body)
+        inner.update(body_of(lines))
         outer = self._outer.copy()
         outer.update(inner.hexdigest().encode())
         return outer.hexdigest().encode()
