@@ -307,9 +307,13 @@ class Segment(Ring, ChannelTable, Processes, Bridging, Locking):
         # the oldest record is the first one at the tail: read forward one record (walking back from the head,
         # as global_backlog does, costs a pass over the whole ring: 0.2 s on a full 32 MiB one). On a full ring a
         # concurrent append may overwrite it while we read: then read again at the new tail.
+        # The three words are read tail first, id last: both positions only grow and tail <= head at every
+        # instant, so a reader descheduled between two reads still sees tail <= head (equal only when the ring was
+        # empty), and the id covers every record below that head (read head first and tail last, a reader paused
+        # while the ring laps sees head < tail and takes a full ring for an empty one).
         oldest_rec: list[Record] = []
         for _ in range(1000):
-            gid, head, tail = u64[_Q_GID], u64[_Q_HEAD], u64[_Q_TAIL]
+            tail, head, gid = u64[_Q_TAIL], u64[_Q_HEAD], u64[_Q_GID]
             if head <= tail:
                 break
             oldest_rec = self.read_since(tail, limit=1)[0]
@@ -323,7 +327,10 @@ class Segment(Ring, ChannelTable, Processes, Bridging, Locking):
             finally:
                 self._unlock()
         if oldest_rec and oldest_rec[0].global_id > gid:  # lapped to a record newer than the figures read with it
-            gid, head, tail = u64[_Q_GID], u64[_Q_HEAD], u64[_Q_TAIL]
+            tail, head, gid = u64[_Q_TAIL], u64[_Q_HEAD], u64[_Q_GID]
+            # an append commits the head before it stores the global id: a writer paused between the two stores
+            # shows a committed record newer than the id. The record is published; the id is behind by a store.
+            gid = max(gid, oldest_rec[0].global_id)
         published = gid  # global ids are contiguous from 1 since creation or the last reset
         oldest_gid = oldest_rec[0].global_id if oldest_rec else gid + 1
         history = time.time() - oldest_rec[0].timestamp if oldest_rec else 0.0

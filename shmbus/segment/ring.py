@@ -232,7 +232,8 @@ class Ring(SegmentState):
 
     def oldest_global_id(self) -> int:
         """The global id of the oldest record the ring still holds (``global_id() + 1`` when empty)."""
-        recs = self.global_backlog(0, limit=1) if self._u64[_Q_HEAD] > self._u64[_Q_TAIL] else []
+        # tail first: read head first, a reader paused while the ring laps would take a full ring for an empty one
+        recs = self.global_backlog(0, limit=1) if self._u64[_Q_TAIL] < self._u64[_Q_HEAD] else []
         return recs[0].global_id if recs else self._u64[_Q_GID] + 1
 
     def global_id(self) -> int:

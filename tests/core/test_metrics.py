@@ -339,6 +339,63 @@ def test_stats_find_the_oldest_record_on_a_full_ring_under_a_publisher(make_bus:
         publisher.join(10)
 
 
+class _DescheduledReader:
+    """The segment's words as ``stats()`` reads them, with the reader descheduled at its first read of the tail
+    while the ring laps twice (a publisher in the same process runs meanwhile): a deterministic kill point for the
+    window the test above hits once in thousands of reads."""
+
+    def __init__(self, bus: shmbus.Bus) -> None:
+        self.bus = bus
+        self.real = bus.segment._u64
+
+    def __getitem__(self, index: int) -> int:
+        from shmbus.segment.layout import _Q_TAIL
+
+        if index == _Q_TAIL and self.bus.segment._u64 is self:
+            self.bus.segment._u64 = self.real  # the publisher writes the real words
+            for i in range(25):
+                self.bus.publish("/big", [i, "x" * 6000])
+        return int(self.real[index])
+
+    def __setitem__(self, index: int, value: int) -> None:
+        self.real[index] = value
+
+
+def test_stats_of_a_reader_descheduled_while_the_ring_laps(make_bus: Callable[..., shmbus.Bus]) -> None:
+    """Positions read one at a time while the ring laps: the stats still name an oldest record at or below the
+    newest id (reading the head before the tail gave head < tail, an "empty" full ring, oldest = newest + 1)."""
+    bus = make_bus(ring_size=64 << 10)
+    seg = bus.segment
+    for i in range(40):
+        bus.publish("/big", [i, "x" * 6000])
+    before = seg.global_id()
+    seg._u64 = _DescheduledReader(bus)  # type: ignore[assignment]
+    try:
+        st = seg.stats()
+    finally:
+        seg._u64 = seg._u64.real if isinstance(seg._u64, _DescheduledReader) else seg._u64
+    assert seg.global_id() == before + 25  # the ring lapped during the read
+    assert st.oldest_global_id <= st.global_id, st
+    assert st.oldest_global_id > before, st  # the oldest after the laps, not a record read before them
+    assert 0 <= st.ring_used <= st.ring_size, st
+
+
+def test_the_oldest_id_of_a_reader_descheduled_while_the_ring_laps(make_bus: Callable[..., shmbus.Bus]) -> None:
+    """``Segment.oldest_global_id`` (the backlog's gap check) under the same kill point: a record the ring holds,
+    not the newest id + 1 that says the ring is empty."""
+    bus = make_bus(ring_size=64 << 10)
+    seg = bus.segment
+    for i in range(40):
+        bus.publish("/big", [i, "x" * 6000])
+    before = seg.global_id()
+    seg._u64 = _DescheduledReader(bus)  # type: ignore[assignment]
+    try:
+        oldest = seg.oldest_global_id()
+    finally:
+        seg._u64 = seg._u64.real if isinstance(seg._u64, _DescheduledReader) else seg._u64
+    assert before < oldest <= seg.global_id() == before + 25
+
+
 def test_a_process_attached_twice_is_one_process(make_bus: Callable[..., shmbus.Bus]) -> None:
     """Two Bus objects of one name in one process, or a Bus closed and attached again through another entry of
     the process table: one process in the figures (no duplicate {bus,pid} series), counters added up, and the
