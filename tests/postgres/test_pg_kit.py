@@ -436,3 +436,33 @@ def test_a_relay_without_subscriptions_and_after_a_reset_is_shown(
         child.kill()
         child.wait(10)
         looker.destroy()
+
+
+def test_the_doorbell_reads_notices_itself_and_keeps_those_psycopg_read(
+    make_host: Callable[..., Bus], pg: Any, sql: Any
+) -> None:
+    """The doorbell waits on its socket and takes notices from libpq; a notice psycopg reads while the doorbell's
+    connection runs a statement (the keepalive) reaches it through its notify handler (psycopg's own backlog is
+    never read: it would be lost there until the idle catch-up). A connection the server ends raises, and the
+    relay reconnects."""
+    import psycopg
+
+    a = make_host("a", relay=False)
+    bell = a.default.backend.open_doorbell()
+    try:
+        assert bell.ring(0.05).top == 0
+        sql.execute("SELECT pg_notify(%s, %s)", (pg["channel"], "7|7|/x|{}"))
+        time.sleep(0.3)  # in the doorbell's socket, unread
+        bell.keepalive()  # psycopg reads it during SELECT 1
+        ring = bell.ring(0.05)
+        assert (ring.top, ring.lines) == (7, [b"7|7|/x|{}"])
+        sql.execute("SELECT pg_notify(%s, %s)", (pg["channel"], "8|8|/x|{}"))
+        ring = bell.ring(5)
+        assert (ring.top, ring.lines) == (8, [b"8|8|/x|{}"])
+        sql.execute("SELECT pg_terminate_backend(%s)", (bell.conn.info.backend_pid,))
+        with pytest.raises(psycopg.OperationalError):
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                bell.ring(0.5)
+    finally:
+        bell.close()
