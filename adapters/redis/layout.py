@@ -60,6 +60,18 @@ end
 """
 
 
+#: The same seal for a run of one line (a single publish, the common case), in one concatenation: no table, no loop
+#: (the batch script's ``SEAL_LUA`` costs a single publish ~2 µs more in Redis; the bytes sealed are the same).
+SEAL_ONE_LUA = """
+local sk = redis.call('GET', {key})
+local sh = redis.call('GET', {history})
+if sk and sh then
+  redis.call('PUBLISH', {channel}, string.format('%d|%d|', gid, gid)
+    .. redis.sha1hex(sk .. redis.sha1hex(sk .. sh .. string.format('|%d|', #line) .. line)))
+end
+"""
+
+
 def seal_channel(pubsub_channel: str) -> str:
     """The pub/sub channel of the seals, next to the gem's (only shmbus relays subscribe to it)."""
     return f"{pubsub_channel}_shmbus_seals"
@@ -81,9 +93,8 @@ redis.call('EXPIRE', KEYS[3], age)
 redis.call('ZADD', KEYS[4], gid, string.format('%d|%s', cid, ARGV[5]))
 redis.call('EXPIRE', KEYS[4], age)
 redis.call('PUBLISH', KEYS[5], line)
-local first, lines = gid, {line}
 """
-    + SEAL_LUA.format(key="KEYS[6]", history="KEYS[7]", channel="ARGV[6]")
+    + SEAL_ONE_LUA.format(key="KEYS[6]", history="KEYS[7]", channel="ARGV[6]")
     + """
 redis.call('EXPIRE', KEYS[2], age)
 if cid > size then
