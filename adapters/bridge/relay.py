@@ -329,17 +329,19 @@ class Relay:
         sealer = self._sealer_for(seg.history_id())
         if sealer is None:
             return False
-        after = max(self.status.position, seg.global_id())  # its publisher may have landed it: nothing to verify
+        status = self.status
+        after = max(status.position, seg.global_id())  # its publisher may have landed it: nothing to verify
         for row in sealed_rows(ring, sealer, after):
-            pos = max(self.status.position, seg.global_id())
+            newest = seg.global_id()
+            pos = max(status.position, newest)
             if row.global_id <= pos:
                 continue  # landed by its publisher meanwhile
             if row.global_id != pos + 1:
                 return False  # its publisher landed a later one: the read decides
-            self._mark = seg.global_id()  # stored before a message of the recorded history: its own
+            self._mark = newest  # stored before a message of the recorded history: its own
             self._store(row)
-        self.status.backend_newest = max(self.status.backend_newest, self.status.position)
-        return max(self.status.position, seg.global_id()) >= ring.top
+        status.backend_newest = max(status.backend_newest, status.position)
+        return max(status.position, seg.global_id()) >= ring.top
 
     def _sealer_for(self, history: int) -> Sealer | None:
         """The verifier for the backend's seal key and the recorded ``history`` (built once per key and history)."""
@@ -347,7 +349,7 @@ class Relay:
         if key is None or not history:
             return None
         sealer = self._sealer
-        if sealer is None or sealer.ident != (self.backend.seal_hash, key, history):
+        if sealer is None or sealer.key is not key or sealer.history != history:  # one backend: one hash
             sealer = self._sealer = Sealer(self.backend.seal_hash, key, history)
         return sealer
 

@@ -58,3 +58,12 @@ def test_the_relays_hashes_seal_as_hashlib_does(hash_name: str) -> None:
         history = rng.randrange(1, 1 << 63)
         lines = [rng.randbytes(rng.randrange(0, 300)) for _ in range(rng.randrange(1, 6))]
         assert Sealer(hash_name, key, history).mac(lines) == mac(hash_name, key, history, lines), n
+
+
+def test_parse_line_reads_the_gems_lines_and_refuses_the_rest() -> None:
+    from shmbus.adapters.bridge.seals import parse_line
+
+    assert parse_line(b'12|3|/a$$123$$b|{"data":1}') == (12, 3, "/a|b", b'{"data":1}')
+    assert parse_line(b"12|3|/a|x|y|") == (12, 3, "/a", b"x|y|")  # the envelope is everything after the third |
+    for bad in (b"", b"12", b"12|3", b"12|3|/a", b"12|3|/a|", b"x|3|/a|{}", b"12|y|/a|{}", b"1|2|\xff|{}"):
+        assert parse_line(bad) is None, bad
