@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = ["PostgresBackend"]
 
+_PIPE_ESCAPE = PIPE_ESCAPE.encode()
 _NOTICED_MAX = 10_000  # channels named by notices kept for one trim pass (bounds what forged notices can cost)
 _MISSING = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction)  # our objects were dropped
 
@@ -132,11 +133,12 @@ class PostgresDoorbell:
                 continue
             lines.append(payload)
             parts = payload.split(b"|", 3)
-            with contextlib.suppress(ValueError):
+            try:  # try, not contextlib.suppress: this runs per notice, on the wake-up path
                 top = max(top, int(parts[0]))
-            if len(parts) == 4 and len(noticed) < _NOTICED_MAX:  # a channel to trim: the gem's rule for any channel
-                with contextlib.suppress(UnicodeDecodeError):
-                    noticed.add(parts[2].replace(PIPE_ESCAPE.encode(), b"|").decode())
+                if len(parts) == 4 and len(noticed) < _NOTICED_MAX:  # a channel to trim: the gem's rule for any
+                    noticed.add(parts[2].replace(_PIPE_ESCAPE, b"|").decode())
+            except ValueError:  # no id (not one of ours), or a channel that is not UTF-8 (UnicodeDecodeError)
+                continue
         return Ring(top, lines, seals) if lines or seals else NO_RING
 
     def keepalive(self) -> None:
