@@ -28,6 +28,7 @@ from shmbus.segment import BridgeRecord
 from ..bridge.backend import Acknowledged, Page, Row
 from ..bridge.status import BridgeStatus
 from . import layout
+from .commands import DirectCommands
 from .doorbell import RedisDoorbell
 from .errors import RedisBridgeError, RedisReadOnly, RedisUnavailable
 from .urls import redact_url
@@ -61,6 +62,7 @@ class RedisBackend:
         self.connect_timeout = connect_timeout
         self.redis_role: str | None = None
         self._client: redis.Redis | None = None
+        self._direct: DirectCommands | None = None  # the single publish's connections (made with _client)
         self._birth = Birth()  # where _client was made
         self._gone = 0
         self._newest = 0
@@ -83,8 +85,19 @@ class RedisBackend:
                 protocol=2,
             )  # RESP2: pub/sub replies are plain
             self._client = c
+            self._direct = DirectCommands(c)
             self._birth.renew()
         return c
+
+    @property
+    def direct(self) -> DirectCommands:
+        """This process's connections for single publishes (:mod:`.commands`), made like ``client``'s."""
+        d = self._direct
+        if d is None or not self._birth.here:
+            _ = self.client  # (re)makes both, in this process
+            d = self._direct
+            assert d is not None
+        return d
 
     def record(self) -> BridgeRecord:
         password = redis.connection.parse_url(self.url).get("password") if "://" in self.url else None
@@ -95,7 +108,7 @@ class RedisBackend:
         self._codec = bus.codec
 
     def after_fork(self) -> None:
-        self._client = None  # the parent's sockets are left alone
+        self._client = self._direct = None  # the parent's sockets are left alone
         self._birth.renew()
 
     def close(self) -> None:
@@ -103,6 +116,9 @@ class RedisBackend:
             with contextlib.suppress(Exception):
                 self._client.close()
             self._client = None
+        if self._direct is not None:
+            self._direct.close()
+            self._direct = None
 
     def describe(self) -> dict[str, Any]:
         return {"redis_url": redact_url(self.url), "pubsub_channel": self.pubsub_channel, "redis_role": self.redis_role}
@@ -117,10 +133,10 @@ class RedisBackend:
     def _eval_one(self, args: list[Any]) -> Acknowledged:
         try:
             try:
-                res = self.client.execute_command("EVALSHA", layout.PUBLISH_SHA, *args)
+                res = self.direct.execute("EVALSHA", layout.PUBLISH_SHA, *args)
             except redis.exceptions.NoScriptError:
                 self.client.script_load(layout.PUBLISH_SCRIPT)
-                res = self.client.execute_command("EVALSHA", layout.PUBLISH_SHA, *args)
+                res = self.direct.execute("EVALSHA", layout.PUBLISH_SHA, *args)
         except Exception as exc:
             raise self._publish_error(exc) from exc
         return Acknowledged([(int(res[0]), int(res[1]))], int(res[2]))
