@@ -30,6 +30,7 @@ from ..bridge.seals import NO_RING, seal_of
 from ..bridge.status import BridgeStatus
 from ..redis.layout import PIPE_ESCAPE, decode_envelope, encode_envelope
 from . import sql
+from .direct import call_publish, forget_prepared
 from .errors import PostgresBridgeError, PostgresReadOnly, PostgresUnavailable, redact_dsn
 from .gaps import fill_backlog
 from .writers import WriterWait
@@ -53,6 +54,7 @@ class TimedConnection(psycopg.Connection[Any]):
     (``notifies``) keep it."""
 
     command_timeout: float | None = None
+    shmbus_prepared = False  #: the single publish's statement is prepared on this connection (see ``direct``)
 
     def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
         limit = self.command_timeout if timeout is None else timeout
@@ -228,11 +230,11 @@ class PostgresBackend:
             return  # _ready stays False: a writable server gets the objects on the next connection
         self._ready = True
 
-    def conn(self) -> psycopg.Connection[Any]:
+    def conn(self) -> TimedConnection:
         """This thread's command connection (publish, the relay's reads, gap reads), made on first use."""
         if not self._birth.here:
             self.after_fork()
-        conn: psycopg.Connection[Any] | None = getattr(self._tls, "conn", None)
+        conn: TimedConnection | None = getattr(self._tls, "conn", None)
         if conn is None or conn.closed:
             conn = self.connect()
             self._tls.conn = conn
@@ -287,8 +289,8 @@ class PostgresBackend:
             )
         try:
             if len(rows) == 1:
-                row = self._execute(sql.PUBLISH, (rows[0][0], rows[0][1], self.notify_channel, rows[0][2])).fetchone()
-                ids = [int(row[0])] if row is not None else []
+                new_id = self._call_one((rows[0][0], rows[0][1], self.notify_channel, rows[0][2]))
+                ids = [new_id] if new_id is not None else []
             else:
                 params = ([r[0] for r in rows], [r[1] for r in rows], self.notify_channel, [r[2] for r in rows])
                 row = self._execute(sql.PUBLISH_MANY, params).fetchone()
@@ -296,6 +298,21 @@ class PostgresBackend:
         except Exception as exc:
             raise self._publish_error(exc) from exc
         return Acknowledged([(g, g) for g in ids], None)
+
+    def _call_one(self, params: tuple[str, str, str, str]) -> int | None:
+        """One message: the prepared CALL on libpq directly (:mod:`.direct`); a NUL byte goes through psycopg,
+        whose clear error (PostgreSQL text cannot hold one) the C strings of the direct call would not give."""
+        if any("\x00" in p for p in params):
+            row = self._execute(sql.PUBLISH, params).fetchone()
+            return int(row[0]) if row is not None else None
+        conn = self.conn()
+        try:
+            return call_publish(conn, params)
+        except _MISSING:
+            self._ready = False
+            forget_prepared(conn)
+            self._create_objects(conn)
+            return call_publish(conn, params)
 
     def _execute(self, query: str, params: tuple[Any, ...]) -> psycopg.Cursor[Any]:
         """Run a publish statement; when the table or a procedure is gone (a plain ``DROP TABLE message_bus``)

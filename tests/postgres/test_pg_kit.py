@@ -466,3 +466,19 @@ def test_the_doorbell_reads_notices_itself_and_keeps_those_psycopg_read(
                 bell.ring(0.5)
     finally:
         bell.close()
+
+
+def test_a_single_publish_survives_its_prepared_statement_being_forgotten(make_host: Callable[..., Bus]) -> None:
+    """A single publish runs a prepared CALL on libpq directly (``adapters/postgres/direct``). A server that forgot
+    it (``DEALLOCATE ALL``, ``DISCARD ALL`` by a pooler) costs one more prepare, not a failed publish; and psycopg
+    goes on using the same connection between direct calls."""
+    a = make_host("a", relay=False)
+    assert a.publish("/p", 1) == 1
+    conn = a.default.backend.conn()  # this thread's: the one the publish used
+    assert conn.shmbus_prepared
+    conn.execute("DEALLOCATE ALL")
+    assert a.publish("/p", 2) == 2
+    assert conn.execute("SELECT count(*) FROM message_bus").fetchone() == (2,)
+    conn.execute("DISCARD ALL")
+    assert a.publish("/p", 3) == 3
+    assert [m.data for m in a.backlog("/p")] == [1, 2, 3]
