@@ -65,20 +65,24 @@ def _run(conn: TimedConnection, send: Any) -> pq.abc.PGresult:
     limit = conn.command_timeout
     deadline = None if limit is None else time.monotonic() + limit
     send(pgconn)
-    poller = select.poll()
-    poller.register(pgconn.socket, select.POLLIN)
-    while pgconn.flush():  # a large statement that did not fit the socket's buffer at once
-        _wait(conn, deadline, select.POLLOUT)
-    while True:
-        pgconn.consume_input()  # a closed connection raises psycopg.OperationalError here
-        if not pgconn.is_busy():
-            break
-        _wait(conn, deadline, select.POLLIN, poller)
     result = first_error = None
-    while (r := pgconn.get_result()) is not None:
-        if r.status not in _OK and first_error is None:
-            first_error = r
-        result = r
+    try:
+        poller = select.poll()
+        poller.register(pgconn.socket, select.POLLIN)
+        while pgconn.flush():  # a large statement that did not fit the socket's buffer at once
+            _wait(conn, deadline, select.POLLOUT)
+        while True:
+            pgconn.consume_input()  # a closed connection raises psycopg.OperationalError here
+            if not pgconn.is_busy():
+                break
+            _wait(conn, deadline, select.POLLIN, poller)
+        while (r := pgconn.get_result()) is not None:
+            if r.status not in _OK and first_error is None:
+                first_error = r
+            result = r
+    except BaseException:  # interrupted mid-reply (a signal, the caller's own timeout) or the connection failed:
+        pgconn.finish()  # a later statement would read this reply, so the connection goes (conn() makes another)
+        raise
     if first_error is not None:
         raise psycopg.errors.error_from_result(first_error, encoding=conn.info.encoding)
     if result is None:

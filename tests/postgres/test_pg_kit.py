@@ -482,3 +482,26 @@ def test_a_single_publish_survives_its_prepared_statement_being_forgotten(make_h
     conn.execute("DISCARD ALL")
     assert a.publish("/p", 3) == 3
     assert [m.data for m in a.backlog("/p")] == [1, 2, 3]
+
+
+def test_a_publish_interrupted_mid_reply_closes_its_connection(make_host: Callable[..., Bus], monkeypatch: Any) -> None:
+    """A signal while the direct call waits for its reply (KeyboardInterrupt, a worker's timeout) must not leave
+    that reply for the connection's next statement to read as its own: the connection is closed, and the next
+    publish makes another."""
+    from shmbus.adapters.postgres import direct
+
+    a = make_host("a", relay=False)
+    assert a.publish("/i", 1) == 1
+    conn = a.default.backend.conn()
+    real_wait = direct._wait
+
+    def interrupted(*args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(direct, "_wait", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        a.publish("/i", 2)  # the CALL was sent: it may still commit, as a publish cut off by a signal may
+    assert conn.closed
+    monkeypatch.setattr(direct, "_wait", real_wait)
+    new_id = a.publish("/i", 3)
+    assert new_id is not None and new_id > 1 and a.default.backend.conn() is not conn

@@ -51,3 +51,23 @@ def test_threads_publishing_at_once_each_get_their_own_reply(redis_server: Any, 
         assert ids[t] == list(range(1, 151)), t  # each channel's ids, in this thread's order: no reply crossed
     assert int(redis.Redis.from_url(redis_server.url).get("__mb_global_id_n")) == 8 * 150
     assert 1 <= len(a.default.backend.direct._idle) <= 8
+
+
+def test_a_publish_interrupted_mid_reply_does_not_leave_the_reply_for_the_next(
+    redis_server: Any, make_host: Callable[..., Bus], monkeypatch: Any
+) -> None:
+    """A signal between sending the EVALSHA and reading its reply (KeyboardInterrupt, a worker's timeout): the
+    next publish must not read that reply as its own (it would return id 2 for the third message). Two layers
+    hold: the interrupted command closes its connection, and a connection readable while idle is replaced."""
+    a = make_host("a", redis_server.url, relay=False)
+    assert a.publish("/i", 1) == 1
+    real = redis.connection.Connection.read_response
+
+    def interrupted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(redis.connection.Connection, "read_response", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        a.publish("/i", 2)  # sent: Redis runs it (the caller cannot know), its reply is never read
+    monkeypatch.setattr(redis.connection.Connection, "read_response", real)
+    assert a.publish("/i", 3) == 3
