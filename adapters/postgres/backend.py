@@ -14,23 +14,22 @@ from __future__ import annotations
 import contextlib
 import math
 import secrets
-import select
 import threading
 from typing import TYPE_CHECKING, Any
 
 import psycopg
-from psycopg import sql as pgsql
 
 from shmbus.channels import backend_name
 from shmbus.perprocess import Birth
 from shmbus.segment import BridgeRecord
 
-from ..bridge.backend import Acknowledged, Page, Ring, Row
-from ..bridge.seals import NO_RING, seal_of
+from ..bridge.backend import Acknowledged, Page, Row
 from ..bridge.status import BridgeStatus
 from ..redis.layout import PIPE_ESCAPE, decode_envelope, encode_envelope
 from . import sql
+from .connection import TimedConnection
 from .direct import call_publish, forget_prepared
+from .doorbell import PostgresDoorbell
 from .errors import PostgresBridgeError, PostgresReadOnly, PostgresUnavailable, redact_dsn
 from .gaps import fill_backlog
 from .writers import WriterWait
@@ -43,111 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = ["PostgresBackend"]
 
-_PIPE_ESCAPE = PIPE_ESCAPE.encode()
-_NOTICED_MAX = 10_000  # channels named by notices kept for one trim pass (bounds what forged notices can cost)
 _MISSING = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction)  # our objects were dropped
-
-
-class TimedConnection(psycopg.Connection[Any]):
-    """A connection whose every wait for the server ends after ``command_timeout`` seconds: the connection is then
-    closed (its state is unknown) and :class:`psycopg.OperationalError` raised. Waits given their own timeout
-    (``notifies``) keep it."""
-
-    command_timeout: float | None = None
-    shmbus_prepared = False  #: the single publish's statement is prepared on this connection (see ``direct``)
-
-    def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
-        limit = self.command_timeout if timeout is None else timeout
-        try:
-            return super().wait(gen, interval, limit)
-        except psycopg.errors._WaitTimeout:
-            if timeout is not None:
-                raise
-            self.pgconn.finish()  # mid-statement on a server that does not answer: unusable
-            raise psycopg.OperationalError(f"the server did not answer within {limit} s") from None
-
-
-class PostgresDoorbell:
-    """The LISTEN connection, to the gem's channel and the seal channel: a notice's id is a hint; the relay reads
-    the table unless the line came sealed (the bridge kit's ``seals``).
-
-    The wake-up path is the bridge's cross-host latency, so it waits on the socket itself and takes the notices
-    from libpq (one ``poll``, one ``PQconsumeInput``, ``PQnotifies`` until empty) instead of psycopg's
-    ``notifies()`` generator (a lock, a generator and a ``Notify`` per notice, each payload decoded and encoded
-    again). Notices psycopg reads during a statement on this connection (LISTEN, the keepalive) reach
-    ``_pending`` through a notify handler."""
-
-    def __init__(self, backend: PostgresBackend) -> None:
-        self.backend = backend
-        self.conn = backend.connect()
-        self.seals = backend.notify_channel + sql.SEAL_SUFFIX
-        self._pending: list[psycopg.Notify] = []
-        self.conn.add_notify_handler(self._pending.append)
-        try:
-            backend.check_server(self.conn)  # a standby refuses LISTEN: say read-only, not only "reconnecting"
-            self.conn.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(backend.notify_channel)))
-            if len(self.seals.encode()) <= 63:  # else the procedures send no seals
-                self.conn.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(self.seals)))
-            backend.read_seal_key(self.conn)
-        except BaseException:
-            self.conn.close()
-            raise
-        self._channel_raw = backend.notify_channel.encode()
-        self._seals_raw = self.seals.encode()
-        # raw payloads are the text's bytes only when the connection speaks UTF-8 (psycopg's default)
-        self._utf8 = self.conn.info.encoding in ("utf-8", "utf8")
-        self._poller = select.poll()
-        self._poller.register(self.conn.pgconn.socket, select.POLLIN)
-
-    def _notices(self, timeout: float) -> list[tuple[bytes, bytes]]:
-        """``(channel, payload)`` of the notices one wait brought (none: ``timeout`` s passed)."""
-        if self._pending:
-            pending = self._pending[:]
-            del self._pending[:]  # the same list: the handler appends to it
-            return [(n.channel.encode(), n.payload.encode()) for n in pending]
-        if not self._poller.poll(timeout * 1000):
-            return []
-        pgconn = self.conn.pgconn
-        pgconn.consume_input()  # a closed connection raises psycopg.OperationalError here
-        out: list[tuple[bytes, bytes]] = []
-        n = pgconn.notifies()
-        while n is not None:
-            out.append((n.relname, n.extra) if self._utf8 else self._recoded(n.relname, n.extra))
-            n = pgconn.notifies()
-        return out
-
-    def _recoded(self, channel: bytes, payload: bytes) -> tuple[bytes, bytes]:
-        enc = self.conn.info.encoding
-        return channel.decode(enc).encode(), payload.decode(enc).encode()
-
-    def ring(self, timeout: float) -> Ring:
-        top = 0
-        lines: list[bytes] = []
-        seals: dict[int, tuple[int, bytes]] = {}
-        noticed = self.backend.noticed
-        for channel, payload in self._notices(timeout):
-            if channel == self._seals_raw:
-                seal = seal_of(payload)
-                if seal is not None:
-                    seals[seal[0]] = seal[1:]
-                continue
-            if channel != self._channel_raw:
-                continue
-            lines.append(payload)
-            parts = payload.split(b"|", 3)
-            try:  # try, not contextlib.suppress: this runs per notice, on the wake-up path
-                top = max(top, int(parts[0]))
-                if len(parts) == 4 and len(noticed) < _NOTICED_MAX:  # a channel to trim: the gem's rule for any
-                    noticed.add(parts[2].replace(_PIPE_ESCAPE, b"|").decode())
-            except ValueError:  # no id (not one of ours), or a channel that is not UTF-8 (UnicodeDecodeError)
-                continue
-        return Ring(top, lines, seals) if lines or seals else NO_RING
-
-    def keepalive(self) -> None:
-        self.conn.execute("SELECT 1")
-
-    def close(self) -> None:
-        self.conn.close()
 
 
 class PostgresBackend:

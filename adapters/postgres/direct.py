@@ -21,7 +21,7 @@ import psycopg
 from psycopg import pq
 
 if TYPE_CHECKING:
-    from .backend import TimedConnection
+    from .connection import TimedConnection
 
 __all__ = ["call_publish", "forget_prepared"]
 
