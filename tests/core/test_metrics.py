@@ -361,9 +361,8 @@ class _DescheduledReader:
         self.real[index] = value
 
 
-def test_stats_of_a_reader_descheduled_while_the_ring_laps(make_bus: Callable[..., shmbus.Bus]) -> None:
-    """Positions read one at a time while the ring laps: the stats still name an oldest record at or below the
-    newest id (reading the head before the tail gave head < tail, an "empty" full ring, oldest = newest + 1)."""
+def _read_descheduled(make_bus: Callable[..., shmbus.Bus], read: Callable[[Segment], Any]) -> tuple[int, Any, Segment]:
+    """``read(segment)`` on a full ring under the kill point above: (the newest id before, what it read, segment)."""
     bus = make_bus(ring_size=64 << 10)
     seg = bus.segment
     for i in range(40):
@@ -371,10 +370,17 @@ def test_stats_of_a_reader_descheduled_while_the_ring_laps(make_bus: Callable[..
     before = seg.global_id()
     seg._u64 = _DescheduledReader(bus)  # type: ignore[assignment]
     try:
-        st = seg.stats()
+        got = read(seg)
     finally:
         seg._u64 = seg._u64.real if isinstance(seg._u64, _DescheduledReader) else seg._u64
     assert seg.global_id() == before + 25  # the ring lapped during the read
+    return before, got, seg
+
+
+def test_stats_of_a_reader_descheduled_while_the_ring_laps(make_bus: Callable[..., shmbus.Bus]) -> None:
+    """Positions read one at a time while the ring laps: the stats still name an oldest record at or below the
+    newest id (reading the head before the tail gave head < tail, an "empty" full ring, oldest = newest + 1)."""
+    before, st, _ = _read_descheduled(make_bus, Segment.stats)
     assert st.oldest_global_id <= st.global_id, st
     assert st.oldest_global_id > before, st  # the oldest after the laps, not a record read before them
     assert 0 <= st.ring_used <= st.ring_size, st
@@ -383,17 +389,8 @@ def test_stats_of_a_reader_descheduled_while_the_ring_laps(make_bus: Callable[..
 def test_the_oldest_id_of_a_reader_descheduled_while_the_ring_laps(make_bus: Callable[..., shmbus.Bus]) -> None:
     """``Segment.oldest_global_id`` (the backlog's gap check) under the same kill point: a record the ring holds,
     not the newest id + 1 that says the ring is empty."""
-    bus = make_bus(ring_size=64 << 10)
-    seg = bus.segment
-    for i in range(40):
-        bus.publish("/big", [i, "x" * 6000])
-    before = seg.global_id()
-    seg._u64 = _DescheduledReader(bus)  # type: ignore[assignment]
-    try:
-        oldest = seg.oldest_global_id()
-    finally:
-        seg._u64 = seg._u64.real if isinstance(seg._u64, _DescheduledReader) else seg._u64
-    assert before < oldest <= seg.global_id() == before + 25
+    before, oldest, seg = _read_descheduled(make_bus, Segment.oldest_global_id)
+    assert before < oldest <= seg.global_id()
 
 
 def test_a_process_attached_twice_is_one_process(make_bus: Callable[..., shmbus.Bus]) -> None:
