@@ -42,32 +42,30 @@ PIPE_ESCAPE = "$$123$$"
 #: drops it with the history). Whoever may read it can seal notices (see the bridge kit's ``seals``): give
 #: pub/sub-only ACL users no access to it.
 SEAL_KEY = "__mb_shmbus_seal"
-#: The seal of the run of lines just published (the Lua table ``lines``, ids ``first``..``gid``), PUBLISHed as
-#: ``first|last|mac`` on the seal channel (the kit's ``seals.mac`` with sha1); none while the key or the history key
-#: is missing. ``sh``, the history the lines went into ('0' after a FLUSHDB, until a relay names the new one), is
-#: returned to the publisher, which lands its messages on its host only in the history its segment recorded.
-SEAL_LUA = """
-local sk = redis.call('GET', {key})
-local sh = redis.call('GET', {history})
-if sk and sh then
-  local body = {{}}
+
+
+def seal_lua(key: str, history: str, channel: str, *, run: bool) -> str:
+    """Lua that PUBLISHes the seal of the lines just published as ``first|last|mac`` on the seal channel (the kit's
+    ``seals.mac`` with sha1); none while the key or the history key is missing. ``run``: the Lua table ``lines``,
+    ids ``first``..``gid`` (the batch script); else the one ``line``, id ``gid``, in one concatenation (a table and
+    a loop cost a single publish ~2 µs more in Redis; the bytes sealed are the same). ``sh``, the history the lines
+    went into ('0' after a FLUSHDB, until a relay names the new one), is returned to the publisher, which lands its
+    messages on its host only in the history its segment recorded."""
+    if run:
+        first, body = "first", "table.concat(body)"
+        prepare = """
+  local body = {}
   for j = 1, #lines do
     body[j] = string.format('%d|', #lines[j]) .. lines[j]
-  end
-  redis.call('PUBLISH', {channel}, string.format('%d|%d|', first, gid)
-    .. redis.sha1hex(sk .. redis.sha1hex(sk .. sh .. '|' .. table.concat(body))))
-end
-"""
-
-
-#: The same seal for a run of one line (a single publish, the common case), in one concatenation: no table, no loop
-#: (the batch script's ``SEAL_LUA`` costs a single publish ~2 µs more in Redis; the bytes sealed are the same).
-SEAL_ONE_LUA = """
+  end"""
+    else:
+        first, body, prepare = "gid", "string.format('%d|', #line) .. line", ""
+    return f"""
 local sk = redis.call('GET', {key})
 local sh = redis.call('GET', {history})
-if sk and sh then
-  redis.call('PUBLISH', {channel}, string.format('%d|%d|', gid, gid)
-    .. redis.sha1hex(sk .. redis.sha1hex(sk .. sh .. string.format('|%d|', #line) .. line)))
+if sk and sh then{prepare}
+  redis.call('PUBLISH', {channel}, string.format('%d|%d|', {first}, gid)
+    .. redis.sha1hex(sk .. redis.sha1hex(sk .. sh .. '|' .. {body})))
 end
 """
 
@@ -94,7 +92,7 @@ redis.call('ZADD', KEYS[4], gid, string.format('%d|%s', cid, ARGV[5]))
 redis.call('EXPIRE', KEYS[4], age)
 redis.call('PUBLISH', KEYS[5], line)
 """
-    + SEAL_ONE_LUA.format(key="KEYS[6]", history="KEYS[7]", channel="ARGV[6]")
+    + seal_lua("KEYS[6]", "KEYS[7]", "ARGV[6]", run=False)
     + """
 redis.call('EXPIRE', KEYS[2], age)
 if cid > size then
@@ -151,7 +149,7 @@ if gid > gsize then
   redis.call('ZREMRANGEBYSCORE', KEYS[2], 1, gid - gsize)
 end
 """
-    + SEAL_LUA.format(key="KEYS[4]", history="KEYS[5]", channel="ARGV[3]")
+    + seal_lua("KEYS[4]", "KEYS[5]", "ARGV[3]", run=True)
     + """
 out[#out + 1] = sh or '0'
 return out
