@@ -35,19 +35,22 @@ def call_publish(conn: TimedConnection, params: tuple[str, str, str, str]) -> in
     enc = conn.info.encoding
     args = [p.encode(enc) for p in params]
     if not conn.shmbus_prepared:
-        _run(conn, lambda pg: pg.send_prepare(_NAME, _CALL))
-        conn.shmbus_prepared = True
+        _prepare(conn)
     try:
         result = _run(conn, lambda pg: pg.send_query_prepared(_NAME, args))
     except psycopg.errors.InvalidSqlStatementName:  # the server forgot it (a pooler's DISCARD ALL): once more
-        conn.shmbus_prepared = False
-        _run(conn, lambda pg: pg.send_prepare(_NAME, _CALL))
-        conn.shmbus_prepared = True
+        _prepare(conn)
         result = _run(conn, lambda pg: pg.send_query_prepared(_NAME, args))
     if result.ntuples < 1:
         return None
     value = result.get_value(0, 0)
     return int(value) if value is not None else None
+
+
+def _prepare(conn: TimedConnection) -> None:
+    conn.shmbus_prepared = False
+    _run(conn, lambda pg: pg.send_prepare(_NAME, _CALL))
+    conn.shmbus_prepared = True
 
 
 def forget_prepared(conn: TimedConnection) -> None:
