@@ -134,6 +134,7 @@ def main() -> int:
                 store=store,
                 election_interval=0.05,
                 allow_address=lambda ip: ip.is_loopback,
+                allow_ports=None,
             ).start()  # the local peer
             deadline = time.monotonic() + 30
             while not connector.leading and time.monotonic() < deadline:

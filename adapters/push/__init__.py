@@ -6,16 +6,18 @@ pushing channel to the devices it is meant for; ``PushApp``/``PushWSGIApp`` let 
 Topic. Needs the ``[push]`` extra. See docs/push.md.
 """
 
+from .addresses import DEFAULT_PORTS, public_address
 from .app import PushApp, PushWSGIApp
 from .connector import PushConnector
 from .election import Elector, FileElector
 from .options import MAX_PLAINTEXT, PushOptions, publish_push
 from .state import SenderState, StaleSender, Store
 from .stores import FileStore, store_for
-from .subscriptions import Registration, default_endpoint_allowed, public_address
+from .subscriptions import Registration, default_endpoint_allowed
 from .vapid import VapidKeys
 
 __all__ = [
+    "DEFAULT_PORTS",
     "MAX_PLAINTEXT",
     "Elector",
     "FileElector",

@@ -35,6 +35,7 @@ from ..asgi_support import Receive, Scope, Send, fallback, read_body, relative_p
 from ..http import ProtocolError
 from ..transports.identity import Identity, LookupOptions
 from ..wsgi_support import Environ, StartResponse, start_whole
+from .addresses import endpoint_port
 from .connector import PushConnector
 from .options import message_options
 from .subscriptions import default_endpoint_allowed, may_receive, parse_registration
@@ -112,6 +113,7 @@ class _PushRoutes:
             reg = parse_registration(
                 data, user, who.lookups.site_id, self.connector.pushes, self.allow_endpoint, time.time()
             )
+            self._check_port(reg.endpoint)
             mine = store.of_user(user)
             if len(mine) >= self.max_devices and all(r.endpoint != reg.endpoint for r in mine):
                 raise ProtocolError(409, f"{len(mine)} devices registered (at most {self.max_devices}); remove one")
@@ -125,6 +127,14 @@ class _PushRoutes:
             if type(exc).__module__.startswith("psycopg"):
                 raise ProtocolError(503, f"push store unavailable: {type(exc).__name__}") from exc
             raise
+
+    def _check_port(self, endpoint: str) -> None:
+        """Refuse at registration what the sender would refuse at every push (``allow_ports``): the user learns
+        it now, with the reason, not as pushes that never arrive."""
+        ports, port = self.connector.lane_options.allow_ports, endpoint_port(endpoint)
+        if ports is not None and port not in ports:
+            shown = ", ".join(map(str, sorted(ports)))
+            raise ProtocolError(403, f"subscription.endpoint's port {port} is not allowed (allow_ports: {shown})")
 
     def _message(self, query: str, who: Identity) -> Answer:
         params = parse_qs(query, max_num_fields=10)

@@ -31,6 +31,7 @@ from typing import Any
 from shmbus.bus import Bus
 from shmbus.message import Message
 
+from .addresses import DEFAULT_PORTS, IPAddress, ports_of, public_address
 from .cursor import CursorTracker
 from .election import Elector, FileElector
 from .figures import metric_families
@@ -38,7 +39,7 @@ from .options import PushOptions, message_options, payload_for
 from .sender import Job, LaneOptions, Outcome, Sender
 from .state import COUNTERS, HEARTBEAT, SenderState, StaleSender, Store
 from .stores import FileStore, store_for
-from .subscriptions import IPAddress, Recipients, Registration, public_address, topic_matches
+from .subscriptions import Recipients, Registration, topic_matches
 from .vapid import VapidKeys
 
 __all__ = ["PushConnector"]
@@ -75,6 +76,8 @@ class PushConnector:
     replaces the ``__push__`` convention (:mod:`.options`); ``default_options`` (TTL one day) applies otherwise.
     ``allow_address(ip) -> bool`` (default :func:`~.subscriptions.public_address`): the addresses the sender may
     connect to, checked after resolving each endpoint's host (an endpoint is a URL a user chose: SSRF).
+    ``allow_ports`` (default :data:`~.addresses.DEFAULT_PORTS`: 443; None: any): the ports it may connect to,
+    checked at registration too (a user's endpoint must not reach a service on another port of a public host).
     """
 
     def __init__(
@@ -101,6 +104,7 @@ class PushConnector:
         catch_up: float = 10.0,
         on_undelivered: Callable[[int, Registration, str, str], None] | None = None,
         allow_address: Callable[[IPAddress], bool] = public_address,
+        allow_ports: Iterable[int] | None = DEFAULT_PORTS,
     ) -> None:
         self.bus = bus
         self.vapid = vapid
@@ -113,7 +117,7 @@ class PushConnector:
         self.default_options = default_options or PushOptions()
         self.lane_options = LaneOptions(
             workers_per_service, max_queue, timeout, max_attempts, max_retry_after,
-            timeout if stall_after is None else stall_after, allow_address,
+            timeout if stall_after is None else stall_after, allow_address, ports_of(allow_ports),
         )  # fmt: skip
         self.max_in_flight = max_in_flight
         self.save_interval = save_interval

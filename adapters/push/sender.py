@@ -10,9 +10,10 @@ others at most that one wait. A ``429`` or a ``5xx`` (or a timeout, or a cut
 connection) pauses the lane until ``Retry-After`` (or an exponential backoff: 0.5 s doubling to 60 s) and puts
 the job back at the front, up to ``max_attempts`` sends; a ``Retry-After`` beyond ``max_retry_after`` gives up.
 ``404``/``410`` mean the subscription is gone (``expired``: the caller removes it); any other answer is a failure.
-A connection goes only to an address ``allow_address`` accepts, checked after resolving the host name and then
-connected to as checked (no second lookup a rebinding DNS could answer differently); a push to a host with no
-such address is a failure without a request (an endpoint is a URL a user chose: SSRF).
+A connection goes only to a port ``allow_ports`` names and an address ``allow_address`` accepts, checked after
+resolving the host name and then connected to as checked (no second lookup a rebinding DNS could answer
+differently); a push to another port or a host with no such address is a failure without a request (an endpoint
+is a URL a user chose: SSRF).
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ from urllib.parse import urlsplit
 import http_ece
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from .addresses import IPAddress, describe_address, endpoint_port
 from .options import PushOptions
-from .subscriptions import IPAddress, Registration, b64url_decode
+from .subscriptions import Registration, b64url_decode
 from .vapid import VapidKeys
 
 __all__ = ["Job", "Outcome", "Sender"]
@@ -120,6 +122,7 @@ class LaneOptions:
     max_retry_after: float
     stall_after: float
     allow_address: Callable[[IPAddress], bool]
+    allow_ports: frozenset[int] | None  # None: any
 
 
 class Sender:
@@ -241,7 +244,7 @@ class Sender:
         try:
             body = encrypt(job.payload, job.reg)
             if conn is None:
-                conn = _connect(lane.origin, self.options.timeout, self.options.allow_address)
+                conn = _connect(lane.origin, self.options)
             status, wait = self._post(conn, job, body)
             why = f"HTTP {status}"
         except AddressRefused as exc:  # final: retrying would resolve to the same refusal
@@ -312,15 +315,19 @@ def _drain(resp: http.client.HTTPResponse, deadline: float) -> bool:
     return True
 
 
-def _connect(origin: str, timeout: float, allow: Callable[[IPAddress], bool]) -> http.client.HTTPConnection:
-    """A connection to ``origin`` whose socket goes only to an address ``allow`` accepts (TLS still verifies the
-    host name: SNI and the certificate are the name's, the address is the checked one)."""
+def _connect(origin: str, options: LaneOptions) -> http.client.HTTPConnection:
+    """A connection to ``origin`` on a port ``options.allow_ports`` names, whose socket goes only to an address
+    ``options.allow_address`` accepts (TLS still verifies the host name: SNI and the certificate are the name's,
+    the address is the checked one)."""
     parts = urlsplit(origin)
+    port, ports, allow = endpoint_port(origin), options.allow_ports, options.allow_address
+    if ports is not None and port not in ports:
+        raise AddressRefused(f"port {port} is not allowed (allow_ports: {', '.join(map(str, sorted(ports)))})")
     conn: http.client.HTTPConnection
     if parts.scheme == "https":
-        conn = http.client.HTTPSConnection(parts.hostname or "", parts.port, timeout=timeout)
+        conn = http.client.HTTPSConnection(parts.hostname or "", port, timeout=options.timeout)
     else:
-        conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=timeout)
+        conn = http.client.HTTPConnection(parts.hostname or "", port, timeout=options.timeout)
 
     def create_connection(address: tuple[str, int], timeout: Any = None, source: Any = None) -> socket.socket:
         host, port = address
@@ -328,9 +335,9 @@ def _connect(origin: str, timeout: float, allow: Callable[[IPAddress], bool]) ->
             infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except socket.gaierror as exc:
             raise OSError(f"cannot resolve {host}: {exc}") from None
-        allowed = [i for i in infos if allow(ipaddress.ip_address(str(i[4][0]).split("%", 1)[0]))]
+        allowed = [i for i in infos if allow(_address(i[4][0]))]
         if not allowed:
-            shown = ", ".join(sorted({str(i[4][0]) for i in infos}))[:120]
+            shown = ", ".join(sorted({describe_address(_address(i[4][0])) for i in infos}))[:200]
             raise AddressRefused(f"{host} resolves to no allowed address ({shown}): not connected")
         error: OSError | None = None
         for family, kind, proto, _name, sockaddr in allowed:
@@ -348,4 +355,14 @@ def _connect(origin: str, timeout: float, allow: Callable[[IPAddress], bool]) ->
         raise error
 
     conn._create_connection = create_connection  # type: ignore[attr-defined]
+    try:  # now, before the push is signed: a refused address fails as such, whatever else is wrong with the job
+        conn.connect()
+    except BaseException:
+        conn.close()
+        raise
     return conn
+
+
+def _address(text: Any) -> IPAddress:
+    """A resolved address without its IPv6 zone (``fe80::1%eth0``)."""
+    return ipaddress.ip_address(str(text).split("%", 1)[0])

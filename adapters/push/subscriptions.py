@@ -35,7 +35,6 @@ __all__ = [
     "default_endpoint_allowed",
     "may_receive",
     "parse_registration",
-    "public_address",
     "topic_matches",
     "user_key",
 ]
@@ -108,8 +107,8 @@ def default_endpoint_allowed(url: str) -> bool:
     Why: the sender POSTs to whatever URL a browser registered, so an endpoint is a request a user can make the
     server send (SSRF). Push services are public HTTPS hosts; pass ``allow_endpoint`` to narrow it further (e.g.
     to ``fcm.googleapis.com``, ``updates.push.services.mozilla.com``, ``*.push.apple.com``). The sender checks
-    the addresses a host name resolves to as well (``allow_address``, default :func:`public_address`): a name
-    is no proof of where it points."""
+    the addresses a host name resolves to as well (``allow_address``, default :func:`~.addresses.public_address`):
+    a name is no proof of where it points."""
     parts = urlsplit(url)
     host = (parts.hostname or "").lower().rstrip(".")
     if parts.scheme != "https" or not host or host == "localhost" or host.endswith(".localhost"):
@@ -123,17 +122,6 @@ def default_endpoint_allowed(url: str) -> bool:
         return False
     except ValueError:
         return True
-
-
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-
-
-def public_address(ip: IPAddress) -> bool:
-    """The sender's default address policy: a globally routable unicast address (not loopback, private,
-    link-local, shared, reserved or multicast; an IPv4-mapped IPv6 address is judged as its IPv4 one)."""
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_global and not ip.is_multicast
 
 
 def _check_endpoint(endpoint: Any, allow: Callable[[str], bool]) -> str:

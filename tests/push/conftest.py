@@ -61,6 +61,7 @@ def connector(bus: Bus, vapid: VapidKeys, tmp_path: Path) -> Iterator[Callable[.
         options.setdefault("election_interval", 0.05)
         options.setdefault("timeout", 5.0)
         options.setdefault("allow_address", LOOPBACK)  # the local push service (the default refuses loopback)
+        options.setdefault("allow_ports", None)  # on a port of its own (the default is 443 only)
         c = PushConnector(options.pop("bus", bus), vapid=options.pop("vapid", vapid), **options)
         made.append(c)
         return c

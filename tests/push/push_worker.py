@@ -37,6 +37,7 @@ def main() -> None:
         save_interval=cfg.get("save_interval", 0.1),
         timeout=5.0,
         allow_address=lambda ip: ip.is_loopback,  # the tests' local push service
+        allow_ports=None,  # on a port of its own
     ).start()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
