@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from .buses import bus_names, describe, removal_problem
+from .buses import bus_names, describe, not_found_message, removal_problem
 from .channels import check_bus_name
 from .cli_args import bus_name, human_size
 from .segment import segment_path
@@ -67,6 +67,7 @@ def cmd_destroy(args: argparse.Namespace) -> int:
     """
     name = bus_name(args)
     path = args.path or segment_path(check_bus_name(name))
+    named = None if args.path and not args.bus else name  # --path alone: the file, whatever bus it holds
     problem = removal_problem(path, args.force, exclude_pid=os.getpid())
     if problem:
         sys.exit(f"shmbus: {problem}")
@@ -78,9 +79,13 @@ def cmd_destroy(args: argparse.Namespace) -> int:
             gone = False
         except OSError as exc:  # a directory with --force, a read-only mount: said, not a traceback
             sys.exit(f"shmbus: cannot remove {path!r}: {exc}")
-    print(
-        json.dumps({"bus": name, "destroyed": gone})
-        if args.json
-        else (f"destroyed {name}" if gone else f"no bus named {name!r}")
-    )
+    print(json.dumps({"bus": named, "path": path, "destroyed": gone}) if args.json else _said(named, path, gone))
     return 0 if gone else 1
+
+
+def _said(named: str | None, path: str, gone: bool) -> str:
+    """What destroy did, naming what it removed: the bus and its segment's path, or the path alone when only
+    ``--path`` chose it (the name is then the default one, not this file's: ``destroyed default`` misled)."""
+    if named is None:
+        return f"destroyed the bus at {path}" if gone else f"no bus at {path}"
+    return f"destroyed bus {named!r} ({path})" if gone else not_found_message(named, path)

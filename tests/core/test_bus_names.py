@@ -107,3 +107,32 @@ def test_destroy_never_follows_nor_removes_a_link(tmp_path: Any, bus_name: str) 
         os.unlink(shm_link)
     r = _cli("destroy", "--path", str(seg_file), "--json")  # the segment itself, with nobody attached: removed
     assert r.returncode == 0 and json.loads(r.stdout)["destroyed"] is True and not seg_file.exists()
+
+
+def _made(name: str) -> None:
+    bus = shmbus.Bus(name, ring_size=1 << 16, max_channels=16, keepalive_interval=0)
+    bus.publish("/x", 1)  # the segment is made on first use
+    bus.close()
+
+
+def test_destroy_says_what_it_destroyed(tmp_path: Any, bus_name: str) -> None:
+    """``destroy --path X`` names the path it removed, not the default bus name it never touched; ``--bus`` names
+    the bus and its segment; JSON carries the path too."""
+    seg_file = tmp_path / "bus.seg"
+    for args in (["--force"], []):
+        bus = shmbus.Bus(bus_name, path=str(seg_file), ring_size=1 << 16, max_channels=16, keepalive_interval=0)
+        bus.publish("/x", 1)
+        bus.close()
+        r = _cli("destroy", "--path", str(seg_file), *args)
+        assert (r.returncode, r.stdout.strip()) == (0, f"destroyed the bus at {seg_file}"), r.stderr
+        assert not seg_file.exists()
+    r = _cli("destroy", "--path", str(seg_file))
+    assert (r.returncode, r.stdout.strip()) == (1, f"no bus at {seg_file}")
+    _made(bus_name)
+    r = _cli("destroy", "--bus", bus_name, "--json")
+    assert json.loads(r.stdout) == {"bus": bus_name, "path": segment_path(bus_name), "destroyed": True}
+    r = _cli("destroy", "--bus", bus_name)
+    assert r.returncode == 1 and r.stdout.startswith(f"no bus named {bus_name!r} ({segment_path(bus_name)})")
+    _made(bus_name)
+    r = _cli("destroy", "--bus", bus_name)
+    assert (r.returncode, r.stdout.strip()) == (0, f"destroyed bus {bus_name!r} ({segment_path(bus_name)})")
