@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.browser import require_browser, run_page
+from tests.harness.browser import CHROMIUM, require_browser, run_page
 from tests.harness.procs import ProcessTracker, free_port, wait_http
 
 pytestmark = pytest.mark.e2e
@@ -55,8 +55,19 @@ def test_driver_relays_page_messages_until_done(static_site: str) -> None:
     assert "not for the test" in run.stderr
 
 
-def test_driver_times_out_but_keeps_what_arrived(static_site: str) -> None:
-    run = run_page(f"{static_site}/never_done.html", timeout=3)
+@pytest.mark.parametrize("start_delay", [0, 4])
+def test_driver_times_out_but_keeps_what_arrived(static_site: str, tmp_path: Path, start_delay: int) -> None:
+    """A page that never logs DONE ends in a timeout (exit 3) that keeps what it logged. The page logs while it
+    loads, and the budget counts from its DOMContentLoaded, so the verdict does not depend on how long Chromium
+    takes to start: a start slower than the whole budget (``start_delay``, a wrapper that waits before starting
+    it, as a loaded machine might) ends the same way."""
+    env: dict[str, str | None] = {}
+    if start_delay:
+        slow = tmp_path / "slow-chromium"
+        slow.write_text(f'#!/bin/sh\nsleep {start_delay}\nexec {CHROMIUM} "$@"\n')
+        slow.chmod(0o755)
+        env["SHMBUS_CHROMIUM"] = str(slow)
+    run = run_page(f"{static_site}/never_done.html", timeout=3, env=env)
     assert run.returncode == 3, run.stderr
     assert not run.done
     assert run.messages == [{"started": True}]

@@ -16,7 +16,7 @@ from typing import Any
 from . import TESTS_DIR, skip_or_fail
 from .procs import kill_tree, spawn
 
-__all__ = ["CHROMIUM", "DRIVER", "E2E_DIR", "PageRun", "require_browser", "run_page"]
+__all__ = ["CHROMIUM", "DRIVER", "E2E_DIR", "START_TIMEOUT", "PageRun", "require_browser", "run_page"]
 
 E2E_DIR = TESTS_DIR / "e2e"
 DRIVER = E2E_DIR / "driver.mjs"
@@ -50,13 +50,19 @@ def require_browser() -> str:
     return node
 
 
+#: Seconds Chromium may take to start, and then the page to reach DOMContentLoaded (each): not the page's budget,
+#: so a loaded machine's slow browser start does not eat a test's ``timeout``.
+START_TIMEOUT = 60.0
+
+
 def run_page(
     url: str, timeout: float = 30.0, env: dict[str, str | None] | None = None, screenshot: str | None = None
 ) -> PageRun:
-    """Open ``url`` (query string passed through unchanged) and collect what the page reports
-    until it logs SHMBUS:DONE or ``timeout`` seconds pass; ``screenshot``: a PNG path saved at DONE."""
+    """Open ``url`` (query string passed through unchanged) and collect what the page reports until it logs
+    SHMBUS:DONE or ``timeout`` seconds pass, counted from the page's DOMContentLoaded (what its scripts logged
+    while loading is kept); ``screenshot``: a PNG path saved at DONE."""
     node = require_browser()
-    argv = [node, str(DRIVER), url, f"--timeout={int(timeout * 1000)}"]
+    argv = [node, str(DRIVER), url, f"--timeout={int(timeout * 1000)}", f"--start-timeout={int(START_TIMEOUT * 1000)}"]
     if screenshot:
         argv.append(f"--screenshot={screenshot}")
     proc = spawn(
@@ -67,10 +73,10 @@ def run_page(
         text=True,
     )
     try:
-        out, err = proc.communicate(timeout=timeout + 30)
+        out, err = proc.communicate(timeout=timeout + 2 * START_TIMEOUT + 30)
     except subprocess.TimeoutExpired:
         kill_tree(proc)
-        raise AssertionError(f"driver.mjs did not exit within {timeout + 30}s for {url}") from None
+        raise AssertionError(f"driver.mjs did not exit within {timeout + 2 * START_TIMEOUT + 30}s for {url}") from None
     finally:
         kill_tree(proc)
     messages = []
