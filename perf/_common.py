@@ -303,6 +303,7 @@ class Measurement:
     baselines: list[str] = field(default_factory=list)
     note: str = ""
     published: bool = False  # a constant from someone else's documentation, not measured here
+    source: str = ""  # where a published figure is quoted from
 
     @property
     def median(self) -> float:
@@ -371,13 +372,43 @@ class Report:
 
     def published(self, name: str, value: float, unit: str, source: str) -> Measurement:
         """A figure quoted from elsewhere, kept apart from what this run measured."""
-        m = Measurement(name, unit, [value], True, [], f"published figure, not measured here: {source}", True)
+        note = f"published figure, not measured here: {source}"
+        m = Measurement(name, unit, [value], True, [], note, published=True, source=source)
         self.rows[name] = m
         return m
 
     def ratio(self, name: str, base: str) -> float:
+        """How many times better ``name`` is than ``base``, both measured in this run (nan when either is missing).
+        A figure quoted from elsewhere is refused: its ratio is :meth:`quoted_ratio`, printed apart."""
+        return self._ratio(name, base, quoted=False)
+
+    def quoted_ratio(self, name: str, base: str) -> float:
+        """``name`` against a figure quoted from elsewhere (:meth:`published`): not a same-run comparison (the
+        machines, loads and setups differ), so it is always printed marked "(quoted: source)"."""
+        return self._ratio(name, base, quoted=True)
+
+    def _ratio(self, name: str, base: str, *, quoted: bool) -> float:
         a, b = self.rows.get(name), self.rows.get(base)
+        if b is not None and b.published != quoted:
+            raise ValueError(
+                f"{base!r} is {'not ' if quoted else ''}a quoted figure: use {'' if quoted else 'quoted_'}ratio"
+            )
         return a.advantage(b) if a and b else float("nan")
+
+    def ratio_text(self, name: str, base: str) -> str:
+        """The one printed form of a ratio ("" when it cannot be computed): ``2.1x base`` for a baseline
+        measured in this run, ``2.1x base (quoted: source)`` for a quoted figure, so the two never read alike."""
+        b = self.rows.get(base)
+        if b is not None and b.published:
+            r = self.quoted_ratio(name, base)
+            return f"{r:,.1f}x {base} (quoted: {b.source})" if r == r else ""
+        r = self.ratio(name, base)
+        return f"{r:,.1f}x {base}" if r == r else ""
+
+    def _baselines(self, m: Measurement) -> tuple[list[str], list[str]]:
+        """``m``'s baselines measured in this run, then the quoted ones."""
+        quoted = [b for b in m.baselines if b in self.rows and self.rows[b].published]
+        return [b for b in m.baselines if b not in quoted], quoted
 
     def target(self, what: str, value: float, goal: float, *, at_least: bool = True, unit: str = "") -> bool:
         """Record a target check (never an error: a miss is printed as MISS)."""
@@ -400,12 +431,8 @@ class Report:
         )
         for m in self.rows.values():
             rng = f"[{_fmt(m.lo, m.unit)} - {_fmt(m.hi, m.unit)}]" if len(m.values) > 1 else ""
-            ratios = []
-            for b in m.baselines:
-                r = self.ratio(m.name, b)
-                if r == r:
-                    ratios.append(f"{r:,.1f}x {b}")
-            tail = "; ".join(ratios)
+            measured, quoted = self._baselines(m)  # a quoted figure's ratio last, and marked
+            tail = "; ".join(t for t in (self.ratio_text(m.name, b) for b in measured + quoted) if t)
             if m.note:
                 tail = f"{tail}  ({m.note})" if tail else f"({m.note})"
             lines.append(f"{m.name:<{w}}{m.unit:<8}{_fmt(m.median, m.unit):>10}  {rng:<22}{len(m.values):>2}  {tail}")
@@ -447,7 +474,11 @@ class Report:
                     "higher_is_better": m.higher_is_better,
                     "published": m.published,
                     "note": m.note,
-                    "ratios": {b: self.ratio(m.name, b) for b in m.baselines},
+                    "ratios": {b: self.ratio(m.name, b) for b in self._baselines(m)[0]},  # same-run baselines
+                    "quoted_ratios": {
+                        b: {"ratio": self.quoted_ratio(m.name, b), "baseline": "quoted", "source": self.rows[b].source}
+                        for b in self._baselines(m)[1]
+                    },
                 }
                 for m in self.rows.values()
             ],

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -51,3 +57,33 @@ def test_a_quiet_benchmark_passes(tmp_path: Path) -> None:
     done = _perf_run(script)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "no errors" in done.stdout
+
+
+def _common() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("perf_common_under_test", REPO / "perf" / "_common.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_ratio_against_a_quoted_figure_never_prints_like_a_measured_one() -> None:
+    """A figure quoted from elsewhere (the gem's p99 from its docs) is no same-run baseline: its ratio is printed
+    marked with its source, listed after the measured ones, and kept apart in the JSON; ``ratio`` refuses it."""
+    rep: Any = _common().Report("bench_x", "t", argparse.Namespace(quick=True, json=False))
+    rep.published("gem p99 (best)", 45.0, "ms", "message_bus gem, p99 45-72 ms")
+    rep.add("uvicorn p99", [30.0], "ms", higher_is_better=False)
+    rep.add("shmbus p99", [15.0], "ms", higher_is_better=False, baselines=["gem p99 (best)", "uvicorn p99"])
+    line = next(x for x in rep.render().splitlines() if x.startswith("shmbus p99"))
+    assert line.endswith("2.0x uvicorn p99; 3.0x gem p99 (best) (quoted: message_bus gem, p99 45-72 ms)"), line
+    row = next(r for r in rep.to_json()["results"] if r["name"] == "shmbus p99")
+    assert row["ratios"] == {"uvicorn p99": 2.0}
+    assert row["quoted_ratios"] == {
+        "gem p99 (best)": {"ratio": 3.0, "baseline": "quoted", "source": "message_bus gem, p99 45-72 ms"}
+    }
+    assert rep.quoted_ratio("shmbus p99", "gem p99 (best)") == 3.0
+    with pytest.raises(ValueError, match="quoted figure"):
+        rep.ratio("shmbus p99", "gem p99 (best)")
+    with pytest.raises(ValueError, match="not a quoted figure"):
+        rep.quoted_ratio("shmbus p99", "uvicorn p99")
