@@ -4,8 +4,8 @@ The :class:`~shmbus.adapters.server.reader.RequestReader` against a recording ow
 events a connection gets), and the connection's paths the whole-request tests of test_inprocess.py pass by:
 reading paused while an app leaves its body unread (and no deadline while paused), the idle clock against a head
 that has begun, a half-closed client's pipelined requests, a close without half-close, a parked poll unregistered
-when its client goes away and answered at once when the server stops, and a slow head behind a parked poll that
-still meets its deadline.
+when its client goes away and answered at once when the server stops (its own short timer cancelled), and a slow
+head behind a parked poll that still meets its deadline.
 """
 
 from __future__ import annotations
@@ -222,6 +222,30 @@ async def test_a_parked_poll_is_answered_at_once_when_the_server_stops(
     [got] = r.answers()
     assert got.status == 200 and got.body == b"[]" and got.headers["connection"] == "close"
     assert r.conn.parked is None and r.t.eof_written
+
+
+@in_loop
+async def test_a_short_poll_ended_by_the_server_stop_leaves_no_timer_behind(parser_kind: str, shared_bus: Bus) -> None:
+    """A poll whose interval is shorter than COARSE_EXPIRY has a timer of its own. Ended by anything else (here
+    the server stopping), the poll cancels it: only that timer's own firing may forget it. Were ``expire`` to
+    forget it for every caller, the ending would not cancel it, and a stopped server's loop would keep a live
+    callback holding the connection, its request and its waiter until the interval ran out."""
+    mw = MessageBusMiddleware(EchoApp(), bus=shared_bus, long_polling_interval=2.0)
+    try:
+        r = make_rig(mw)
+        r.send(poll("c1", {"/x": shared_bus.last_id("/x")}))
+        await r.settle()
+        parked = r.conn.parked
+        assert parked is not None and parked.timer is not None and not parked.expires  # its own timer
+        timer = parked.timer
+        r.srv.stopping = True
+        r.conn.stop()
+        [got] = r.answers()
+        assert got.status == 200 and got.body == b"[]" and r.conn.parked is None
+        assert cast(Any, timer).cancelled, "the ended poll's timer is still scheduled"
+        assert all(getattr(t.callback, "__self__", None) is not parked for t in r.loop.pending())
+    finally:
+        mw.close()
 
 
 @in_loop
