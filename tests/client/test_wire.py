@@ -4,7 +4,6 @@ and connection refused."""
 
 from __future__ import annotations
 
-import itertools
 import re
 import socket
 import time
@@ -14,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from shmbus.client import MessageBusClient
+from shmbus.client import MessageBusClient, core
 from shmbus.client.pacing import JITTER, Backoff
 
 from .recorder import Recorder, wait_until
@@ -24,11 +23,52 @@ MakeClient = Callable[..., MessageBusClient]
 STREAM = {"Content-Type": "text/plain; charset=utf-8"}
 
 
+class Pacing:
+    """What the client itself decided between polls: each successful poll's ``elapsed`` and the pause it then
+    waited. Their sum is the spacing of two poll starts on the client's own clock, exactly: arrival gaps at the
+    stub are not (a request delayed more than the next one on a loaded machine shortens the gap it ends)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.decided: list[tuple[float, float]] = []
+        self.waited: list[float] = []
+        self.backoffs: list[float] = []
+        pause_after_poll, wait, failure = core.pause_after_poll, core.AsyncMessageBusClient._wait, Backoff.failure
+
+        def recording_pause(**kw: Any) -> float:
+            pause = pause_after_poll(**kw)
+            self.decided.append((kw["elapsed"], pause))
+            return pause
+
+        async def recording_wait(client: Any, seconds: float, interruptible: bool = True) -> None:
+            self.waited.append(seconds)
+            await wait(client, seconds, interruptible)
+
+        def recording_failure(backoff: Backoff) -> float:
+            delay = failure(backoff)
+            self.backoffs.append(delay)
+            return delay
+
+        monkeypatch.setattr(core, "pause_after_poll", recording_pause)
+        monkeypatch.setattr(Backoff, "failure", recording_failure)
+        monkeypatch.setattr(core.AsyncMessageBusClient, "_wait", recording_wait)
+
+    def starts_apart(self) -> list[float]:
+        """Seconds from each poll's start to the next one's, as the client paced them (pauses it really waited)."""
+        assert self.decided, "no poll was paced"
+        assert all(pause in self.waited for _, pause in self.decided if pause > 0), (self.decided, self.waited)
+        return [elapsed + pause for elapsed, pause in self.decided]
+
+
+@pytest.fixture
+def pacing(monkeypatch: pytest.MonkeyPatch) -> Pacing:
+    return Pacing(monkeypatch)
+
+
 def status(channel: str, last: int) -> bytes:
     return b'[{"global_id":-1,"message_id":-1,"channel":"/__status","data":{"%s":%d}}]' % (channel.encode(), last)
 
 
-def test_requests_as_the_js_client_sends_them(make_client: MakeClient) -> None:
+def test_requests_as_the_js_client_sends_them(make_client: MakeClient, pacing: Pacing) -> None:
     with Stub(lambda seen, n: Reply(pieces=[status("/a", 5)] if n == 0 else [b"[]"])) as stub:
         client = make_client(
             stub.url + "/forum",
@@ -46,10 +86,10 @@ def test_requests_as_the_js_client_sends_them(make_client: MakeClient) -> None:
     assert first.headers["Content-Type"] == "application/x-www-form-urlencoded"
     assert first.headers["Dont-Chunk"] == "true"
     assert first.headers["X-Silence-Logger"] == "nope" and first.headers["Authorization"] == "Bearer t"
-    assert third.at - second.at >= 0.2 - 0.02  # nothing came: paced by callback_interval
+    assert min(pacing.starts_apart()[1:]) >= 0.2  # nothing came: paced by callback_interval
 
 
-def test_polling_mode_asks_dlp_and_waits_background_callback_interval(make_client: MakeClient) -> None:
+def test_polling_mode_asks_dlp_and_waits_background_callback_interval(make_client: MakeClient, pacing: Pacing) -> None:
     with Stub(lambda seen, n: Reply()) as stub:
         client = make_client(stub.url, long_polling=False, background_callback_interval=0.4)
         client.subscribe("/a", Recorder())
@@ -58,20 +98,18 @@ def test_polling_mode_asks_dlp_and_waits_background_callback_interval(make_clien
         client.stop()
     assert all(s.path.endswith("/poll?dlp=t") and s.headers["Dont-Chunk"] == "true" for s in stub.seen)
     assert all(s.headers["X-Silence-Logger"] == "true" for s in stub.seen)
-    gaps = [b.at - a.at for a, b in itertools.pairwise(stub.seen)]
-    assert min(gaps) >= 0.4 - 0.02, gaps
+    assert min(pacing.starts_apart()) >= 0.4, pacing.decided
 
 
-def test_a_server_that_answers_at_once_is_not_polled_in_a_loop(make_client: MakeClient) -> None:
+def test_a_server_that_answers_at_once_is_not_polled_in_a_loop(make_client: MakeClient, pacing: Pacing) -> None:
     with Stub(lambda seen, n: Reply(headers=STREAM, pieces=[b"[]\r\n|\r\n"], chunked=True)) as stub:
         client = make_client(stub.url, callback_interval=0.5)
         client.subscribe("/a", Recorder(), 0)
         wait_until(lambda: len(stub.seen) >= 3, what="three polls")
         client.stop()
-    # a loop would poll again at once: every poll waits its callback_interval after the last (a lower bound on the
-    # gaps, which load only widens; counting polls in a fixed sleep failed on a loaded machine)
-    gaps = [b.at - a.at for a, b in itertools.pairwise(stub.seen)]
-    assert min(gaps) >= 0.5 - 0.02, gaps
+    # a loop would poll again at once: every poll starts its callback_interval after the last (on the client's
+    # clock: counting polls in a fixed sleep, or the stub's arrival gaps, failed on a loaded machine)
+    assert len(pacing.decided) >= 2 and min(pacing.starts_apart()) >= 0.5, pacing.decided
 
 
 def test_streamed_pieces_split_across_reads_and_read_by_content_type(make_client: MakeClient) -> None:
@@ -105,7 +143,7 @@ def test_streamed_pieces_split_across_reads_and_read_by_content_type(make_client
     assert "Dont-Chunk" not in stub.seen[0].headers
 
 
-def test_a_429_waits_its_retry_after_and_at_least_15_s(make_client: MakeClient) -> None:
+def test_a_429_waits_its_retry_after_and_at_least_15_s(make_client: MakeClient, pacing: Pacing) -> None:
     def script(seen: Seen, n: int) -> Reply:
         return Reply(429, {"Retry-After": "1", "Content-Type": "text/plain"}, [b"slow down"]) if n == 0 else Reply()
 
@@ -115,13 +153,15 @@ def test_a_429_waits_its_retry_after_and_at_least_15_s(make_client: MakeClient) 
         time.sleep(2.0)
         assert len(stub.seen) == 1 and client.stats.rate_limited == 1  # 15 s at least, not the 1 s asked
         client.stop()
+    assert pacing.waited == [15.0], pacing.waited
+    pacing.waited.clear()
     with Stub(script) as stub:
         client = MessageBusClient(stub.url, callback_interval=0.2)
         client.core.min_retry_after = 0.3  # the floor lowered: now the server's own Retry-After (1 s) holds
         with client:
             client.subscribe("/a", Recorder())
             wait_until(lambda: len(stub.seen) >= 2, what="the retry")
-    assert 1.0 - 0.02 <= stub.seen[1].at - stub.seen[0].at < 1.5
+    assert pacing.waited[0] == 1.0, pacing.waited  # the 429's own wait, then the polls' pauses
 
 
 def test_no_first_chunk_falls_back_to_non_chunked(make_client: MakeClient) -> None:
@@ -140,7 +180,7 @@ def test_no_first_chunk_falls_back_to_non_chunked(make_client: MakeClient) -> No
     assert client.stats.chunked_fallbacks >= 1
 
 
-def test_connection_refused_backs_off_doubling_with_jitter(make_client: MakeClient) -> None:
+def test_connection_refused_backs_off_doubling_with_jitter(make_client: MakeClient, pacing: Pacing) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: nothing listens there
@@ -155,15 +195,16 @@ def test_connection_refused_backs_off_doubling_with_jitter(make_client: MakeClie
         f"http://127.0.0.1:{port}", transport=Recording(), min_poll_interval=0.1, max_poll_interval=0.8
     )
     client.subscribe("/a", Recorder())
-    time.sleep(3.5)
+    wait_until(lambda: len(pacing.backoffs) >= 6, what="six failed attempts")
     client.stop()
-    gaps = [b - a for a, b in itertools.pairwise(attempts)]
-    backoff = Backoff(0.1, 0.8)
-    assert len(gaps) >= 5, gaps
-    for i, gap in enumerate(gaps[:7], start=1):
-        base = backoff.base(i)
-        assert base * (1 - JITTER) - 0.01 <= gap <= base + 0.1, (i, gap, gaps)
-    assert client.stats.consecutive_failures == len(attempts)
+    # the delays the client chose and waited (on its own clock: attempt times seen from outside shift with load)
+    delays = pacing.backoffs
+    bases = [0.1, 0.2, 0.4, 0.8, 0.8, 0.8]  # doubling from 0.1, capped at 0.8
+    for base, delay in zip(bases, delays[: len(bases)], strict=True):
+        assert base * (1 - JITTER) <= delay <= base, (base, delay, delays)
+    assert pacing.waited == delays, (pacing.waited, delays)
+    assert len(set(delays[3:])) > 1, delays  # capped at 0.8, still jittered
+    assert client.stats.consecutive_failures == len(attempts) == len(delays)
 
 
 @pytest.mark.parametrize("bad", [b"not json", b'{"a": 1}', b"[1, 2]"])
@@ -278,7 +319,7 @@ def test_subscribe_and_unsubscribe_abort_the_poll_and_never_two_are_in_flight(ma
     assert len(stub.seen) == 1 + len(changes) and counter.most == 1, (len(stub.seen), counter.most)
 
 
-def test_one_success_resets_the_backoff(make_client: MakeClient) -> None:
+def test_one_success_resets_the_backoff(make_client: MakeClient, pacing: Pacing) -> None:
     def script(seen: Seen, n: int) -> Reply:
         if n in (0, 1, 2, 4):
             return Reply(500, {"Content-Type": "text/plain"}, [b"down"])
@@ -289,6 +330,6 @@ def test_one_success_resets_the_backoff(make_client: MakeClient) -> None:
         client.subscribe("/a", Recorder())
         wait_until(lambda: len(stub.seen) >= 6, what="six polls")
         client.stop()
-    gaps = [b.at - a.at for a, b in itertools.pairwise(stub.seen[:6])]
-    assert gaps[2] >= 0.8 * (1 - JITTER) - 0.01, gaps  # the third failure in a row: 0.2 doubled twice
-    assert gaps[4] <= 0.2 + 0.1, gaps  # the first failure after a success: 0.2 again, not 1.6
+    delays = pacing.backoffs  # as the client chose them (arrival gaps at the stub shift with load)
+    assert delays[2] >= 0.8 * (1 - JITTER), delays  # the third failure in a row: 0.2 doubled twice
+    assert delays[3] <= 0.2, delays  # the first failure after a success: 0.2 again, not 1.6
