@@ -17,7 +17,7 @@ from typing import Any
 import redis
 
 from ..bridge.backend import Ring
-from ..bridge.seals import NO_RING, seal_of
+from ..bridge.seals import NO_RING, parse_id, seal_of
 
 _hiredis: Any
 try:
@@ -108,9 +108,10 @@ class RedisDoorbell:
                 else:
                     line = reply[2]
                     lines.append(line)
-                    bar = line.find(b"|")
-                    if bar > 0 and line[:bar].isdigit():
-                        top = max(top, int(line[:bar]))
+                    bar = line.find(b"|", 0, 20)  # an id has at most 19 digits: look no further
+                    gid = parse_id(line[:bar]) if bar > 0 else None
+                    if gid is not None and gid > top:
+                        top = gid
             elif kind == b"pong":
                 self.ping_sent = 0.0
         return Ring(top, lines, seals) if lines or seals else NO_RING
