@@ -115,3 +115,25 @@ def test_a_line_with_a_huge_id_is_a_doorbell_not_an_error(redis_server: Any, dir
         assert seals == {1: (99999999999, b"zz")}  # well-formed; the ring's size refuses it (seals.sealed_rows)
     finally:
         bell.close()
+
+
+def test_a_flood_of_notices_ends_no_ring_on_redis_pys_path(redis_server: Any, monkeypatch: Any) -> None:
+    """redis-py's path read replies while any were readable: a client publishing faster than the relay parses kept
+    one ring going for good. A ring takes at most its bound; the rest come with the next rings, none lost."""
+    monkeypatch.setattr(doorbell_module, "_hiredis", None)
+    r = redis.Redis.from_url(redis_server.url, protocol=2)
+    bell = RedisDoorbell(r, "/ch", "/ch_seals", socket_timeout=5.0)
+    try:
+        count = 3 * doorbell_module._REPLIES_PER_RING
+        pipe = r.pipeline(transaction=False)
+        for i in range(1, count + 1):
+            pipe.publish("/ch", b"%d|" % i)
+        pipe.execute()
+        sizes: list[int] = []
+        while sum(sizes) < count:
+            ring = bell.ring(2.0)
+            assert ring.lines, f"{sum(sizes)} of {count} arrived"
+            sizes.append(len(ring.lines))
+        assert max(sizes) <= doorbell_module._REPLIES_PER_RING and sum(sizes) == count
+    finally:
+        bell.close()
