@@ -141,6 +141,7 @@ class Relay:
         self.status.set_relay_state("connecting")
         self._flush_metrics()
         while not stop.is_set():
+            self.status.step()
             try:
                 self._bell = self.backend.open_doorbell()
                 self.check_history()
@@ -183,6 +184,7 @@ class Relay:
         next_metrics = now + METRICS_INTERVAL
         while not stop.is_set():
             ring = bell.ring(0.25)
+            self.status.step()
             now = time.monotonic()
             if ring.top:
                 idle_since = now
@@ -273,6 +275,7 @@ class Relay:
         timed_out = 0  # missing ids at or below this one had a writer that outlived the timeout: lost
         rereads = 0
         while not self.stop.is_set():
+            self.status.step()
             newest_before = seg.global_id()
             page = self.backend.read_after(pos, PAGE)
             if page.history and page.history == seg.history_id():

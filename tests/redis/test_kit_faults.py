@@ -275,3 +275,61 @@ def test_stats_never_says_lags_by_0_across_histories(redis_server: Any, make_hos
     assert out.returncode == 0, out.stderr
     view = json.loads(out.stdout)["redis"]
     assert view["lag"] is None and "another history" in view["standing"], view
+
+
+def test_a_forged_seal_with_a_huge_range_stops_no_relay(redis_server: Any, make_host: Callable[..., Bus]) -> None:
+    """Issue 31, 1: one PUBLISHed line plus the seal ``1|99999999999|zz`` (any pub/sub client can send both) made
+    host b's relay build a list over the whole range: 0 of the next 169 messages, 19 s of CPU in 20 s, health
+    "relaying". The seal names more ids than the ring brought lines: passed over, and the relay keeps delivering."""
+    from shmbus.adapters.redis import layout
+
+    a, b = make_host("a", redis_server.url), make_host("b", redis_server.url)
+    wait_relaying(a, b)
+    first = a.publish("/chat", "hello")
+    wait_for(lambda: b.last_id("/chat") == first, what="b has the first message")
+    r = redis.Redis.from_url(redis_server.url)
+    forged = b'%d|%d|/chat|{"data":"forged","user_ids":null,"group_ids":null,"client_ids":null}'
+    for last in (b"99999999999", b"9223372036854775807", b"100000000000000000000", b"-1", b"9" * 5000):
+        pipe = r.pipeline(transaction=True)  # both in one delivery, as the publish script sends them
+        pipe.publish("_message_bus_0", forged % (first + 1, first + 1))
+        pipe.publish(layout.seal_channel("_message_bus_0"), b"1|%s|zz" % last)
+        pipe.execute()
+    sent = [a.publish("/chat", f"after {i}") for i in range(50)]
+    wait_for(lambda: b.last_id("/chat") == sent[-1], what="b got every message after the forged seals")
+    assert [m.data for m in b.backlog("/chat")] == ["hello", *(f"after {i}" for i in range(50))]
+    health = b.default.health()
+    assert health["relay_state"] == "relaying" and health["relay_lost"] == 0 and health["resets"] == 0
+
+
+def test_a_relay_that_makes_no_progress_says_stalled(
+    redis_server: Any, make_host: Callable[..., Bus], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 31, 1: a relay thread stuck in a step said "relaying" for good. Whoever reads health or the metrics
+    sees "stalled" once it made no step for ``stall_after`` s, and "relaying" again when it moves."""
+    import threading
+
+    from shmbus.adapters.redis.doorbell import RedisDoorbell
+
+    b = make_host("b", redis_server.url)
+    wait_relaying(b)
+    status = b.default.status  # type: ignore[union-attr]
+    status.stall_after = 0.2
+    held, release = threading.Event(), threading.Event()
+    ring = RedisDoorbell.ring
+
+    def stuck_ring(self: RedisDoorbell, timeout: float) -> Any:
+        if not release.is_set():
+            held.set()
+            release.wait(30)
+        return ring(self, timeout)
+
+    monkeypatch.setattr(RedisDoorbell, "ring", stuck_ring)
+    try:
+        assert held.wait(10), "the relay never waited on its doorbell"
+        wait_for(lambda: b.default.health()["relay_state"] == "stalled", what="health says stalled")
+        assert b.metrics.flush()  # as the listener thread would (the relay's own flush is stuck with it)
+        snap = read_snapshot(b)
+        assert snap.relay is not None and snap.relay.relay_state == "stalled"
+    finally:
+        release.set()
+    wait_for(lambda: b.default.health()["relay_state"] == "relaying", what="relaying again")
