@@ -33,6 +33,7 @@ from shmbus.engines import Envelope
 from ..redis.layout import decode_envelope
 from .backend import Backend, Doorbell, Ring, Row
 from .election import RelayElection
+from .losses import LossBook
 from .seals import Sealer, sealed_rows
 from .status import BridgeStatus
 
@@ -79,6 +80,8 @@ class Relay:
         self._marked_unreachable = False  # the publish state says unreachable because of the relay
         self._mark = 0  # the segment's newest id when the backend's history was last confirmed (see check_history)
         self._sealer: Sealer | None = None  # verifies seals for the last key and history seen
+        self.losses = LossBook(status, log)
+        self._joining = False  # a brand-new segment: its first read says what the host was never owed
 
     # ------------------------------------------------------------------ thread
     def start(self) -> None:
@@ -96,7 +99,8 @@ class Relay:
         self._bell = None
         self._active = {}
         self._mark = 0
-        self._named = self._marked_unreachable = False
+        self._named = self._marked_unreachable = self._joining = False
+        self.losses.after_fork()
 
     def close(self, join: bool) -> None:
         self.stop.set()
@@ -243,6 +247,7 @@ class Relay:
         if current == recorded:
             self._mark = newest_before
             return False
+        self._joining = not recorded and not newest_before  # a brand-new segment joins this history
         mark = self._mark or mark or newest_before
         reset = bool(seg.global_id()) and not self.backend.history_continues(seg, bool(recorded), mark)
         if reset:
@@ -278,6 +283,9 @@ class Relay:
             self.status.step()
             newest_before = seg.global_id()
             page = self.backend.read_after(pos, PAGE)
+            if self._joining:
+                self._joining = False
+                self.losses.joined(self.backend.gone_upto())
             if page.history and page.history == seg.history_id():
                 self._mark = newest_before  # stored before a read that came from the recorded history: its own
             elif page.rows:
@@ -318,6 +326,7 @@ class Relay:
                     self._lose(pos + 1, gone, gone)
                     pos = gone
                 break
+        self.losses.report(self.bus.name)
         self.status.position = max(self.status.position, pos)
         self.status.backend_newest = max(self.status.backend_newest, self.status.position, self.backend.newest_id())
 
@@ -358,23 +367,11 @@ class Relay:
 
     def _lose(self, first: int, last: int, lost_upto: int) -> None:
         """Move past ``first``..``last``, which the backend does not hold: those at or below ``lost_upto`` were
-        messages this host never stored (the rest were rolled back: never messages)."""
+        messages this host never stored (the rest were rolled back: never messages); :class:`.losses.LossBook`
+        counts those it was owed and logs them once per catch-up."""
         first = max(first, self.bus.segment.global_id() + 1)  # its publisher may have landed some meanwhile
-        lost = max(0, min(last, lost_upto) - first + 1)
-        if not lost:
-            return
-        self.status.relay_lost += lost
-        if self.backend.sparse_ids:
+        if self.losses.lose(first, min(last, lost_upto)) and self.backend.sparse_ids:
             self.bus.segment.break_chains()
-        self.log.warning(
-            "shmbus %s bridge: %d message(s) between ids %d and %d were gone from the backend before this host read "
-            "them (trimmed, expired, or written after the hole timeout); bus %r misses them",
-            self.status.kind,
-            lost,
-            first,
-            min(last, lost_upto),
-            self.bus.name,
-        )
 
     def _store(self, row: Row) -> None:
         """Store one message read from the backend; the position moves past it whether it was stored, already

@@ -52,10 +52,14 @@ def private_pg() -> Iterator[PostgresServer]:
         server.close()
 
 
-def test_a_host_down_past_the_trim_counts_the_loss_and_shows_a_gap(make_host: Callable[..., Bus], sql: Any) -> None:
+def test_a_host_down_past_the_trim_counts_the_loss_and_shows_a_gap(
+    make_host: Callable[..., Bus], sql: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     """Host b's only process exits, host a publishes far past the global trim, b starts again: every id the table
-    no longer holds is counted in relay_lost (none silently skipped), and a client of b that was up to date before
-    gets gap=True and exactly the rows the table kept."""
+    no longer holds is counted in relay_lost (none silently skipped) and logged in one line, and a client of b that
+    was up to date before gets gap=True and exactly the rows the table kept."""
+    import logging
+
     limits = {"max_global_backlog_size": 200}
     a = make_host("a", trim_interval=0.05, bus_options=limits)
     b = make_host("b", bus_options=limits)
@@ -67,9 +71,12 @@ def test_a_host_down_past_the_trim_counts_the_loss_and_shows_a_gap(make_host: Ca
     sent = a.default.publish_many(a, [(f"/c{i % 3}", i) for i in range(1500)])
     wait_for(lambda: sql.execute("SELECT min(id) FROM message_bus").fetchone()[0] > sent[-1] - 200 - 5, what="the trim")
     kept = [r[0] for r in sql.execute("SELECT id FROM message_bus WHERE id > %s ORDER BY id", (before[-1],))]
-    b2 = make_host("b", bus_options=limits)  # host b starts again on its old segment
-    wait_relaying(b2)
-    wait_for(lambda: b2.segment.global_id() == sent[-1], what="b caught up")
+    with caplog.at_level(logging.WARNING, "shmbus.postgres"):
+        b2 = make_host("b", bus_options=limits)  # host b starts again on its old segment
+        wait_relaying(b2)
+        wait_for(lambda: b2.segment.global_id() == sent[-1], what="b caught up")
+    gone = [r.getMessage() for r in caplog.records if "gone from the backend" in r.getMessage()]
+    assert len(gone) == 1 and gone[0].startswith(f"shmbus postgres bridge: {len(sent) - len(kept)} message(s)"), gone
     held = [r.global_id for r in b2.segment.global_backlog(before[-1])]
     assert held == kept  # every row the table still had, once, in order
     assert b2.default.health()["relay_lost"] == len(sent) - len(kept)  # and every other acknowledged id counted
@@ -505,3 +512,23 @@ def test_a_publish_interrupted_mid_reply_closes_its_connection(make_host: Callab
     monkeypatch.setattr(direct, "_wait", real_wait)
     new_id = a.publish("/i", 3)
     assert new_id is not None and new_id > 1 and a.default.backend.conn() is not conn
+
+
+def test_a_new_host_owes_nothing_trimmed_before_it_began(
+    make_host: Callable[..., Bus], sql: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 31, 7: a new host counted the rows trimmed before it existed as its own relay_lost and logged it. It
+    is owed what was published after it began relaying: 0 lost, no warning."""
+    import logging
+
+    limits = {"max_global_backlog_size": 200}
+    a = make_host("a", trim_interval=0.05, bus_options=limits)
+    wait_relaying(a)
+    sent = a.default.publish_many(a, [(f"/c{i % 3}", i) for i in range(1500)])
+    wait_for(lambda: sql.execute("SELECT min(id) FROM message_bus").fetchone()[0] > sent[-1] - 200 - 5, what="the trim")
+    with caplog.at_level(logging.WARNING, "shmbus.postgres"):
+        b = make_host("b", bus_options=limits)
+        wait_relaying(b)
+        wait_for(lambda: b.segment.global_id() == sent[-1], what="b caught up")
+        assert b.default.health()["relay_lost"] == 0
+        assert not [r for r in caplog.records if "gone from the backend" in r.getMessage()]

@@ -333,3 +333,49 @@ def test_a_relay_that_makes_no_progress_says_stalled(
     finally:
         release.set()
     wait_for(lambda: b.default.health()["relay_state"] == "relaying", what="relaying again")
+
+
+def test_a_new_host_owes_nothing_trimmed_before_it_began(
+    redis_server: Any, make_host: Callable[..., Bus], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 31, 7: a new host counted the backend's history trimmed before it existed as its own relay_lost
+    (2,000-27,323 at start) and logged ~1,000 one-id warnings (ids whose channel backlog no longer held them). It
+    is owed what was published after it began relaying: 0 lost, no warning; a later loss still counts, once."""
+    import logging
+
+    a = make_host("a", redis_server.url, bus_options={"max_global_backlog_size": 300, "max_backlog_size": 50})
+    wait_relaying(a)
+    with a.default.batch():  # type: ignore[union-attr]
+        for i in range(2000):
+            a.publish(f"/c{i % 40}", i)  # the global backlog and each channel's are trimmed
+    with caplog.at_level(logging.WARNING, "shmbus.redis"):
+        b = make_host("b", redis_server.url)
+        wait_relaying(b)
+        wait_for(lambda: b.segment.global_id() == 2000, what="b caught up")
+        assert b.default.health()["relay_lost"] == 0
+        assert not [r for r in caplog.records if "gone from the backend" in r.getMessage()]
+
+
+def test_a_loss_of_many_single_ids_is_counted_and_logged_once(
+    redis_server: Any, make_host: Callable[..., Bus], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Ids the global backlog still names but whose channel backlog was trimmed came one by one, each with its own
+    warning (~1,000 lines). They still count, each once, in one line per catch-up."""
+    import logging
+
+    limits = {"max_global_backlog_size": 5000, "max_backlog_size": 10}
+    a, b = make_host("a", redis_server.url, bus_options=limits), make_host("b", redis_server.url, bus_options=limits)
+    wait_relaying(a, b)
+    first = a.publish("/c0", "before")
+    wait_for(lambda: b.segment.global_id() == first, what="b up to date")
+    b.close()  # a rolling deploy: host b's only process exits, its segment stays
+    with a.default.batch():  # type: ignore[union-attr]
+        for i in range(1000):
+            a.publish(f"/c{i % 20}", i)  # each channel keeps its newest 10: 800 ids name trimmed lines
+    with caplog.at_level(logging.WARNING, "shmbus.redis"):
+        b2 = make_host("b", redis_server.url, bus_options=limits)
+        wait_relaying(b2)
+        wait_for(lambda: b2.segment.global_id() == first + 1000, what="b caught up")
+    assert b2.default.health()["relay_lost"] == 800
+    gone = [r.getMessage() for r in caplog.records if "gone from the backend" in r.getMessage()]
+    assert len(gone) == 1 and "800 message(s)" in gone[0], gone
