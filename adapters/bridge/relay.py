@@ -252,11 +252,22 @@ class Relay:
         reset = bool(seg.global_id()) and not self.backend.history_continues(seg, bool(recorded), mark)
         if reset:
             self.status.resets += 1
+            # A publisher lands its message when it directly follows the segment's newest; a backend that cannot
+            # say which history it wrote into (PostgreSQL's procedures) lets one written just after a TRUNCATE land
+            # in the old epoch: the catch-up from 0 stores it again in the new one. Say which ids may be so.
+            newest = seg.global_id()
+            again = (
+                f"; ids {mark + 1}-{newest} came after it was last confirmed: those the new history holds are "
+                "delivered again in the new epoch"
+                if newest > mark
+                else ""
+            )
             self.log.warning(
                 "shmbus %s bridge: the backend's history is not the one bus %r holds (flushed, restarted without "
-                "persistence, truncated or recreated): resetting the bus so clients resynchronise",
+                "persistence, truncated or recreated): resetting the bus so clients resynchronise%s",
                 self.status.kind,
                 self.bus.name,
+                again,
             )
             self.bus.reset()
             self.status.position = 0

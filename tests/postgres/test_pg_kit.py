@@ -532,3 +532,44 @@ def test_a_new_host_owes_nothing_trimmed_before_it_began(
         wait_for(lambda: b.segment.global_id() == sent[-1], what="b caught up")
         assert b.default.health()["relay_lost"] == 0
         assert not [r for r in caplog.records if "gone from the backend" in r.getMessage()]
+
+
+def test_a_message_landed_across_a_truncate_is_named_in_the_resets_report(
+    make_host: Callable[..., Bus], sql: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 31, 7: under load a TRUNCATE delivered one message twice on a host. The cause: the procedures do not say
+    which table they wrote into, so a message published just after the TRUNCATE (its id continuing the old ones)
+    directly follows the segment's newest and its publisher lands it in the old epoch; the relay then resets and
+    stores it again from the new table. Here the relay is held while that happens; the reset's report names it."""
+    import logging
+
+    from shmbus.adapters.postgres.doorbell import PostgresDoorbell
+
+    a, b = make_host("a"), make_host("b")
+    wait_relaying(a, b)
+    got: list[tuple[int, Any]] = []
+    a.subscribe("/t", lambda m: got.append((a.epoch, m.data)))
+    a.publish("/t", "before")  # landed by its publisher
+    read = b.publish("/t", "read")  # read by a's relay after "before": a message of the history it confirms
+    wait_for(lambda: a.segment.global_id() == read, what="a's relay read b's message")
+    held, release = threading.Event(), threading.Event()
+    hold = threading.Event()
+    ring = PostgresDoorbell.ring
+
+    def held_ring(self: PostgresDoorbell, timeout: float) -> Any:
+        if hold.is_set() and not release.is_set():
+            held.set()
+            release.wait(30)
+        return ring(self, timeout)
+
+    monkeypatch.setattr(PostgresDoorbell, "ring", held_ring)
+    hold.set()
+    assert held.wait(10), "the relay never waited on its doorbell"
+    with caplog.at_level(logging.WARNING, "shmbus.postgres"):
+        sql.execute("TRUNCATE message_bus")
+        after = a.publish("/t", "after")  # lands in the old epoch: it follows the segment's newest
+        release.set()
+        wait_for(lambda: a.default.health()["resets"] == 1, what="the relay reset for the new table")
+        wait_for(lambda: [d for _, d in got].count("after") == 2, what="the message stored again in the new epoch")
+    resets = [m for m in (r.getMessage() for r in caplog.records) if "resetting the bus" in m and repr(a.name) in m]
+    assert len(resets) == 1 and f"-{after} came after it was last confirmed" in resets[0], resets
