@@ -4,7 +4,9 @@ A host is owed what was published after it began relaying: a brand-new segment's
 ``gone_upto`` at its first read as the host's start (:meth:`LossBook.joined`), and ids trimmed before it are history
 the host never had, not its loss (a new host counted 2,000 to 27,323 of them, and logged a line per id the
 backend's channel backlogs no longer held). What is counted goes to ``relay_lost`` at once and is logged as ONE
-line per catch-up (:meth:`LossBook.report`), however many runs and single ids it was made of.
+line per catch-up (:meth:`LossBook.report`), however many runs and single ids it was made of. A message larger
+than this host's ring can hold (published on a host with a larger ring) is a loss too, with its own reason
+(:meth:`LossBook.too_large`).
 """
 
 from __future__ import annotations
@@ -41,6 +43,20 @@ class LossBook:
             self._last = max(self._last, last)
             self._count += lost
         return lost
+
+    def too_large(self, global_id: int, why: Exception, bus_name: str) -> None:
+        """Message ``global_id`` is larger than this host's ring can hold (a host with a larger ring published
+        it): a loss for this host's live subscribers, counted and said as such; a backlog read across it is
+        completed from the backend."""
+        self.status.relay_lost += 1
+        self.log.warning(
+            "shmbus %s bridge: message %d is too large for bus %r on this host (%s): not stored here, counted in "
+            "relay_lost; live subscribers miss it, backlog reads across it are filled from the backend",
+            self.status.kind,
+            global_id,
+            bus_name,
+            why,
+        )
 
     def report(self, bus_name: str) -> None:
         """Log what was counted since the last report, in one line."""

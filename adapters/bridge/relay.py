@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from shmbus.channels import split_backend_name
 from shmbus.engines import Envelope
+from shmbus.errors import PayloadTooLarge
 
 from ..redis.layout import decode_envelope
 from .backend import Backend, Doorbell, Ring, Row
@@ -397,6 +398,12 @@ class Relay:
             payload, meta = decode_envelope(bus.codec, row.value)
             env = Envelope(channel, site, payload, meta, bus.max_backlog_size, bus.max_backlog_age)
             stored = bus.store(env, global_id=row.global_id, message_id=row.message_id, timestamp=time.time())
+        except PayloadTooLarge as exc:  # published on a host with a larger ring: this one cannot hold it
+            self.losses.too_large(row.global_id, exc, bus.name)
+            if self.backend.sparse_ids:
+                bus.segment.break_chains()  # a backlog read across it says gap=True (and is filled from the backend)
+            self.status.position = row.global_id
+            return
         except (ValueError, UnicodeDecodeError, TypeError) as exc:
             self.status.unrelayable += 1
             self.log.warning(

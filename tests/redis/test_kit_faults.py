@@ -379,3 +379,31 @@ def test_a_loss_of_many_single_ids_is_counted_and_logged_once(
     assert b2.default.health()["relay_lost"] == 800
     gone = [r.getMessage() for r in caplog.records if "gone from the backend" in r.getMessage()]
     assert len(gone) == 1 and "800 message(s)" in gone[0], gone
+
+
+def test_a_message_too_large_for_a_hosts_smaller_ring_is_a_loss_with_its_reason(
+    redis_server: Any, make_host: Callable[..., Bus], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 31, 7: hosts with different ring sizes; a 2 MiB message fits host a's ring, not host b's (a quarter of
+    4 MiB). b's live subscriber missed it and its listener warned "overwritten". Now b's relay says why and counts
+    it in relay_lost; the listener counts nothing (the ring overwrote nothing); a backlog read across it is filled
+    from Redis."""
+    import logging
+
+    a = make_host("a", redis_server.url, bus_options={"ring_size": 32 << 20})
+    b = make_host("b", redis_server.url, bus_options={"ring_size": 4 << 20})
+    wait_relaying(a, b)
+    got: list[Any] = []
+    with caplog.at_level(logging.WARNING):
+        b.subscribe("/big", lambda m: got.append(m.data))
+        a.publish("/big", "small")
+        big = a.publish("/big", "x" * (2 << 20))
+        last = a.publish("/big", "after")
+        wait_for(lambda: got[-1:] == ["after"], what="b's subscriber got the message after the big one")
+        assert got == ["small", "after"]
+    figures = b.figures()
+    assert figures.relay_lost == 1 and figures.listener.lost == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not [w for w in warnings if "overwritten" in w], warnings
+    assert [w for w in warnings if f"message {big} is too large for bus {b.name!r}" in w], warnings
+    assert [len(m.data) for m in b.backlog("/big", 0)] == [5, 2 << 20, 5] and last == 3  # filled from Redis
