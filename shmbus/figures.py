@@ -10,8 +10,9 @@ from typing import Literal, NamedTuple, get_args
 
 __all__ = ["RELAY_STATES", "BusFigures", "ListenerFigures", "RelayFigures", "RelayState"]
 
-#: A bridge's relay state in one process.
-RelayState = Literal["standby", "connecting", "relaying", "reconnecting", "off"]
+#: A bridge's relay state in one process ("stalled": it holds the host's relay but made no progress for a while;
+#: appended last, so the indexes the metrics slots store keep their meaning).
+RelayState = Literal["standby", "connecting", "relaying", "reconnecting", "off", "stalled"]
 #: The relay states as the metrics slots store them (an index; 0, ``""``: the process relays nothing).
 RELAY_STATES: tuple[str, ...] = ("", *get_args(RelayState))
 

@@ -29,10 +29,12 @@ from typing import TYPE_CHECKING
 
 from shmbus.channels import split_backend_name
 from shmbus.engines import Envelope
+from shmbus.errors import PayloadTooLarge
 
 from ..redis.layout import decode_envelope
 from .backend import Backend, Doorbell, Ring, Row
 from .election import RelayElection
+from .losses import LossBook
 from .seals import Sealer, sealed_rows
 from .status import BridgeStatus
 
@@ -79,6 +81,8 @@ class Relay:
         self._marked_unreachable = False  # the publish state says unreachable because of the relay
         self._mark = 0  # the segment's newest id when the backend's history was last confirmed (see check_history)
         self._sealer: Sealer | None = None  # verifies seals for the last key and history seen
+        self.losses = LossBook(status, log)
+        self._joining = False  # a brand-new segment: its first read says what the host was never owed
 
     # ------------------------------------------------------------------ thread
     def start(self) -> None:
@@ -96,7 +100,8 @@ class Relay:
         self._bell = None
         self._active = {}
         self._mark = 0
-        self._named = self._marked_unreachable = False
+        self._named = self._marked_unreachable = self._joining = False
+        self.losses.after_fork()
 
     def close(self, join: bool) -> None:
         self.stop.set()
@@ -141,6 +146,7 @@ class Relay:
         self.status.set_relay_state("connecting")
         self._flush_metrics()
         while not stop.is_set():
+            self.status.step()
             try:
                 self._bell = self.backend.open_doorbell()
                 self.check_history()
@@ -183,6 +189,7 @@ class Relay:
         next_metrics = now + METRICS_INTERVAL
         while not stop.is_set():
             ring = bell.ring(0.25)
+            self.status.step()
             now = time.monotonic()
             if ring.top:
                 idle_since = now
@@ -241,15 +248,27 @@ class Relay:
         if current == recorded:
             self._mark = newest_before
             return False
+        self._joining = not recorded and not newest_before  # a brand-new segment joins this history
         mark = self._mark or mark or newest_before
         reset = bool(seg.global_id()) and not self.backend.history_continues(seg, bool(recorded), mark)
         if reset:
             self.status.resets += 1
+            # A publisher lands its message when it directly follows the segment's newest; a backend that cannot
+            # say which history it wrote into (PostgreSQL's procedures) lets one written just after a TRUNCATE land
+            # in the old epoch: the catch-up from 0 stores it again in the new one. Say which ids may be so.
+            newest = seg.global_id()
+            again = (
+                f"; ids {mark + 1}-{newest} came after it was last confirmed: those the new history holds are "
+                "delivered again in the new epoch"
+                if newest > mark
+                else ""
+            )
             self.log.warning(
                 "shmbus %s bridge: the backend's history is not the one bus %r holds (flushed, restarted without "
-                "persistence, truncated or recreated): resetting the bus so clients resynchronise",
+                "persistence, truncated or recreated): resetting the bus so clients resynchronise%s",
                 self.status.kind,
                 self.bus.name,
+                again,
             )
             self.bus.reset()
             self.status.position = 0
@@ -273,8 +292,12 @@ class Relay:
         timed_out = 0  # missing ids at or below this one had a writer that outlived the timeout: lost
         rereads = 0
         while not self.stop.is_set():
+            self.status.step()
             newest_before = seg.global_id()
             page = self.backend.read_after(pos, PAGE)
+            if self._joining:
+                self._joining = False
+                self.losses.joined(self.backend.gone_upto())
             if page.history and page.history == seg.history_id():
                 self._mark = newest_before  # stored before a read that came from the recorded history: its own
             elif page.rows:
@@ -315,6 +338,7 @@ class Relay:
                     self._lose(pos + 1, gone, gone)
                     pos = gone
                 break
+        self.losses.report(self.bus.name)
         self.status.position = max(self.status.position, pos)
         self.status.backend_newest = max(self.status.backend_newest, self.status.position, self.backend.newest_id())
 
@@ -355,23 +379,11 @@ class Relay:
 
     def _lose(self, first: int, last: int, lost_upto: int) -> None:
         """Move past ``first``..``last``, which the backend does not hold: those at or below ``lost_upto`` were
-        messages this host never stored (the rest were rolled back: never messages)."""
+        messages this host never stored (the rest were rolled back: never messages); :class:`.losses.LossBook`
+        counts those it was owed and logs them once per catch-up."""
         first = max(first, self.bus.segment.global_id() + 1)  # its publisher may have landed some meanwhile
-        lost = max(0, min(last, lost_upto) - first + 1)
-        if not lost:
-            return
-        self.status.relay_lost += lost
-        if self.backend.sparse_ids:
+        if self.losses.lose(first, min(last, lost_upto)) and self.backend.sparse_ids:
             self.bus.segment.break_chains()
-        self.log.warning(
-            "shmbus %s bridge: %d message(s) between ids %d and %d were gone from the backend before this host read "
-            "them (trimmed, expired, or written after the hole timeout); bus %r misses them",
-            self.status.kind,
-            lost,
-            first,
-            min(last, lost_upto),
-            self.bus.name,
-        )
 
     def _store(self, row: Row) -> None:
         """Store one message read from the backend; the position moves past it whether it was stored, already
@@ -386,6 +398,12 @@ class Relay:
             payload, meta = decode_envelope(bus.codec, row.value)
             env = Envelope(channel, site, payload, meta, bus.max_backlog_size, bus.max_backlog_age)
             stored = bus.store(env, global_id=row.global_id, message_id=row.message_id, timestamp=time.time())
+        except PayloadTooLarge as exc:  # published on a host with a larger ring: this one cannot hold it
+            self.losses.too_large(row.global_id, exc, bus.name)
+            if self.backend.sparse_ids:
+                bus.segment.break_chains()  # a backlog read across it says gap=True (and is filled from the backend)
+            self.status.position = row.global_id
+            return
         except (ValueError, UnicodeDecodeError, TypeError) as exc:
             self.status.unrelayable += 1
             self.log.warning(

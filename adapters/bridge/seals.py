@@ -25,10 +25,13 @@ from typing import Protocol
 
 from .rows import Ring, Row
 
-__all__ = ["NO_RING", "Sealer", "mac", "parse_line", "seal_of", "sealed_rows"]
+__all__ = ["MAX_ID", "NO_RING", "Sealer", "mac", "parse_id", "parse_line", "seal_of", "sealed_rows"]
 
 NO_RING = Ring(0, [], {})  #: a wait that brought nothing
 PIPE_ESCAPE = b"$$123$$"  # the gem's escape of a ``|`` in a channel name
+MAX_ID = (1 << 63) - 1  #: the largest id a backend gives (a signed 64-bit column, Redis's INCR)
+_ID_DIGITS = len(str(MAX_ID))  # 19
+_MAC_MAX = 128  # bytes of a seal's mac (sha1: 40 hex digits, sha256: 64); anything longer is no seal
 
 
 _HASHES = {"sha1": hashlib.sha1, "sha256": hashlib.sha256}  # the backends' hashes (hashlib.new looks names up)
@@ -88,25 +91,40 @@ class Sealer:
         return outer.hexdigest().encode()
 
 
+def parse_id(text: bytes) -> int | None:
+    """An id as the backends write it in a notice: 1 to 19 ASCII digits, 1 to :data:`MAX_ID`; None for anything
+    else. Notices come from anyone who may notify, and ``int`` takes far more than ids: signs, spaces,
+    underscores, and thousands of digits (quadratic to convert; past 4,300 digits a ``ValueError`` that would
+    end the relay's connection)."""
+    if 0 < len(text) <= _ID_DIGITS and text.isdigit():  # bytes.isdigit: ASCII digits only
+        value = int(text)
+        return value if 0 < value <= MAX_ID else None
+    return None
+
+
 def parse_line(line: bytes) -> Row | None:
     """The gem's line ``gid|cid|chan|envelope`` as a row; None if it is no such line or carries no envelope (a
     PostgreSQL notice too long to carry it). One ``split`` (the relay parses every sealed line on its wake-up
     path: 40% less than three ``index`` calls and four slices)."""
     try:
         gid, cid, chan, envelope = line.split(b"|", 3)
-        return Row(int(gid), int(cid), chan.replace(PIPE_ESCAPE, b"|").decode(), envelope) if envelope else None
-    except ValueError:  # too few fields, an id that is no number; UnicodeDecodeError is one
+        global_id, message_id = parse_id(gid), parse_id(cid)
+        if global_id is None or message_id is None or not envelope:
+            return None
+        return Row(global_id, message_id, chan.replace(PIPE_ESCAPE, b"|").decode(), envelope)
+    except ValueError:  # too few fields; UnicodeDecodeError is one
         return None
 
 
 def seal_of(payload: bytes) -> tuple[int, int, bytes] | None:
-    """A seal notice ``first|last|mac`` -> ``(first, last, mac)``; None if malformed."""
+    """A seal notice ``first|last|mac`` -> ``(first, last, mac)``; None if malformed (ids as :func:`parse_id`
+    reads them, ``first <= last``, a mac of at most 128 bytes). How many ids the run may name is the ring's to
+    say (:func:`sealed_rows`): a seal is anyone's words until it verifies."""
     parts = payload.split(b"|", 2)
-    try:
-        first, last = int(parts[0]), int(parts[1])
-    except (ValueError, IndexError):
+    if len(parts) != 3 or not 0 < len(parts[2]) <= _MAC_MAX:
         return None
-    return (first, last, parts[2]) if len(parts) == 3 and parts[2] and 0 < first <= last else None
+    first, last = parse_id(parts[0]), parse_id(parts[1])
+    return (first, last, parts[2]) if first is not None and last is not None and first <= last else None
 
 
 def _by_id(lines: list[bytes]) -> dict[int, bytes]:
@@ -114,18 +132,20 @@ def _by_id(lines: list[bytes]) -> dict[int, bytes]:
     fails the seal, and the read decides)."""
     out: dict[int, bytes] = {}
     for line in lines:
-        gid = line.partition(b"|")[0]
-        try:
-            out[int(gid)] = line
-        except ValueError:
-            continue
+        gid = parse_id(line.partition(b"|")[0])
+        if gid is not None:
+            out[gid] = line
     return out
 
 
 def sealed_rows(ring: Ring, sealer: Sealer, after: int) -> list[Row]:
     """The rows after ``after`` that the sealed runs of ``ring`` vouch for, in id order, continuing ``after`` one id
     after another; it stops before a gap, a run with a line missing, or a seal that does not verify (the read
-    decides the rest). Lines at or below ``after`` are not verified."""
+    decides the rest). Lines at or below ``after`` are not verified.
+
+    The ids a seal names are anyone's words until its mac verifies, so nothing here is proportional to them: a run
+    of more ids than the ring brought lines cannot be whole and is passed over before it is looked at, which bounds
+    the work by the ring's own size (at most one mac computed over at most every line, plus a sort of the seals)."""
     rows: list[Row] = []
     seals = ring.seals
     if not seals:
@@ -138,6 +158,8 @@ def sealed_rows(ring: Ring, sealer: Sealer, after: int) -> list[Row]:
             continue  # stored already (or landed by its publisher): nothing to verify
         if first > pos + 1:
             break  # a gap before this run
+        if last - first >= len(ring.lines):
+            continue  # more ids than the ring has lines: never whole (a forged ``1|99999999999|..``): no seal at all
         if len(seals) == 1 and len(ring.lines) == last - first + 1:
             run = ring.lines  # the common wake-up: one run, its lines as the publish code sent them (in id order)
         else:

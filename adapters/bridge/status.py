@@ -16,6 +16,10 @@ __all__ = ["BridgeStatus", "PublishState", "RelayState"]
 #: The publish side's state, as ``health()`` reports it.
 PublishState = Literal["unknown", "ok", "unreachable", "readonly", "error"]
 
+#: Seconds a relay that holds the election may go without a step (a doorbell wait, a history page) before its
+#: state reads "stalled": its longest honest step is a backend call or a wait for writers (5 s each by default).
+STALL_AFTER = 30.0
+
 
 @dataclass
 class BridgeStatus:
@@ -38,6 +42,36 @@ class BridgeStatus:
     takeovers: int = 0
     position: int = 0  #: the newest global id the relay has handled (stored, skipped, or counted lost)
     backend_newest: int = 0  #: the backend's newest global id as the relay last read it
+    stall_after: float = STALL_AFTER
+    stepped_at: float = 0.0  #: ``time.monotonic()`` of the relay's last step (0: none yet)
+    _stall_told: float = field(default=0.0, repr=False)  # the step whose stall was logged
+
+    def step(self) -> None:
+        """The relay made a step (called by the relay thread at each one): it is not stalled."""
+        if self._stall_told and self._stall_told == self.stepped_at:
+            self.log.info("shmbus %s bridge %s: relay (pid %d) progresses again", self.kind, self.where, os.getpid())
+        self.stepped_at = time.monotonic()
+
+    def current_relay_state(self, now: float | None = None) -> RelayState:
+        """The relay state as reported: "stalled" when the relay holds the election but its thread made no step for
+        ``stall_after`` s (a stalled thread cannot say so itself: whoever reads health or the figures does)."""
+        state = self.relay_state
+        if state not in ("connecting", "relaying") or not self.relaying or not self.stepped_at:
+            return state
+        now = time.monotonic() if now is None else now
+        if now - self.stepped_at <= self.stall_after:
+            return state
+        if self._stall_told != self.stepped_at:
+            self._stall_told = self.stepped_at
+            self.log.warning(
+                "shmbus %s bridge %s: relay (pid %d) made no progress for %.0f s (state %s -> stalled)",
+                self.kind,
+                self.where,
+                os.getpid(),
+                now - self.stepped_at,
+                state,
+            )
+        return "stalled"
 
     def set_state(self, state: PublishState, error: BaseException | None = None) -> None:
         self._record(error)
@@ -63,12 +97,13 @@ class BridgeStatus:
 
     def figures(self) -> RelayFigures:
         """The relay's part of the host metrics (``Engine.relay_figures``)."""
-        return RelayFigures(self.relaying, self.relay_state, self.backend_newest, self.relay_lost)
+        return RelayFigures(self.relaying, self.current_relay_state(), self.backend_newest, self.relay_lost)
 
     def after_fork(self) -> None:
         self.relaying = False
         self.relay_state = "standby"
         self.position = self.backend_newest = 0
+        self.stepped_at = 0.0
 
     def health(self) -> dict[str, Any]:
         """The kit's fields of ``health()`` (the backend adds its own)."""
@@ -76,7 +111,7 @@ class BridgeStatus:
             "state": self.state,
             "error": self.last_error if self.state in ("readonly", "unreachable", "error") else None,
             "relay": self.relaying,
-            "relay_state": self.relay_state,
+            "relay_state": self.current_relay_state(),
             "last_error": self.last_error,
             "last_error_at": self.last_error_at,
             "published": self.published,

@@ -9,7 +9,7 @@ import psycopg
 from psycopg import sql as pgsql
 
 from ..bridge.backend import Ring
-from ..bridge.seals import NO_RING, seal_of
+from ..bridge.seals import NO_RING, parse_id, seal_of
 from ..redis.layout import PIPE_ESCAPE
 from . import sql
 from .connection import TimedConnection
@@ -99,12 +99,15 @@ class PostgresDoorbell:
                 continue
             lines.append(payload)
             parts = payload.split(b"|", 3)
-            try:  # try, not contextlib.suppress: this runs per notice, on the wake-up path
-                top = max(top, int(parts[0]))
-                if len(parts) == 4 and len(noticed) < _NOTICED_MAX:  # a channel to trim: the gem's rule for any
+            gid = parse_id(parts[0])  # anyone may notify: an id as the table writes it, or none
+            if gid is None:
+                continue  # not one of ours
+            top = max(top, gid)
+            if len(parts) == 4 and len(noticed) < _NOTICED_MAX:  # a channel to trim: the gem's rule for any
+                try:  # try, not contextlib.suppress: this runs per notice, on the wake-up path
                     noticed.add(parts[2].replace(_PIPE_ESCAPE, b"|").decode())
-            except ValueError:  # no id (not one of ours), or a channel that is not UTF-8 (UnicodeDecodeError)
-                continue
+                except UnicodeDecodeError:  # a channel that is not UTF-8
+                    continue
         return Ring(top, lines, seals) if lines or seals else NO_RING
 
     def keepalive(self) -> None:

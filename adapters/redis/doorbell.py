@@ -17,7 +17,7 @@ from typing import Any
 import redis
 
 from ..bridge.backend import Ring
-from ..bridge.seals import NO_RING, seal_of
+from ..bridge.seals import NO_RING, parse_id, seal_of
 
 _hiredis: Any
 try:
@@ -28,6 +28,7 @@ except ImportError:  # an optional speed-up (shmbus[redis] installs it)
 __all__ = ["RedisDoorbell"]
 
 _READ = 1 << 16
+_REPLIES_PER_RING = 4096  # redis-py's path: replies one ring takes (a ring's work is bounded, as hiredis's one read)
 
 
 def _nothing_buffered(conn: Any) -> bool:
@@ -59,12 +60,14 @@ class RedisDoorbell:
         self._reader: Any = None
         self._poller: select.poll | None = None
         self._early: list[Any] = []  # replies redis-py had read before the doorbell took the socket over
+        self._more = False  # redis-py's path: the last ring left replies to read (it took its bound)
         if sock is not None and not isinstance(sock, ssl.SSLSocket) and hasattr(select, "poll"):
             self._poller = select.poll()
             self._poller.register(sock, select.POLLIN)
             if _hiredis is not None:
-                while self.conn.can_read(timeout=0):
+                while len(self._early) < _REPLIES_PER_RING and self.conn.can_read(timeout=0):
                     self._early.append(self.conn.read_response())
+                self._more = len(self._early) >= _REPLIES_PER_RING  # if redis-py keeps reading, the rest first
                 if _nothing_buffered(self.conn):  # else a reply's start is in redis-py's buffer: it keeps reading
                     self._sock = sock
                     self._reader = _hiredis.Reader()
@@ -108,9 +111,10 @@ class RedisDoorbell:
                 else:
                     line = reply[2]
                     lines.append(line)
-                    bar = line.find(b"|")
-                    if bar > 0 and line[:bar].isdigit():
-                        top = max(top, int(line[:bar]))
+                    bar = line.find(b"|", 0, 20)  # an id has at most 19 digits: look no further
+                    gid = parse_id(line[:bar]) if bar > 0 else None
+                    if gid is not None and gid > top:
+                        top = gid
             elif kind == b"pong":
                 self.ping_sent = 0.0
         return Ring(top, lines, seals) if lines or seals else NO_RING
@@ -122,13 +126,20 @@ class RedisDoorbell:
 
     def _ring_via_redis_py(self, timeout: float) -> Ring:
         conn = self.conn
-        readable = self._poller.poll(timeout * 1000) if self._poller is not None else conn.can_read(timeout=timeout)
+        if self._more:  # the last ring stopped at its bound: the rest may wait in redis-py's buffer, unseen by poll
+            readable = conn.can_read(timeout=0)
+        elif self._poller is not None:
+            readable = bool(self._poller.poll(timeout * 1000))
+        else:
+            readable = conn.can_read(timeout=timeout)
         if not readable:
+            self._more = False
             return self._quiet()
         replies = []
         while True:
             replies.append(conn.read_response())  # a closed connection raises here (the read finds EOF)
-            if not conn.can_read(timeout=0):
+            self._more = conn.can_read(timeout=0)
+            if not self._more or len(replies) >= _REPLIES_PER_RING:  # a flood of notices ends no ring
                 return self._collect(replies)
 
     def keepalive(self) -> None:

@@ -120,10 +120,10 @@ class Listener:
                     table.forget_replays()
                 recs, self._cursor, lost = seg.read_since(self._cursor)
                 if recs:
-                    position = self.position
-                    jumped = recs[0].global_id > position + 1 and position and not seg.sparse_ids
-                    if lost or jumped:  # sparse ids (PostgreSQL) may jump legitimately: only the ring's word counts
-                        self._count_lost(recs[0].global_id - position - 1)
+                    # Only the ring's word means overwritten: ids an engine imposes may jump past messages that
+                    # never reached this segment (a bridge's relay counts and reports those itself, with the reason)
+                    if lost:
+                        self._count_lost(recs[0].global_id - self.position - 1)
                     self.position = recs[-1].global_id
                     seg.store_metric("listener_gid", self.position)
                     self._last_received = time.monotonic()

@@ -65,6 +65,11 @@ class Backend:
         """Send ``line`` on the notification channel (a PUBLISH; a pg_notify) as any client could."""
         raise NotImplementedError
 
+    def ring_with_seal(self, line: str, seal: str) -> None:
+        """Send ``line`` on the notification channel and ``seal`` on the seal channel (``<channel>_shmbus_seals``)
+        in one delivery, as the publish code sends a run and its seal, as any client that may notify could."""
+        raise NotImplementedError
+
     def newest_lines(self, count: int) -> list[str]:
         """Up to ``count`` of the newest real lines, as the backend announced them (for stale repeats)."""
         raise NotImplementedError
@@ -115,6 +120,12 @@ class RedisBackend(Backend):
 
     def ring(self, line: str) -> None:
         self.client.publish(self.channel, line)
+
+    def ring_with_seal(self, line: str, seal: str) -> None:
+        pipe = self.client.pipeline(transaction=True)
+        pipe.publish(self.channel, line)
+        pipe.publish(f"{self.channel}_shmbus_seals", seal)
+        pipe.execute()
 
     def newest_lines(self, count: int) -> list[str]:
         lines = []
@@ -180,6 +191,12 @@ class PostgresBackend(Backend):
         if self._ringer is None or self._ringer.closed:
             self._ringer = self.connect()  # one connection for a storm of notices
         self._ringer.execute("SELECT pg_notify(%s, %s)", (self.channel, line))
+
+    def ring_with_seal(self, line: str, seal: str) -> None:
+        if self._ringer is None or self._ringer.closed:
+            self._ringer = self.connect()
+        statement = "SELECT pg_notify(%s, %s), pg_notify(%s, %s)"  # one transaction: one delivery
+        self._ringer.execute(statement, (self.channel, line, f"{self.channel}_shmbus_seals", seal))
 
     def newest_lines(self, count: int) -> list[str]:
         rows = self.run("SELECT id, channel, value FROM message_bus ORDER BY id DESC LIMIT %s", count)

@@ -115,6 +115,42 @@ def test_forged_notices(cluster: Cluster, backend: Backend, judge: Callable[[], 
     judge()
 
 
+#: Seals a notify-only attacker sends (``first|last|mac``): huge ranges (issue 31, 1: ``1|99999999999|zz`` stopped
+#: every relay), ids beyond 63 bits, negative, not ASCII digits, thousands of digits, garbage.
+FORGED_SEALS = (
+    "1|99999999999|zz",
+    "1|9223372036854775807|zz",
+    "1|100000000000000000000|zz",
+    "{first}|99999999999|zz",
+    "{first}|{last}|zz",
+    "-5|{first}|zz",
+    "{first}|-1|zz",
+    "+{first}|{first}|zz",
+    "\u0661|\u0663|zz",
+    "1|" + "9" * 5000 + "|zz",
+    "garbage",
+    "||",
+)
+
+
+def test_forged_seals(cluster: Cluster, backend: Backend, judge: Callable[[], Any]) -> None:
+    """Issue 31, 1: a client that may only notify sends a line with a forged seal (huge ranges, 10**20, negative,
+    garbage) while both hosts publish. A seal is anyone's words until it verifies: nothing forged is stored, no
+    relay stops (every message acknowledged after the storm reaches both hosts), no silent loss, no reset."""
+    a, b = cluster.host("a"), cluster.host("b")
+    with cluster.load(a, b, interval=0.003):
+        cluster.wait_for_acks(100)
+        for round_ in range(3):
+            newest = int(backend.newest_lines(1)[0].split("|", 1)[0])
+            for k, seal in enumerate(FORGED_SEALS):
+                gid = newest + 1 + k
+                line = forged_line(gid, "/c0", f"<script>sealed forgery {round_}.{k}</script>")
+                backend.ring_with_seal(line, seal.format(first=gid, last=gid + 10**6))
+            cluster.wait_for_acks(100)
+        cluster.wait_for_acks(300)
+    judge()
+
+
 def test_frozen_server(cluster: Cluster, backend: Backend, judge: Callable[[], Any]) -> None:
     """Point 7: the server SIGSTOPped for 12 s. A publish during the freeze ends with the engine's typed error
     before the server thaws (PostgreSQL blocked for the whole freeze), health says so, and everything

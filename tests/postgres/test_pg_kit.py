@@ -52,10 +52,14 @@ def private_pg() -> Iterator[PostgresServer]:
         server.close()
 
 
-def test_a_host_down_past_the_trim_counts_the_loss_and_shows_a_gap(make_host: Callable[..., Bus], sql: Any) -> None:
+def test_a_host_down_past_the_trim_counts_the_loss_and_shows_a_gap(
+    make_host: Callable[..., Bus], sql: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     """Host b's only process exits, host a publishes far past the global trim, b starts again: every id the table
-    no longer holds is counted in relay_lost (none silently skipped), and a client of b that was up to date before
-    gets gap=True and exactly the rows the table kept."""
+    no longer holds is counted in relay_lost (none silently skipped) and logged in one line, and a client of b that
+    was up to date before gets gap=True and exactly the rows the table kept."""
+    import logging
+
     limits = {"max_global_backlog_size": 200}
     a = make_host("a", trim_interval=0.05, bus_options=limits)
     b = make_host("b", bus_options=limits)
@@ -67,9 +71,12 @@ def test_a_host_down_past_the_trim_counts_the_loss_and_shows_a_gap(make_host: Ca
     sent = a.default.publish_many(a, [(f"/c{i % 3}", i) for i in range(1500)])
     wait_for(lambda: sql.execute("SELECT min(id) FROM message_bus").fetchone()[0] > sent[-1] - 200 - 5, what="the trim")
     kept = [r[0] for r in sql.execute("SELECT id FROM message_bus WHERE id > %s ORDER BY id", (before[-1],))]
-    b2 = make_host("b", bus_options=limits)  # host b starts again on its old segment
-    wait_relaying(b2)
-    wait_for(lambda: b2.segment.global_id() == sent[-1], what="b caught up")
+    with caplog.at_level(logging.WARNING, "shmbus.postgres"):
+        b2 = make_host("b", bus_options=limits)  # host b starts again on its old segment
+        wait_relaying(b2)
+        wait_for(lambda: b2.segment.global_id() == sent[-1], what="b caught up")
+    gone = [r.getMessage() for r in caplog.records if "gone from the backend" in r.getMessage()]
+    assert len(gone) == 1 and gone[0].startswith(f"shmbus postgres bridge: {len(sent) - len(kept)} message(s)"), gone
     held = [r.global_id for r in b2.segment.global_backlog(before[-1])]
     assert held == kept  # every row the table still had, once, in order
     assert b2.default.health()["relay_lost"] == len(sent) - len(kept)  # and every other acknowledged id counted
@@ -505,3 +512,64 @@ def test_a_publish_interrupted_mid_reply_closes_its_connection(make_host: Callab
     monkeypatch.setattr(direct, "_wait", real_wait)
     new_id = a.publish("/i", 3)
     assert new_id is not None and new_id > 1 and a.default.backend.conn() is not conn
+
+
+def test_a_new_host_owes_nothing_trimmed_before_it_began(
+    make_host: Callable[..., Bus], sql: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 31, 7: a new host counted the rows trimmed before it existed as its own relay_lost and logged it. It
+    is owed what was published after it began relaying: 0 lost, no warning."""
+    import logging
+
+    limits = {"max_global_backlog_size": 200}
+    a = make_host("a", trim_interval=0.05, bus_options=limits)
+    wait_relaying(a)
+    sent = a.default.publish_many(a, [(f"/c{i % 3}", i) for i in range(1500)])
+    wait_for(lambda: sql.execute("SELECT min(id) FROM message_bus").fetchone()[0] > sent[-1] - 200 - 5, what="the trim")
+    with caplog.at_level(logging.WARNING, "shmbus.postgres"):
+        b = make_host("b", bus_options=limits)
+        wait_relaying(b)
+        wait_for(lambda: b.segment.global_id() == sent[-1], what="b caught up")
+        assert b.default.health()["relay_lost"] == 0
+        assert not [r for r in caplog.records if "gone from the backend" in r.getMessage()]
+
+
+def test_a_message_landed_across_a_truncate_is_named_in_the_resets_report(
+    make_host: Callable[..., Bus], sql: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 31, 7: under load a TRUNCATE delivered one message twice on a host. The cause: the procedures do not say
+    which table they wrote into, so a message published just after the TRUNCATE (its id continuing the old ones)
+    directly follows the segment's newest and its publisher lands it in the old epoch; the relay then resets and
+    stores it again from the new table. Here the relay is held while that happens; the reset's report names it."""
+    import logging
+
+    from shmbus.adapters.postgres.doorbell import PostgresDoorbell
+
+    a, b = make_host("a"), make_host("b")
+    wait_relaying(a, b)
+    got: list[tuple[int, Any]] = []
+    a.subscribe("/t", lambda m: got.append((a.epoch, m.data)))
+    a.publish("/t", "before")  # landed by its publisher
+    read = b.publish("/t", "read")  # read by a's relay after "before": a message of the history it confirms
+    wait_for(lambda: a.segment.global_id() == read, what="a's relay read b's message")
+    held, release = threading.Event(), threading.Event()
+    hold = threading.Event()
+    ring = PostgresDoorbell.ring
+
+    def held_ring(self: PostgresDoorbell, timeout: float) -> Any:
+        if hold.is_set() and not release.is_set():
+            held.set()
+            release.wait(30)
+        return ring(self, timeout)
+
+    monkeypatch.setattr(PostgresDoorbell, "ring", held_ring)
+    hold.set()
+    assert held.wait(10), "the relay never waited on its doorbell"
+    with caplog.at_level(logging.WARNING, "shmbus.postgres"):
+        sql.execute("TRUNCATE message_bus")
+        after = a.publish("/t", "after")  # lands in the old epoch: it follows the segment's newest
+        release.set()
+        wait_for(lambda: a.default.health()["resets"] == 1, what="the relay reset for the new table")
+        wait_for(lambda: [d for _, d in got].count("after") == 2, what="the message stored again in the new epoch")
+    resets = [m for m in (r.getMessage() for r in caplog.records) if "resetting the bus" in m and repr(a.name) in m]
+    assert len(resets) == 1 and f"-{after} came after it was last confirmed" in resets[0], resets

@@ -83,3 +83,57 @@ def test_a_reply_half_in_redis_pys_buffer_keeps_redis_py_reading() -> None:
     reader.feed(b"*3\r\n$7\r\nmessage\r\n$3\r\n/ch\r\n$10\r\n12|")
     assert reader.gets() is False and not doorbell_module._nothing_buffered(conn)
     assert not doorbell_module._nothing_buffered(SimpleNamespace(_parser=SimpleNamespace()))  # a Python parser
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["hiredis", "redis-py"])
+def test_a_line_with_a_huge_id_is_a_doorbell_not_an_error(redis_server: Any, direct: bool, monkeypatch: Any) -> None:
+    """Issue 31: anyone who may PUBLISH sent ``9999…9|…`` (5,000 digits): ``int`` refuses past 4,300 digits with a
+    ValueError, which ended the relay's connection (a reconnect, with backoff, per line). An id is at most 19
+    ASCII digits: anything else names no id (it still rings); a seal with such ids is no seal."""
+    if not direct:
+        monkeypatch.setattr(doorbell_module, "_hiredis", None)
+    r = redis.Redis.from_url(redis_server.url, protocol=2)
+    bell = RedisDoorbell(r, "/ch", "/ch_seals", socket_timeout=5.0)
+    try:
+        huge = b"9" * 5000
+        forged = [huge + b"|1|/c|{}", b"-7|1|/c|{}", b"+7|1|/c|{}", b"99999999999999999999|1|/c|{}", b"8|8|/c|{}"]
+        for line in forged:
+            r.publish("/ch", line)
+        for seal in (b"1|" + huge + b"|zz", b"1|100000000000000000000|zz", b"-1|5|zz", b"1|99999999999|zz"):
+            r.publish("/ch_seals", seal)
+        lines: list[bytes] = []
+        seals: dict[int, tuple[int, bytes]] = {}
+        top = 0
+        for _ in range(50):
+            ring = bell.ring(0.5)
+            lines += ring.lines
+            seals.update(ring.seals)
+            top = max(top, ring.top)
+            if len(lines) == len(forged) and seals:
+                break
+        assert lines == forged and top == 8
+        assert seals == {1: (99999999999, b"zz")}  # well-formed; the ring's size refuses it (seals.sealed_rows)
+    finally:
+        bell.close()
+
+
+def test_a_flood_of_notices_ends_no_ring_on_redis_pys_path(redis_server: Any, monkeypatch: Any) -> None:
+    """redis-py's path read replies while any were readable: a client publishing faster than the relay parses kept
+    one ring going for good. A ring takes at most its bound; the rest come with the next rings, none lost."""
+    monkeypatch.setattr(doorbell_module, "_hiredis", None)
+    r = redis.Redis.from_url(redis_server.url, protocol=2)
+    bell = RedisDoorbell(r, "/ch", "/ch_seals", socket_timeout=5.0)
+    try:
+        count = 3 * doorbell_module._REPLIES_PER_RING
+        pipe = r.pipeline(transaction=False)
+        for i in range(1, count + 1):
+            pipe.publish("/ch", b"%d|" % i)
+        pipe.execute()
+        sizes: list[int] = []
+        while sum(sizes) < count:
+            ring = bell.ring(2.0)
+            assert ring.lines, f"{sum(sizes)} of {count} arrived"
+            sizes.append(len(ring.lines))
+        assert max(sizes) <= doorbell_module._REPLIES_PER_RING and sum(sizes) == count
+    finally:
+        bell.close()

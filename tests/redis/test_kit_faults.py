@@ -275,3 +275,135 @@ def test_stats_never_says_lags_by_0_across_histories(redis_server: Any, make_hos
     assert out.returncode == 0, out.stderr
     view = json.loads(out.stdout)["redis"]
     assert view["lag"] is None and "another history" in view["standing"], view
+
+
+def test_a_forged_seal_with_a_huge_range_stops_no_relay(redis_server: Any, make_host: Callable[..., Bus]) -> None:
+    """Issue 31, 1: one PUBLISHed line plus the seal ``1|99999999999|zz`` (any pub/sub client can send both) made
+    host b's relay build a list over the whole range: 0 of the next 169 messages, 19 s of CPU in 20 s, health
+    "relaying". The seal names more ids than the ring brought lines: passed over, and the relay keeps delivering."""
+    from shmbus.adapters.redis import layout
+
+    a, b = make_host("a", redis_server.url), make_host("b", redis_server.url)
+    wait_relaying(a, b)
+    first = a.publish("/chat", "hello")
+    wait_for(lambda: b.last_id("/chat") == first, what="b has the first message")
+    r = redis.Redis.from_url(redis_server.url)
+    forged = b'%d|%d|/chat|{"data":"forged","user_ids":null,"group_ids":null,"client_ids":null}'
+    for last in (b"99999999999", b"9223372036854775807", b"100000000000000000000", b"-1", b"9" * 5000):
+        pipe = r.pipeline(transaction=True)  # both in one delivery, as the publish script sends them
+        pipe.publish("_message_bus_0", forged % (first + 1, first + 1))
+        pipe.publish(layout.seal_channel("_message_bus_0"), b"1|%s|zz" % last)
+        pipe.execute()
+    sent = [a.publish("/chat", f"after {i}") for i in range(50)]
+    wait_for(lambda: b.last_id("/chat") == sent[-1], what="b got every message after the forged seals")
+    assert [m.data for m in b.backlog("/chat")] == ["hello", *(f"after {i}" for i in range(50))]
+    health = b.default.health()
+    assert health["relay_state"] == "relaying" and health["relay_lost"] == 0 and health["resets"] == 0
+
+
+def test_a_relay_that_makes_no_progress_says_stalled(
+    redis_server: Any, make_host: Callable[..., Bus], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 31, 1: a relay thread stuck in a step said "relaying" for good. Whoever reads health or the metrics
+    sees "stalled" once it made no step for ``stall_after`` s, and "relaying" again when it moves."""
+    import threading
+
+    from shmbus.adapters.redis.doorbell import RedisDoorbell
+
+    b = make_host("b", redis_server.url)
+    wait_relaying(b)
+    status = b.default.status  # type: ignore[union-attr]
+    status.stall_after = 0.2
+    held, release = threading.Event(), threading.Event()
+    ring = RedisDoorbell.ring
+
+    def stuck_ring(self: RedisDoorbell, timeout: float) -> Any:
+        if not release.is_set():
+            held.set()
+            release.wait(30)
+        return ring(self, timeout)
+
+    monkeypatch.setattr(RedisDoorbell, "ring", stuck_ring)
+    try:
+        assert held.wait(10), "the relay never waited on its doorbell"
+        wait_for(lambda: b.default.health()["relay_state"] == "stalled", what="health says stalled")
+        assert b.metrics.flush()  # as the listener thread would (the relay's own flush is stuck with it)
+        snap = read_snapshot(b)
+        assert snap.relay is not None and snap.relay.relay_state == "stalled"
+    finally:
+        release.set()
+    wait_for(lambda: b.default.health()["relay_state"] == "relaying", what="relaying again")
+
+
+def test_a_new_host_owes_nothing_trimmed_before_it_began(
+    redis_server: Any, make_host: Callable[..., Bus], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 31, 7: a new host counted the backend's history trimmed before it existed as its own relay_lost
+    (2,000-27,323 at start) and logged ~1,000 one-id warnings (ids whose channel backlog no longer held them). It
+    is owed what was published after it began relaying: 0 lost, no warning; a later loss still counts, once."""
+    import logging
+
+    a = make_host("a", redis_server.url, bus_options={"max_global_backlog_size": 300, "max_backlog_size": 50})
+    wait_relaying(a)
+    with a.default.batch():  # type: ignore[union-attr]
+        for i in range(2000):
+            a.publish(f"/c{i % 40}", i)  # the global backlog and each channel's are trimmed
+    with caplog.at_level(logging.WARNING, "shmbus.redis"):
+        b = make_host("b", redis_server.url)
+        wait_relaying(b)
+        wait_for(lambda: b.segment.global_id() == 2000, what="b caught up")
+        assert b.default.health()["relay_lost"] == 0
+        assert not [r for r in caplog.records if "gone from the backend" in r.getMessage()]
+
+
+def test_a_loss_of_many_single_ids_is_counted_and_logged_once(
+    redis_server: Any, make_host: Callable[..., Bus], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Ids the global backlog still names but whose channel backlog was trimmed came one by one, each with its own
+    warning (~1,000 lines). They still count, each once, in one line per catch-up."""
+    import logging
+
+    limits = {"max_global_backlog_size": 5000, "max_backlog_size": 10}
+    a, b = make_host("a", redis_server.url, bus_options=limits), make_host("b", redis_server.url, bus_options=limits)
+    wait_relaying(a, b)
+    first = a.publish("/c0", "before")
+    wait_for(lambda: b.segment.global_id() == first, what="b up to date")
+    b.close()  # a rolling deploy: host b's only process exits, its segment stays
+    with a.default.batch():  # type: ignore[union-attr]
+        for i in range(1000):
+            a.publish(f"/c{i % 20}", i)  # each channel keeps its newest 10: 800 ids name trimmed lines
+    with caplog.at_level(logging.WARNING, "shmbus.redis"):
+        b2 = make_host("b", redis_server.url, bus_options=limits)
+        wait_relaying(b2)
+        wait_for(lambda: b2.segment.global_id() == first + 1000, what="b caught up")
+    assert b2.default.health()["relay_lost"] == 800
+    gone = [r.getMessage() for r in caplog.records if "gone from the backend" in r.getMessage()]
+    assert len(gone) == 1 and "800 message(s)" in gone[0], gone
+
+
+def test_a_message_too_large_for_a_hosts_smaller_ring_is_a_loss_with_its_reason(
+    redis_server: Any, make_host: Callable[..., Bus], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 31, 7: hosts with different ring sizes; a 2 MiB message fits host a's ring, not host b's (a quarter of
+    4 MiB). b's live subscriber missed it and its listener warned "overwritten". Now b's relay says why and counts
+    it in relay_lost; the listener counts nothing (the ring overwrote nothing); a backlog read across it is filled
+    from Redis."""
+    import logging
+
+    a = make_host("a", redis_server.url, bus_options={"ring_size": 32 << 20})
+    b = make_host("b", redis_server.url, bus_options={"ring_size": 4 << 20})
+    wait_relaying(a, b)
+    got: list[Any] = []
+    with caplog.at_level(logging.WARNING):
+        b.subscribe("/big", lambda m: got.append(m.data))
+        a.publish("/big", "small")
+        big = a.publish("/big", "x" * (2 << 20))
+        last = a.publish("/big", "after")
+        wait_for(lambda: got[-1:] == ["after"], what="b's subscriber got the message after the big one")
+        assert got == ["small", "after"]
+    figures = b.figures()
+    assert figures.relay_lost == 1 and figures.listener.lost == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not [w for w in warnings if "overwritten" in w], warnings
+    assert [w for w in warnings if f"message {big} is too large for bus {b.name!r}" in w], warnings
+    assert [len(m.data) for m in b.backlog("/big", 0)] == [5, 2 << 20, 5] and last == 3  # filled from Redis
