@@ -17,6 +17,7 @@ __all__ = [
     "LayoutMismatch",
     "NotASegment",
     "PayloadTooLarge",
+    "PublishOutcomeUnknown",
     "SegmentCorrupt",
     "ShmbusError",
     "UnsafeSegment",
@@ -102,6 +103,36 @@ class ChannelTableFull(ShmbusError):
 
 class EngineError(ShmbusError):
     """An engine (e.g. the Redis bridge) could not carry out a publish; the message was not stored."""
+
+
+class PublishOutcomeUnknown(ShmbusError):
+    """A bridged publish whose request reached (or may have reached) the backend but whose reply was never read: a
+    timeout, a connection lost mid-reply, an exception raised by a signal handler. The message may have been stored
+    and delivered everywhere, or not at all; retrying blindly may publish it twice (see ``docs/faults.md`` for a
+    retry without duplicates). Deliberately not an :class:`EngineError`, whose promise is "not stored".
+
+    ``channel`` (None for a batch of several), ``count`` (messages in the request), ``backend`` (``"redis"``,
+    ``"postgres"``), ``where`` (its address without secrets), ``sent`` (True: the whole request was written;
+    None: some of it may have been) and ``cause`` (the exception that ended the wait, also ``__cause__``)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        channel: str | None,
+        backend: str,
+        where: str,
+        cause: BaseException,
+        sent: bool | None = True,
+        count: int = 1,
+    ) -> None:
+        super().__init__(message)
+        self.channel = channel
+        self.count = count
+        self.backend = backend
+        self.where = where
+        self.cause = cause
+        self.sent = sent
 
 
 class BusBridged(EngineError):

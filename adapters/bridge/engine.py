@@ -13,7 +13,7 @@ from shmbus.engines import BacklogGap, Engine, Envelope, RelayFigures
 from shmbus.errors import EngineError
 from shmbus.perprocess import Birth
 
-from .backend import Backend
+from .backend import Acknowledged, Backend
 from .election import RelayElection
 from .landing import Landing
 from .queue import PublishQueue
@@ -218,30 +218,48 @@ class BridgeEngine(Engine):
             if self.queue is not None and self.queue.offer_if_queueing(chunk):
                 out.extend([None] * len(chunk))
                 continue
+            call = self.status.calls.begin()
             try:
                 ack = self.backend.publish(bus, chunk)
-            except EngineError:
+            except EngineError:  # refused: nothing stored (PublishOutcomeUnknown is no EngineError: never queued)
                 if self.queue is None:
                     raise
                 self.queue.put(chunk)
                 out.extend([None] * len(chunk))
                 continue
-            self.status.published += len(ack.ids)
-            self.status.set_state("ok")
-            assert self.landing is not None
-            self.landing.land(bus, [(e, g, m) for e, (g, m) in zip(chunk, ack.ids, strict=True)], ack.history)
+            finally:
+                self.status.calls.end(call)
+            self._acknowledged(bus, chunk, ack)
             out.extend(m for _, m in ack.ids)
         return out
 
+    def _acknowledged(self, bus: BusHost, chunk: list[Envelope], ack: Acknowledged) -> None:
+        """What follows the backend's ack is bookkeeping: the message is stored and will reach every host, so a
+        failure here (the segment's lock timing out, a closed segment) is logged, never raised: a caller told
+        "failed" would publish it again."""
+        self.status.published += len(ack.ids)
+        self.status.set_state("ok")
+        if self.landing is None:
+            return
+        try:
+            self.landing.land(bus, [(e, g, m) for e, (g, m) in zip(chunk, ack.ids, strict=True)], ack.history)
+        except Exception:
+            self.log.exception(
+                "shmbus %s bridge: published %d message(s) (newest id %d) but landing them here failed; the relay "
+                "stores them",
+                self.status.kind,
+                len(ack.ids),
+                ack.ids[-1][0] if ack.ids else 0,
+            )
+
     def _send_queued(self, env: Envelope) -> None:
         bus = self._bus_of(None)
-        ack = self.backend.publish(bus, [env])
-        (gid, mid) = ack.ids[0]
-        self.status.published += 1
-        self.status.set_state("ok")
-        if self.landing is not None:
-            with contextlib.suppress(Exception):
-                self.landing.land(bus, [(env, gid, mid)], ack.history)
+        call = self.status.calls.begin()
+        try:
+            ack = self.backend.publish(bus, [env])
+        finally:
+            self.status.calls.end(call)
+        self._acknowledged(bus, [env], ack)
 
     # ------------------------------------------------------------------ reads, health
     def backlog(self, bus: BusHost, gap: BacklogGap) -> Backlog | None:

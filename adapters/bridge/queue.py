@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable, Iterable
 
 from shmbus.engines import Envelope
-from shmbus.errors import EngineError
+from shmbus.errors import EngineError, PublishOutcomeUnknown
 
 __all__ = ["PublishQueue"]
 
@@ -71,6 +71,10 @@ class PublishQueue:
             except EngineError:
                 self.stop.wait(1.0)
                 continue
+            except PublishOutcomeUnknown as exc:  # sent, reply lost: sending it again could store it twice
+                self.log.warning(
+                    "shmbus bridge: a queued message's publish has an unknown outcome, not resent: %s", exc
+                )
             with self._lock:
                 if self._queue and self._queue[0] is env:
                     self._queue.popleft()

@@ -3,6 +3,7 @@ metrics (``Engine.relay_figures``), the admin page and ``shmbus top``; nothing r
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
@@ -11,10 +12,37 @@ from typing import Any, Literal
 
 from shmbus.figures import RelayFigures, RelayState
 
-__all__ = ["BridgeStatus", "PublishState", "RelayState"]
+__all__ = ["BridgeStatus", "Calls", "PublishState", "RelayState"]
 
-#: The publish side's state, as ``health()`` reports it.
-PublishState = Literal["unknown", "ok", "unreachable", "readonly", "error"]
+#: The publish side's state, as ``health()`` reports it (``"stalled"``: reported, never stored, see :class:`Calls`).
+PublishState = Literal["unknown", "ok", "unreachable", "readonly", "error", "stalled"]
+
+
+class Calls:
+    """The backend calls waiting now, by start time. The last outcome says nothing while a server is frozen (every
+    call is still waiting), their age does: ``health()`` says ``stalled`` once the oldest waited ``stall_after``
+    seconds. A token per call (``begin``/``end``): a dict insert and pop on the publish path, nothing else."""
+
+    def __init__(self, stall_after: float) -> None:
+        self.stall_after = stall_after
+        self._started: dict[int, float] = {}
+        self._tokens = itertools.count()
+
+    def begin(self) -> int:
+        token = next(self._tokens)
+        self._started[token] = time.monotonic()
+        return token
+
+    def end(self, token: int) -> None:
+        self._started.pop(token, None)
+
+    def waiting(self) -> tuple[int, float]:
+        """How many calls wait now, and the oldest one's age in seconds (0.0: none)."""
+        started = list(self._started.values())
+        return len(started), (time.monotonic() - min(started) if started else 0.0)
+
+    def clear(self) -> None:
+        self._started = {}
 
 #: Seconds a relay that holds the election may go without a step (a doorbell wait, a history page) before its
 #: state reads "stalled": its longest honest step is a backend call or a wait for writers (5 s each by default).
@@ -72,6 +100,8 @@ class BridgeStatus:
                 state,
             )
         return "stalled"
+    #: publishes waiting for the backend now; the bridge sets ``stall_after`` (half its command timeout)
+    calls: Calls = field(default_factory=lambda: Calls(2.5), repr=False)
 
     def set_state(self, state: PublishState, error: BaseException | None = None) -> None:
         self._record(error)
@@ -104,12 +134,23 @@ class BridgeStatus:
         self.relay_state = "standby"
         self.position = self.backend_newest = 0
         self.stepped_at = 0.0
+        self.calls.clear()  # the parent's threads' calls
 
     def health(self) -> dict[str, Any]:
-        """The kit's fields of ``health()`` (the backend adds its own)."""
+        """The kit's fields of ``health()`` (the backend adds its own). ``state`` is ``stalled`` while a publish has
+        waited longer than ``calls.stall_after`` (a frozen server), whatever the last outcome was."""
+        waiting, oldest = self.calls.waiting()
+        stalled = oldest > self.calls.stall_after
+        state = "stalled" if stalled else self.state
+        error = self.last_error if state in ("readonly", "unreachable", "error") else None
+        if stalled:
+            limit = self.calls.stall_after
+            error = f"a publish has waited {oldest:.1f} s for the {self.kind} server (stalled after {limit} s)"
         return {
-            "state": self.state,
-            "error": self.last_error if self.state in ("readonly", "unreachable", "error") else None,
+            "state": state,
+            "error": error,
+            "calls_waiting": waiting,
+            "oldest_call_seconds": round(oldest, 3),
             "relay": self.relaying,
             "relay_state": self.current_relay_state(),
             "last_error": self.last_error,

@@ -24,6 +24,7 @@ from shmbus.perprocess import Birth
 from shmbus.segment import BridgeRecord
 
 from ..bridge.backend import Acknowledged, Page, Row
+from ..bridge.outcome import ReplyLost, cause_text, note_unknown, outcome_unknown
 from ..bridge.status import BridgeStatus
 from ..redis.layout import PIPE_ESCAPE, decode_envelope, encode_envelope
 from . import sql
@@ -190,9 +191,26 @@ class PostgresBackend:
                 params = ([r[0] for r in rows], [r[1] for r in rows], self.notify_channel, [r[2] for r in rows])
                 row = self._execute(sql.PUBLISH_MANY, params).fetchone()
                 ids = [int(i) for i in (row[0] if row is not None else None) or ()]
-        except Exception as exc:
+        except ReplyLost as lost:
+            self.drop_conn()
+            self.status.set_state("unreachable" if isinstance(lost.cause, self.unreachable) else "error", lost.cause)
+            raise outcome_unknown(self.kind, redact_dsn(self.dsn), envelopes, lost) from lost.cause
+        except (psycopg.Error, PostgresBridgeError, OSError) as exc:  # nothing sent, or refused whole
             raise self._publish_error(exc) from exc
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                note_unknown(exc, self.kind)
+            raise
         return Acknowledged([(g, g) for g in ids], None)
+
+    def _publish_conn(self) -> TimedConnection:
+        """This thread's connection, replaced first when the server closed it while idle (``pg_terminate_backend``,
+        ``idle_session_timeout``, a restart): the publish then goes on a new one instead of failing."""
+        conn = self.conn()
+        if conn.closed_while_idle():
+            self.drop_conn()
+            conn = self.conn()
+        return conn
 
     def _call_one(self, params: tuple[str, str, str, str]) -> int | None:
         """One message: the prepared CALL on libpq directly (:mod:`.direct`); a NUL byte goes through psycopg,
@@ -200,7 +218,7 @@ class PostgresBackend:
         if any("\x00" in p for p in params):
             row = self._execute(sql.PUBLISH, params).fetchone()
             return int(row[0]) if row is not None else None
-        conn = self.conn()
+        conn = self._publish_conn()
         try:
             return call_publish(conn, params)
         except _MISSING:
@@ -210,32 +228,39 @@ class PostgresBackend:
             return call_publish(conn, params)
 
     def _execute(self, query: str, params: tuple[Any, ...]) -> psycopg.Cursor[Any]:
-        """Run a publish statement; when the table or a procedure is gone (a plain ``DROP TABLE message_bus``)
-        recreate them and run it once more (the failed statement changed nothing)."""
-        conn = self.conn()
+        """Run a publish statement through psycopg; when the table or a procedure is gone (a plain ``DROP TABLE
+        message_bus``) recreate them and run it once more (the failed statement changed nothing). A connection
+        lost or timed out once the statement went out is :class:`ReplyLost` (psycopg does not say whether it was
+        sent: it may have run)."""
+        conn = self._publish_conn()
         try:
-            return conn.execute(query, params, prepare=True)
-        except _MISSING:
-            self._ready = False
-            self._create_objects(conn)
-            return conn.execute(query, params, prepare=True)
+            try:
+                return conn.execute(query, params, prepare=True)
+            except _MISSING:
+                self._ready = False
+                self._create_objects(conn)
+                return conn.execute(query, params, prepare=True)
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            raise ReplyLost(exc, sent=None) from exc
+        except psycopg.Error:
+            raise  # an error reply: the statement did not run
+        except Exception as exc:
+            raise ReplyLost(exc, sent=None) from exc
 
     def _publish_error(self, exc: BaseException) -> PostgresBridgeError:
+        """A definite refusal (nothing was stored): the cause is named, never an empty reason."""
         if isinstance(exc, PostgresBridgeError):
             return exc
-        where = redact_dsn(self.dsn)
+        where, text = redact_dsn(self.dsn), cause_text(exc)
         if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
             self.status.set_state("readonly", exc)
-            return PostgresReadOnly(f"PostgreSQL at {where} is read-only (a standby?); message not published: {exc}")
+            return PostgresReadOnly(f"PostgreSQL at {where} is read-only (a standby?); message not published: {text}")
         self.drop_conn()
         if isinstance(exc, (psycopg.OperationalError, OSError)):
             self.status.set_state("unreachable", exc)
-            return PostgresUnavailable(
-                f"PostgreSQL at {where} is unreachable; message not published (or, if the connection broke "
-                f"mid-reply, outcome unknown): {exc}"
-            )
+            return PostgresUnavailable(f"PostgreSQL at {where} is unreachable; message not published: {text}")
         self.status.set_state("error", exc)
-        return PostgresBridgeError(f"PostgreSQL at {where} refused the publish: {exc}")
+        return PostgresBridgeError(f"PostgreSQL at {where} refused the publish: {text}")
 
     # ------------------------------------------------------------------ the server's role
     def check_server(self, conn: psycopg.Connection[Any]) -> None:

@@ -79,6 +79,7 @@ class PostgresBridge(BridgeEngine):
         self.notify_channel = notify_channel or f"_message_bus_{db}"
         self.hole_timeout = hole_timeout
         status = BridgeStatus("postgres", redact_dsn(dsn), log)
+        status.calls.stall_after = command_timeout / 2  # a publish waiting half its timeout: health says stalled
         backend = PostgresBackend(
             dsn,
             self.notify_channel,

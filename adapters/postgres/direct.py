@@ -7,8 +7,13 @@ caller's ``publish`` and the statement on the wire, so it is cross-host latency 
 
 The connection is the thread's psycopg connection (:meth:`PostgresBackend.conn`), left idle after every call, so
 psycopg goes on using it. The wait keeps the connection's ``command_timeout`` as :class:`TimedConnection` does: a
-server that does not answer within it has the connection closed and :class:`psycopg.OperationalError` raised. An
-error reply raises psycopg's own exception class for its SQLSTATE (``UndefinedFunction`` for a dropped procedure).
+server that does not answer within it has the connection closed. What a failure means depends on when it came:
+before the statement was handed to libpq, it raises as it is (nothing sent); once it was, any failure while waiting
+for the reply (the timeout, the connection lost, an exception from a signal handler, an error reply that ends the
+session such as ``pg_terminate_backend``'s: the procedure may have committed) closes the connection and raises
+:class:`~..bridge.outcome.ReplyLost` (``KeyboardInterrupt`` and other ``BaseException`` classes propagate as they are).
+Any other error reply raises psycopg's own exception class for its SQLSTATE (``UndefinedFunction`` for a dropped
+procedure): the statement did not run.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import pq
+
+from ..bridge.outcome import ReplyLost
 
 if TYPE_CHECKING:
     from .connection import TimedConnection
@@ -49,7 +56,10 @@ def call_publish(conn: TimedConnection, params: tuple[str, str, str, str]) -> in
 
 def _prepare(conn: TimedConnection) -> None:
     conn.shmbus_prepared = False
-    _run(conn, lambda pg: pg.send_prepare(_NAME, _CALL))
+    try:
+        _run(conn, lambda pg: pg.send_prepare(_NAME, _CALL))
+    except ReplyLost as lost:  # a PREPARE publishes nothing: its failure is a plain one
+        raise lost.cause from None
     conn.shmbus_prepared = True
 
 
@@ -60,6 +70,8 @@ def forget_prepared(conn: TimedConnection) -> None:
         _run(conn, lambda pg: pg.send_query(b"DEALLOCATE " + _NAME))
     except psycopg.errors.InvalidSqlStatementName:
         pass  # never prepared on this connection
+    except ReplyLost as lost:
+        raise lost.cause from None
 
 
 def _run(conn: TimedConnection, send: Any) -> pq.abc.PGresult:
@@ -67,11 +79,11 @@ def _run(conn: TimedConnection, send: Any) -> pq.abc.PGresult:
     pgconn = conn.pgconn
     limit = conn.command_timeout
     deadline = None if limit is None else time.monotonic() + limit
-    send(pgconn)
+    send(pgconn)  # raises when libpq could not take it (a connection already bad): nothing was sent
     result = first_error = None
+    error: psycopg.Error | None = None
     try:
-        poller = select.poll()
-        poller.register(pgconn.socket, select.POLLIN)
+        poller = conn.poller()
         while pgconn.flush():  # a large statement that did not fit the socket's buffer at once
             _wait(conn, deadline, select.POLLOUT)
         while True:
@@ -83,11 +95,17 @@ def _run(conn: TimedConnection, send: Any) -> pq.abc.PGresult:
             if r.status not in _OK and first_error is None:
                 first_error = r
             result = r
-    except BaseException:  # interrupted mid-reply (a signal, the caller's own timeout) or the connection failed:
+        if first_error is not None:
+            error = psycopg.errors.error_from_result(first_error, encoding=conn.info.encoding)
+            if isinstance(error, psycopg.OperationalError):  # the session ended mid-statement (57P01 and friends)
+                raise error
+    except BaseException as exc:  # interrupted mid-reply (a signal, the caller's own timeout) or the connection failed:
         pgconn.finish()  # a later statement would read this reply, so the connection goes (conn() makes another)
+        if isinstance(exc, Exception):
+            raise ReplyLost(exc) from exc
         raise
-    if first_error is not None:
-        raise psycopg.errors.error_from_result(first_error, encoding=conn.info.encoding)
+    if error is not None:
+        raise error
     if result is None:
         raise psycopg.OperationalError("the server sent no result")
     return result

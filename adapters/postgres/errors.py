@@ -15,8 +15,9 @@ class PostgresBridgeError(EngineError):
 
 
 class PostgresUnavailable(PostgresBridgeError):
-    """PostgreSQL could not be reached or did not answer within ``command_timeout`` (or the connection broke
-    mid-publish: the outcome is then unknown)."""
+    """PostgreSQL could not be reached, or the connection was lost before the statement was sent. (No answer
+    within ``command_timeout``, or a connection lost once the statement was sent, is
+    :class:`~shmbus.errors.PublishOutcomeUnknown`.)"""
 
 
 class PostgresReadOnly(PostgresBridgeError):

@@ -26,6 +26,7 @@ from shmbus.perprocess import Birth
 from shmbus.segment import BridgeRecord
 
 from ..bridge.backend import Acknowledged, Page, Row
+from ..bridge.outcome import ReplyLost, cause_text, note_unknown, outcome_unknown
 from ..bridge.status import BridgeStatus
 from . import layout
 from .commands import DirectCommands
@@ -125,10 +126,20 @@ class RedisBackend:
 
     # ------------------------------------------------------------------ publish
     def publish(self, bus: BusHost, envelopes: list[Envelope]) -> Acknowledged:
+        """One EVALSHA, or the batch script's runs in one round trip. A failure once the request was written
+        raises :class:`~shmbus.errors.PublishOutcomeUnknown` (never retried here: it may have run)."""
         args = [layout.script_args(e, bus.codec, bus.max_global_backlog_size, self.pubsub_channel) for e in envelopes]
-        if len(args) == 1:
-            return self._eval_one(args[0])
-        return self._eval_many(args)
+        try:
+            if len(args) == 1:
+                return self._eval_one(args[0])
+            return self._eval_many(args)
+        except ReplyLost as lost:
+            self.status.set_state("unreachable" if isinstance(lost.cause, self.unreachable) else "error", lost.cause)
+            raise outcome_unknown(self.kind, redact_url(self.url), envelopes, lost) from lost.cause
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                note_unknown(exc, self.kind)
+            raise
 
     def _eval_one(self, args: list[Any]) -> Acknowledged:
         try:
@@ -137,23 +148,21 @@ class RedisBackend:
             except redis.exceptions.NoScriptError:
                 self.client.script_load(layout.PUBLISH_SCRIPT)
                 res = self.direct.execute("EVALSHA", layout.PUBLISH_SHA, *args)
-        except Exception as exc:
+        except (redis.exceptions.RedisError, OSError) as exc:  # nothing sent (ReplyLost, the caller's own pass)
             raise self._publish_error(exc) from exc
         return Acknowledged([(int(res[0]), int(res[1]))], int(res[2]))
 
     def _eval_many(self, args: list[list[Any]]) -> Acknowledged:
-        """One pipelined round trip; each group of up to ``_GROUP`` messages is ONE run of the batch script (far less
+        """One round trip; each group of up to ``_GROUP`` messages is ONE run of the batch script (far less
         per-call work in Redis than one EVALSHA per message). NOSCRIPT loads the script and re-sends."""
         groups = [args[i : i + _GROUP] for i in range(0, len(args), _GROUP)]
         results: list[Any] = [None] * len(groups)
         todo = list(range(len(groups)))
         for _attempt in range(2):
+            commands = [("EVALSHA", layout.PUBLISH_MANY_SHA, *layout.many_script_args(groups[g])) for g in todo]
             try:
-                pipe = self.client.pipeline(transaction=False)
-                for g in todo:
-                    pipe.execute_command("EVALSHA", layout.PUBLISH_MANY_SHA, *layout.many_script_args(groups[g]))
-                got = pipe.execute(raise_on_error=False)
-            except Exception as exc:
+                got = self.direct.execute_many(commands)
+            except (redis.exceptions.RedisError, OSError) as exc:
                 raise self._publish_error(exc) from exc
             again = []
             for g, r in zip(todo, got, strict=True):
@@ -176,9 +185,10 @@ class RedisBackend:
         return Acknowledged(list(zip(flat[0::2], flat[1::2], strict=True)), history)
 
     def _publish_error(self, exc: BaseException) -> RedisBridgeError:
+        """A definite refusal (nothing was stored): the cause is named, never an empty reason."""
         if isinstance(exc, RedisBridgeError):
             return exc
-        msg, where = str(exc), redact_url(self.url)
+        msg, where = cause_text(exc), redact_url(self.url)
         if isinstance(exc, redis.exceptions.ReadOnlyError) or (
             isinstance(exc, redis.exceptions.ResponseError) and "READONLY" in msg
         ):
@@ -186,10 +196,7 @@ class RedisBackend:
             return RedisReadOnly(f"Redis at {where} is a read-only replica; message not published ({msg})")
         if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)):
             self.status.set_state("unreachable", exc)
-            return RedisUnavailable(
-                f"Redis at {where} is unreachable; message not published "
-                f"(or, if the connection broke mid-reply, outcome unknown): {msg}"
-            )
+            return RedisUnavailable(f"Redis at {where} is unreachable; message not published: {msg}")
         self.status.set_state("error", exc)
         return RedisBridgeError(f"Redis at {where} refused the publish: {msg}")
 

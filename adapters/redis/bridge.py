@@ -73,6 +73,7 @@ class RedisBridge(BridgeEngine):
         self.connect_timeout = connect_timeout
         self.max_in_memory_publish_backlog = max_in_memory_publish_backlog
         status = BridgeStatus("redis", redact_url(url), log)
+        status.calls.stall_after = socket_timeout / 2  # a publish waiting half its timeout: health says stalled
         backend = RedisBackend(url, self.pubsub_channel, status, socket_timeout, connect_timeout)
         options = relay_options(relay)
         super().__init__(

@@ -16,11 +16,14 @@ from typing import Any
 
 import redis
 
+from ..bridge.outcome import ReplyLost
+
 __all__ = ["DirectCommands"]
 
 
 class DirectCommands:
-    """``execute(*args)``: one command and its reply on a connection of this object's own (see the module doc)."""
+    """``execute(*args)``: one command and its reply on a connection of this object's own (see the module doc);
+    ``execute_many(commands)``: several, written at once, their replies read in order (a batch's round trip)."""
 
     def __init__(self, client: redis.Redis) -> None:
         pool = client.connection_pool
@@ -28,10 +31,8 @@ class DirectCommands:
         self._kwargs = pool.connection_kwargs
         self._idle: list[Any] = []  # list.pop and list.append are atomic: no lock on the publish path
 
-    def execute(self, *args: Any) -> Any:
-        """Send ``args``, return the reply; a reply that is an error raises (``NoScriptError``, ``ResponseError``).
-        Any other failure (connection, timeout) closes the connection first: no half-read reply is ever left for
-        the next command."""
+    def _take(self) -> Any:
+        """An idle connection (or a new one), connected: a failure here sent nothing."""
         try:
             conn = self._idle.pop()
         except IndexError:
@@ -43,17 +44,69 @@ class DirectCommands:
             except (redis.exceptions.ConnectionError, OSError):
                 conn.disconnect()
         try:
-            conn.send_command(*args)  # connects first when it is not connected
-            reply = conn.read_response()
-        except redis.exceptions.ResponseError:
-            self._idle.append(conn)  # a whole error reply was read: the connection is in step
-            raise
+            conn.connect()  # a no-op when connected
         except BaseException:
-            conn.disconnect()
-            self._idle.append(conn)  # reconnects on its next command
+            self._drop(conn)
+            raise
+        return conn
+
+    def _drop(self, conn: Any) -> None:
+        conn.disconnect()
+        self._idle.append(conn)  # reconnects on its next command
+
+    def execute(self, *args: Any) -> Any:
+        """Send ``args``, return the reply; a reply that is an error raises (``NoScriptError``, ``ResponseError``).
+        A failure before the command was written raises as it is (nothing sent); one after it was, while waiting
+        for the reply, raises :class:`~..bridge.outcome.ReplyLost` (a ``BaseException`` such as
+        ``KeyboardInterrupt`` propagates as it is). Either way the connection is closed first: no half-read reply
+        is ever left for the next command."""
+        conn = self._take()
+        try:
+            conn.send_command(*args)
+        except redis.exceptions.RedisError:  # the socket refused the bytes: one command, never written whole
+            self._drop(conn)
+            raise
+        except BaseException as exc:  # a signal handler's exception may come right after the last byte left
+            self._drop(conn)
+            if isinstance(exc, Exception):
+                raise ReplyLost(exc, sent=None) from exc
+            raise
+        return self._read(conn, 1, single=True)[0]
+
+    def execute_many(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """Write ``commands`` at once and read their replies in order; an error reply is returned in its place (as
+        redis-py's pipeline with ``raise_on_error=False``). Any failure once writing began is ``ReplyLost`` (part of
+        the commands may have run)."""
+        conn = self._take()
+        try:
+            conn.send_packed_command(conn.pack_commands(commands))
+        except BaseException as exc:
+            self._drop(conn)
+            if isinstance(exc, Exception):
+                raise ReplyLost(exc, sent=None) from exc
+            raise
+        return self._read(conn, len(commands), single=False)
+
+    def _read(self, conn: Any, count: int, *, single: bool) -> list[Any]:
+        replies: list[Any] = []
+        try:
+            while len(replies) < count:
+                try:
+                    replies.append(conn.read_response())
+                except redis.exceptions.ResponseError as exc:  # a whole error reply was read: still in step
+                    if single:
+                        self._idle.append(conn)
+                        raise
+                    replies.append(exc)
+        except redis.exceptions.ResponseError:
+            raise
+        except BaseException as exc:
+            self._drop(conn)
+            if isinstance(exc, Exception):
+                raise ReplyLost(exc) from exc
             raise
         self._idle.append(conn)
-        return reply
+        return replies
 
     def close(self) -> None:
         idle, self._idle = self._idle, []

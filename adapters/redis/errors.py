@@ -8,11 +8,12 @@ __all__ = ["RedisBridgeError", "RedisReadOnly", "RedisUnavailable"]
 
 
 class RedisBridgeError(EngineError):
-    """The Redis bridge could not carry out a publish; the message was not stored (unless said otherwise)."""
+    """The Redis bridge could not carry out a publish; the message was not stored."""
 
 
 class RedisUnavailable(RedisBridgeError):
-    """Redis could not be reached (or the connection broke mid-publish: the outcome is then unknown)."""
+    """Redis could not be reached, or refused the command's bytes: the publish was not sent. (A connection lost
+    once it was sent is :class:`~shmbus.errors.PublishOutcomeUnknown`.)"""
 
 
 class RedisReadOnly(RedisBridgeError):

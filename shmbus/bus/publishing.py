@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +21,8 @@ from .names import Names
 from .validation import check_count, check_seconds, check_targets
 
 __all__ = ["PublishOptions", "Publisher"]
+
+log = logging.getLogger("shmbus")
 
 
 _OPTION_NAMES = frozenset(PublishOptions.__annotations__)
@@ -135,7 +138,12 @@ class Publisher:
         if not isinstance(engine, SharedMemoryEngine):  # that one appends here, and the append counts itself
             attached = attachment.current
             if attached is not None:
-                attached.count_published()
+                try:  # the engine stored it: a counter that fails (the lock held by a stopped process) must not
+                    attached.count_published()  # make the caller believe it failed and publish it again
+                except Exception:
+                    log.warning(
+                        "shmbus: message %r published on %r, but counting it failed", result, channel, exc_info=True
+                    )
         return result
 
     def store(self, envelope: Envelope, ids: StoredIds) -> int:

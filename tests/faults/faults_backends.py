@@ -31,6 +31,7 @@ class Backend:
     """What a scenario may do to the backend every host shares."""
 
     kind = ""
+    timeout_option = ""  #: the engine's keyword for how long a command may wait for the server
 
     def spec(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -61,6 +62,10 @@ class Backend:
         """Close every client connection but our own (the relays' included); how many."""
         raise NotImplementedError
 
+    def kill_idle_connections(self) -> int:
+        """Close every idle client connection but our own, and return once the server has closed them all."""
+        raise NotImplementedError
+
     def ring(self, line: str) -> None:
         """Send ``line`` on the notification channel (a PUBLISH; a pg_notify) as any client could."""
         raise NotImplementedError
@@ -84,6 +89,7 @@ def _envelope(data_json: str) -> str:
 
 class RedisBackend(Backend):
     kind = "redis"
+    timeout_option = "socket_timeout"
 
     def __init__(self, server: Any, channel: str) -> None:
         import redis
@@ -118,6 +124,9 @@ class RedisBackend(Backend):
         n = int(self.client.execute_command("CLIENT", "KILL", "TYPE", "pubsub"))
         return n + int(self.client.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"))
 
+    def kill_idle_connections(self) -> int:
+        return int(self.client.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"))  # synchronous
+
     def ring(self, line: str) -> None:
         self.client.publish(self.channel, line)
 
@@ -140,6 +149,7 @@ class RedisBackend(Backend):
 
 class PostgresBackend(Backend):
     kind = "postgres"
+    timeout_option = "command_timeout"
 
     def __init__(self, server: Any, schema: str, channel: str) -> None:
         import psycopg
@@ -186,6 +196,23 @@ class PostgresBackend(Backend):
             "WHERE pid <> pg_backend_pid() AND datname = current_database()"
         )
         return int(rows[0][0])
+
+    def kill_idle_connections(self) -> int:
+        import time
+
+        pids = [
+            int(r[0])
+            for r in self.run(
+                "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity "  # in the select list: after WHERE
+                "WHERE pid <> pg_backend_pid() AND datname = current_database() AND state = 'idle'"
+            )
+        ]
+        deadline = time.monotonic() + 30
+        while pids and time.monotonic() < deadline:  # the backends exit after sending their FATAL
+            if not self.run("SELECT 1 FROM pg_stat_activity WHERE pid = ANY(%s)", pids):
+                break
+            time.sleep(0.01)
+        return len(pids)
 
     def ring(self, line: str) -> None:
         if self._ringer is None or self._ringer.closed:

@@ -43,6 +43,7 @@ class HostVerdict:
     injected: int = 0
     disorder: int = 0
     wrong_id: int = 0
+    refused_delivered: int = 0  # delivered though its publish raised a definite error (a caller would retry it)
     resets: int = 0
     redelivered: int = 0  # delivered again after a justified reset (the new epoch's re-read)
     relay_lost: int = 0
@@ -60,7 +61,7 @@ class Verdict:
     def problems(self) -> list[str]:
         out = []
         for h in self.hosts:
-            for what in ("lost_silently", "duplicates", "injected", "disorder", "wrong_id"):
+            for what in ("lost_silently", "duplicates", "injected", "disorder", "wrong_id", "refused_delivered"):
                 if getattr(h, what):
                     out.append(f"host {h.label}: {getattr(h, what)} {what.replace('_', ' ')}")
             if h.resets > self.wipes:
@@ -81,7 +82,7 @@ class Verdict:
             "other": ", ".join(
                 f"{h.label}:{w}={getattr(h, w)}"
                 for h in self.hosts
-                for w in ("injected", "disorder", "wrong_id")
+                for w in ("injected", "disorder", "wrong_id", "refused_delivered")
                 if getattr(h, w)
             ),
         }
@@ -118,7 +119,10 @@ def _check_host(cluster: Cluster, host: Host, channels: tuple[str, ...]) -> Host
             v.redelivered += again
         else:
             v.duplicates += again
-    v.injected += sum(1 for p in live if p not in ledger.tried)
+    injected = [p for p in live if p not in ledger.tried]
+    v.injected += len(injected)
+    if injected:
+        v.notes.append(f"delivered, never published: {injected[:3]}")
     newest: dict[tuple[int, str], int] = {}
     for epoch, channel, mid, gid, data in host.received:
         key = (epoch, channel)
@@ -166,6 +170,10 @@ def _check_host(cluster: Cluster, host: Host, channels: tuple[str, ...]) -> Host
                     f"backlog({channel!r}, {before}): gap={part.gap}, first_available={part.first_available}"
                 )
     v.duplicates += sum(n - 1 for n in held.values() if n > 1)
+    refused = ledger.refused & (set(live) | set(held))
+    v.refused_delivered = len(refused)
+    if refused:
+        v.notes.append(f"delivered though publish raised a definite error: {sorted(refused)[:3]}")
 
     v.relay_lost = read_snapshot(bus, channels=False).total("relay_lost")
     live_missed = 0

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shmbus import Bus
+from shmbus import Bus, PublishOutcomeUnknown
 from shmbus.segment import Segment
 from tests.harness.procs import ProcessTracker, kill_tree
 from tests.harness.wait import wait_for
@@ -53,6 +53,8 @@ class Ledger:
     acks: list[Ack] = field(default_factory=list)
     tried: set[str] = field(default_factory=set)
     errors: dict[str, int] = field(default_factory=dict)
+    refused: set[str] = field(default_factory=set)  # raised a definite error: must never be delivered
+    unknown: set[str] = field(default_factory=set)  # raised PublishOutcomeUnknown: may or may not be delivered
     gen: int = 0  # even: a history; odd: a wipe in progress
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -80,17 +82,29 @@ class Ledger:
         with self.lock:
             self.acks.append(Ack(host, channel, payload, mid, gen_lo, self.gen))
 
-    def failed(self, exc: BaseException) -> None:
+    def failed(self, exc: BaseException, payload: str | None = None) -> None:
+        """A publish that raised: ``PublishOutcomeUnknown`` may have stored it, any other error must not have."""
         with self.lock:
             name = type(exc).__name__
             self.errors[name] = self.errors.get(name, 0) + 1
+            if payload is not None:
+                (self.unknown if isinstance(exc, PublishOutcomeUnknown) else self.refused).add(payload)
 
 
 class Host:
     """One host: a bus name with its relay processes and this process's subscriber/publisher (see module doc)."""
 
-    def __init__(self, cluster: Cluster, label: str, *, relays: int, bus_options: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        label: str,
+        *,
+        relays: int,
+        bus_options: dict[str, Any],
+        engine_options: dict[str, Any] | None = None,
+    ) -> None:
         self.cluster = cluster
+        self.engine_options = engine_options or {}
         self.label = label
         self.name = f"{cluster.bus_name}{label}"
         # roomy by default: only the scenarios about trimming make hosts trim (they pass smaller limits)
@@ -110,7 +124,12 @@ class Host:
     def up(self, relays: int = 1) -> None:
         """Start the host (again): relay processes, then this process's bus and subscriber."""
         self.spawn_relays(relays)
-        bus = Bus(self.name, keepalive_interval=0, engine=self.cluster.backend.engine(relay=False), **self.bus_options)
+        bus = Bus(
+            self.name,
+            keepalive_interval=0,
+            engine=self.cluster.backend.engine(relay=False, **self.engine_options),
+            **self.bus_options,
+        )
         self.note_epoch(bus.epoch)
         epoch, gid = self._last
         # a client that comes back asks for what followed the last message it saw (all of it after a reset)
@@ -199,7 +218,7 @@ class Host:
         try:
             mid = self.bus.publish(channel, payload)
         except Exception as exc:  # refused, unreachable, timed out: not acknowledged
-            ledger.failed(exc)
+            ledger.failed(exc, payload)
             return None
         if mid is None:
             return None
@@ -220,8 +239,10 @@ class Cluster:
         self._poller = threading.Thread(target=self._poll_epochs, daemon=True)
         self._poller.start()
 
-    def host(self, label: str, *, relays: int = 1, **bus_options: Any) -> Host:
-        h = Host(self, label, relays=relays, bus_options=bus_options)
+    def host(
+        self, label: str, *, relays: int = 1, engine_options: dict[str, Any] | None = None, **bus_options: Any
+    ) -> Host:
+        h = Host(self, label, relays=relays, bus_options=bus_options, engine_options=engine_options)
         self.hosts.append(h)
         return h
 

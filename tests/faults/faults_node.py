@@ -52,5 +52,55 @@ def cron(spec: dict) -> None:  # type: ignore[type-arg]
     bus.close()
 
 
+def alarm(spec: dict) -> None:  # type: ignore[type-arg]
+    """A worker whose request timeout is SIGALRM: an exception (every 5th a KeyboardInterrupt) raised at random
+    points of its bridged publishes. Prints ``ACK``/``UNKNOWN``/``ERR <payload> ...`` per publish, then ``DONE``
+    and waits (alive: a lock it left held stays held) until killed."""
+    import random
+    import signal
+
+    from shmbus import Bus, PublishOutcomeUnknown
+    from tests.faults.faults_backends import make_engine
+
+    class Alarm(Exception):
+        pass
+
+    armed = [False]
+    fired = [0]
+
+    def handler(signum: int, frame: object) -> None:
+        if armed[0]:
+            fired[0] += 1
+            raise KeyboardInterrupt if fired[0] % 5 == 0 else Alarm()
+
+    bus = Bus(
+        spec["bus"], keepalive_interval=0, engine=make_engine(spec["backend"], relay=False), **spec["bus_options"]
+    )
+    signal.signal(signal.SIGALRM, handler)
+    print("ACK alarm:warm", bus.publish(spec["channel"], "alarm:warm"), flush=True)  # connected once (a PostgreSQL
+    # connect outlasts most alarms)
+    rng = random.Random(spec.get("seed", 0))
+    for i in range(spec["count"]):
+        payload = f"alarm:{i}"
+        signal.setitimer(signal.ITIMER_REAL, rng.uniform(0.00005, 0.03))
+        try:
+            armed[0] = True
+            try:
+                mid = bus.publish(spec["channel"], payload)
+            finally:
+                armed[0] = False
+        except PublishOutcomeUnknown:
+            print("UNKNOWN", payload, flush=True)
+        except (Exception, KeyboardInterrupt) as exc:  # Alarm, KeyboardInterrupt: raised before or mid-call
+            tag = "UNKNOWN" if isinstance(exc, (Alarm, KeyboardInterrupt)) else "ERR"
+            print(tag, payload, type(exc).__name__, flush=True)
+        else:
+            print("ACK", payload, mid, flush=True)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    print("DONE", os.getpid(), flush=True)
+    while True:
+        time.sleep(1)
+
+
 if __name__ == "__main__":
-    {"relay": relay, "cron": cron}[sys.argv[2]](json.loads(sys.argv[1]))
+    {"relay": relay, "cron": cron, "alarm": alarm}[sys.argv[2]](json.loads(sys.argv[1]))

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from shmbus import Bus
+from shmbus import Bus, PublishOutcomeUnknown
 from tests import harness
 from tests.harness.services import PostgresServer, find_postgres_bindir
 from tests.harness.wait import wait_for
@@ -141,7 +141,7 @@ def test_server_restart_under_load_errors_clearly_and_recovers(make_host: Callab
                 i += 1
                 try:
                     ok.append(a.publish("/load", i))  # type: ignore[arg-type]
-                except PostgresUnavailable as exc:
+                except (PostgresUnavailable, PublishOutcomeUnknown) as exc:  # stopped mid-CALL: outcome unknown
                     errors.append(exc)
                     time.sleep(0.02)
                 time.sleep(0.001)
@@ -157,7 +157,8 @@ def test_server_restart_under_load_errors_clearly_and_recovers(make_host: Callab
         wait_for(lambda: len(ok) > n + 100, timeout=30, what="publishes succeed again")
         stop.set()
         t.join(30)
-        assert "unreachable" in str(errors[0]) and a.default.health()["state"] == "ok"
+        assert "unreachable" in str(errors[0]) or "reply was not read" in str(errors[0])
+        assert a.default.health()["state"] == "ok"
         wait_for(lambda: b.segment.global_id() >= ok[-1], timeout=30, what="host b caught up after the restart")
         held = {r.global_id for r in b.segment.global_backlog(0)}
         assert set(ok) <= held  # every publish that returned an id reached the other host

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from shmbus import Bus, PayloadTooLarge
+from shmbus import Bus, PayloadTooLarge, PublishOutcomeUnknown
 from shmbus.metrics import read_snapshot
 from tests import harness
 from tests.harness.prom import sample
@@ -285,8 +285,9 @@ def test_the_publish_procedures_seal_as_the_kit_verifies(make_host: Callable[...
 def test_a_frozen_server_is_a_typed_error_within_the_timeout(
     private_pg: PostgresServer, make_host: Callable[..., Bus]
 ) -> None:
-    """SIGSTOP the whole private cluster: a publish raises PostgresUnavailable after command_timeout (not after
-    the freeze), health() says unreachable, the relay notices; after SIGCONT both recover."""
+    """SIGSTOP the whole private cluster: a publish raises PublishOutcomeUnknown after command_timeout (not after
+    the freeze: the CALL was sent, its reply never came), health() says unreachable, the relay notices; after
+    SIGCONT both recover."""
     dsn = dsn_for(private_pg.url, "public")
     a = make_host("a", dsn=dsn, command_timeout=1.0)
     wait_relaying(a)
@@ -294,8 +295,9 @@ def test_a_frozen_server_is_a_typed_error_within_the_timeout(
     private_pg.signal(signal.SIGSTOP)
     try:
         t0 = time.monotonic()
-        with pytest.raises(PostgresUnavailable, match="did not answer"):
+        with pytest.raises(PublishOutcomeUnknown, match="did not answer") as info:
             a.publish("/f", "frozen")
+        assert (info.value.channel, info.value.backend, info.value.sent) == ("/f", "postgres", True)
         assert time.monotonic() - t0 < 4.0
         assert a.default.health()["state"] == "unreachable"
         wait_for(lambda: a.default.health()["relay_state"] != "relaying", timeout=15, what="the relay notices")
@@ -311,7 +313,7 @@ def _publishes(bus: Bus) -> bool:
     try:
         bus.publish("/f", "after")
         return True
-    except PostgresUnavailable:
+    except (PostgresUnavailable, PublishOutcomeUnknown):
         return False
 
 
