@@ -44,6 +44,7 @@ class Calls:
     def clear(self) -> None:
         self._started = {}
 
+
 #: Seconds a relay that holds the election may go without a step (a doorbell wait, a history page) before its
 #: state reads "stalled": its longest honest step is a backend call or a wait for writers (5 s each by default).
 STALL_AFTER = 30.0
@@ -100,6 +101,7 @@ class BridgeStatus:
                 state,
             )
         return "stalled"
+
     #: publishes waiting for the backend now; the bridge sets ``stall_after`` (half its command timeout)
     calls: Calls = field(default_factory=lambda: Calls(2.5), repr=False)
 
