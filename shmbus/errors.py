@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pickle
+from typing import Any
+
 __all__ = [
     "BusBridged",
     "BusClosed",
@@ -133,6 +136,20 @@ class PublishOutcomeUnknown(ShmbusError):
         self.where = where
         self.cause = cause
         self.sent = sent
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled with its fields (a task queue sends a task's exception to another process); a cause that cannot
+        be pickled travels as its text."""
+        try:
+            cause: BaseException = pickle.loads(pickle.dumps(self.cause))
+        except Exception:
+            cause = RuntimeError(f"{type(self.cause).__name__}: {self.cause}")
+        fields = {"channel": self.channel, "backend": self.backend, "where": self.where, "cause": cause}
+        return (_rebuild_outcome_unknown, (str(self), {**fields, "sent": self.sent, "count": self.count}))
+
+
+def _rebuild_outcome_unknown(message: str, fields: dict[str, Any]) -> PublishOutcomeUnknown:
+    return PublishOutcomeUnknown(message, **fields)
 
 
 class BusBridged(EngineError):

@@ -159,3 +159,24 @@ def test_an_engine_cannot_store_invalid_ids(make_bus: Any) -> None:
         with pytest.raises(shmbus.InvalidMessage):
             bus.store(env, **bad)
     assert bus.last_id("/v") == 0 and bus.segment.global_id() == 0
+
+
+def test_publish_outcome_unknown_survives_pickling_with_its_fields() -> None:
+    """A task queue (Celery) pickles a task's exception to another process: the fields must come along, and a cause
+    that cannot be pickled travels as its text instead of failing the pickling."""
+    import pickle
+    import threading
+
+    class Unpicklable(Exception):
+        def __init__(self) -> None:
+            super().__init__("held a lock")
+            self.lock = threading.Lock()
+
+    for cause, cause_type in ((TimeoutError("read timed out"), TimeoutError), (Unpicklable(), RuntimeError)):
+        exc = shmbus.PublishOutcomeUnknown(
+            "Redis at r:6379: sent, reply not read", channel="/c", backend="redis", where="r:6379", cause=cause
+        )
+        back = pickle.loads(pickle.dumps(exc))
+        assert isinstance(back, shmbus.PublishOutcomeUnknown) and str(back) == str(exc)
+        assert (back.channel, back.backend, back.where, back.sent, back.count) == ("/c", "redis", "r:6379", True, 1)
+        assert type(back.cause) is cause_type and str(cause) in str(back.cause)
