@@ -105,6 +105,7 @@ class AsyncMessageBusClient:
         self._transport = transport
         self._tracker = Tracker()
         self._backoff = Backoff(self.min_poll_interval, self.max_poll_interval)
+        self._empty_polls = 0  # successful polls in a row that brought nothing (their pause grows)
         self._stats = ClientStats()
         self._exchange = PollExchange(self, self._stats, self._take)
         self._queue: deque[Delivery] = deque()
@@ -321,6 +322,7 @@ class AsyncMessageBusClient:
                 continue
             self._backoff.success()
             self._stats.consecutive_failures = 0
+            self._empty_polls = 0 if got_data else self._empty_polls + 1
             await self._wait(
                 pause_after_poll(
                     elapsed=loop.time() - started,
@@ -329,6 +331,7 @@ class AsyncMessageBusClient:
                     min_poll_interval=self.min_poll_interval,
                     callback_interval=self.callback_interval,
                     background_callback_interval=self.background_callback_interval,
+                    empty_in_a_row=self._empty_polls,
                 )
             )
 
@@ -361,6 +364,11 @@ class AsyncMessageBusClient:
         return False, True
 
     def _take(self, request: PollRequest, items: list[dict[str, Any]]) -> bool:
+        if items and self._backoff.failures:
+            # The server is serving: a stream that then breaks (a restart) backs off from the start again,
+            # instead of adding to the failures of earlier outages until every retry waits max_poll_interval.
+            self._backoff.success()
+            self._stats.consecutive_failures = 0
         applied = self._tracker.apply(request, items)
         self._stats.duplicates += applied.duplicates
         self._stats.messages += applied.messages

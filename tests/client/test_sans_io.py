@@ -139,8 +139,21 @@ def test_pauses_after_a_poll() -> None:
     common = {"min_poll_interval": 0.1, "callback_interval": 15.0, "background_callback_interval": 60.0}
     assert pause_after_poll(elapsed=25.0, got_data=False, long_polling=True, **common) == 0.0
     assert abs(pause_after_poll(elapsed=0.01, got_data=True, long_polling=True, **common) - 0.09) < 1e-9
-    assert pause_after_poll(elapsed=1.0, got_data=False, long_polling=True, **common) == 14.0
+    assert pause_after_poll(elapsed=1.0, got_data=False, long_polling=True, empty_in_a_row=99, **common) == 14.0
     assert pause_after_poll(elapsed=1.0, got_data=True, long_polling=False, **common) == 59.0
+
+
+def test_an_empty_answer_at_once_is_followed_soon_then_ever_less_often() -> None:
+    """A server shutting down gracefully ends its held polls at once with nothing: its restart is polled within
+    ``min_poll_interval``, not a ``callback_interval`` later; answers at once with nothing in a row double the
+    pause up to ``callback_interval`` (a server that never holds a poll is not polled in a loop)."""
+    common = {"min_poll_interval": 0.1, "callback_interval": 15.0, "background_callback_interval": 60.0}
+    pauses = [
+        pause_after_poll(elapsed=0.0, got_data=False, long_polling=True, empty_in_a_row=n, **common)
+        for n in range(1, 12)
+    ]
+    assert pauses[:3] == [0.1, 0.2, 0.4] and pauses[-3:] == [15.0, 15.0, 15.0]
+    assert pauses == sorted(pauses)
 
 
 def test_unsubscribe_takes_a_name_as_it_is_and_a_trailing_star_as_a_prefix() -> None:

@@ -9,6 +9,7 @@ import re
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -37,7 +38,7 @@ def test_requests_as_the_js_client_sends_them(make_client: MakeClient) -> None:
             callback_interval=0.2,
         )
         client.subscribe("/a", Recorder())
-        wait_until(lambda: len(stub.seen) >= 3, what="three polls")
+        wait_until(lambda: len(stub.seen) >= 6, what="six polls")
         client.stop()
     first, second, third = stub.seen[:3]
     assert re.fullmatch(r"/forum/message-bus/[0-9a-f]{32}/poll", first.path), first.path
@@ -46,7 +47,7 @@ def test_requests_as_the_js_client_sends_them(make_client: MakeClient) -> None:
     assert first.headers["Content-Type"] == "application/x-www-form-urlencoded"
     assert first.headers["Dont-Chunk"] == "true"
     assert first.headers["X-Silence-Logger"] == "nope" and first.headers["Authorization"] == "Bearer t"
-    assert third.at - second.at >= 0.2 - 0.02  # nothing came: paced by callback_interval
+    assert stub.seen[5].at - stub.seen[4].at >= 0.2 - 0.02  # nothing came, again and again: callback_interval
 
 
 def test_polling_mode_asks_dlp_and_waits_background_callback_interval(make_client: MakeClient) -> None:
@@ -64,11 +65,12 @@ def test_polling_mode_asks_dlp_and_waits_background_callback_interval(make_clien
 
 def test_a_server_that_answers_at_once_is_not_polled_in_a_loop(make_client: MakeClient) -> None:
     with Stub(lambda seen, n: Reply(headers=STREAM, pieces=[b"[]\r\n|\r\n"], chunked=True)) as stub:
-        client = make_client(stub.url, callback_interval=0.5)
+        client = make_client(stub.url, callback_interval=0.5)  # min_poll_interval 0.05: 0.05, 0.1, 0.2, 0.4, 0.5...
         client.subscribe("/a", Recorder(), 0)
         time.sleep(2.0)
         client.stop()
-    assert 3 <= len(stub.seen) <= 5, [s.at for s in stub.seen]
+    gaps = [b.at - a.at for a, b in itertools.pairwise(stub.seen)]
+    assert 4 <= len(stub.seen) <= 4 + 2.0 / 0.5 + 1 and min(gaps[4:]) >= 0.5 - 0.02, gaps
 
 
 def test_streamed_pieces_split_across_reads_and_read_by_content_type(make_client: MakeClient) -> None:
@@ -160,7 +162,8 @@ def test_connection_refused_backs_off_doubling_with_jitter(make_client: MakeClie
     for i, gap in enumerate(gaps[:7], start=1):
         base = backoff.base(i)
         assert base * (1 - JITTER) - 0.01 <= gap <= base + 0.1, (i, gap, gaps)
-    assert client.stats.consecutive_failures == len(attempts)
+    # (stop() may cancel the last attempt before it failed)
+    assert len(attempts) - 1 <= client.stats.consecutive_failures <= len(attempts)
 
 
 @pytest.mark.parametrize("bad", [b"not json", b'{"a": 1}', b"[1, 2]"])
@@ -289,3 +292,28 @@ def test_one_success_resets_the_backoff(make_client: MakeClient) -> None:
     gaps = [b.at - a.at for a, b in itertools.pairwise(stub.seen[:6])]
     assert gaps[2] >= 0.8 * (1 - JITTER) - 0.01, gaps  # the third failure in a row: 0.2 doubled twice
     assert gaps[4] <= 0.2 + 0.1, gaps  # the first failure after a success: 0.2 again, not 1.6
+
+
+def test_a_stream_that_brought_data_then_broke_backs_off_from_the_start(make_client: MakeClient) -> None:
+    """A server killed and restarted again and again under a stream that was serving: each break is the first
+    failure of its outage, not one more of all the outages before (which made every retry wait
+    ``max_poll_interval``, 180 s, after a few restarts)."""
+    broken = Reply(headers=STREAM, chunked=True)
+    with Stub(lambda seen, n: replace(broken, pieces=[status("/a", n + 1) + b"\r\n|\r\n", None])) as stub:
+        client = make_client(stub.url, max_poll_interval=60.0)
+        client.subscribe("/a", Recorder())
+        wait_until(lambda: client.stats.failures >= 6, what="six broken streams")
+        stats = client.stats
+    assert stats.consecutive_failures <= 1 and "RemoteProtocolError" in (stats.last_error or ""), stats
+
+
+def test_a_poll_ended_at_once_with_nothing_is_followed_at_once(make_client: MakeClient) -> None:
+    """A server going down gracefully (gthread, puma) ends its held polls at once with nothing: the next poll
+    (its restart) comes at once, not a ``callback_interval`` later; only answers like that in a row slow down."""
+    replies = [status("/a", 1), b"[]", b'[{"global_id":2,"message_id":2,"channel":"/a","data":"after"}]']
+    with Stub(lambda seen, n: Reply(pieces=[replies[min(n, 2)]] if n < 3 else [30.0, b"[]"])) as stub:
+        client = make_client(stub.url, chunked=False, callback_interval=120.0)
+        rec = Recorder()
+        client.subscribe("/a", rec)
+        rec.wait(1, timeout=60)  # (without the fix: 120 s)
+    assert rec.data == ["after"]
