@@ -15,13 +15,14 @@ It speaks the protocol as the JS client does (``__seq``, ``?dlp=t``, streamed or
 
 from __future__ import annotations
 
-from .chunks import ProtocolViolation
+from .chunks import AnswerTooLarge, ProtocolViolation
 from .core import AsyncMessageBusClient, ClientStats, PollFailed
 from .message import Message
 from .positions import Subscription
 from .sync import MessageBusClient
 
 __all__ = [
+    "AnswerTooLarge",
     "AsyncMessageBusClient",
     "ClientStats",
     "Message",

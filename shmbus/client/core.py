@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from .chunks import ProtocolViolation
+from .chunks import MAX_BODY_BYTES, AnswerTooLarge, ProtocolViolation
 from .exchange import PollExchange
 from .message import STATUS_CHANNEL, AsyncCallback, Message
 from .outcomes import ClientStats, NoFirstChunk, PollFailed, RateLimited, Repoll
@@ -54,8 +54,10 @@ class AsyncMessageBusClient:
     (default: 32 random hex digits), ``timeout`` (every poll's read timeout, an injected client's too: longer
     than the server's long-poll interval), ``first_chunk_timeout`` (no first chunk by then: a buffering proxy;
     fall back to non-chunked for ``retry_chunked_after`` polls). ``positions`` (from :attr:`positions`) are
-    where ``subscribe`` starts a channel when no ``last_id`` is given. ``http_client`` or ``transport`` inject
-    httpx's (auth, proxies, tests); an injected client is not closed by :meth:`stop`.
+    where ``subscribe`` starts a channel when no ``last_id`` is given. ``max_body_bytes`` bounds what one answer,
+    or one piece of a streamed answer, may hold (a server that never ends one would fill the memory).
+    ``http_client`` or ``transport`` inject httpx's (auth, proxies, tests); an injected client is not closed by
+    :meth:`stop`.
     """
 
     def __init__(
@@ -74,6 +76,7 @@ class AsyncMessageBusClient:
         first_chunk_timeout: float = 3.0,
         retry_chunked_after: int = 30,
         positions: Mapping[str, int] | None = None,
+        max_body_bytes: int = MAX_BODY_BYTES,
         http_client: httpx.AsyncClient | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
@@ -96,6 +99,9 @@ class AsyncMessageBusClient:
         self.timeout = _seconds("timeout", timeout, 0.001)
         self.first_chunk_timeout = _seconds("first_chunk_timeout", first_chunk_timeout, 0.001)
         self.retry_chunked_after = int(retry_chunked_after)
+        if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1024:
+            raise ValueError(f"max_body_bytes must be an int >= 1024, got {max_body_bytes!r}")
+        self.max_body_bytes = max_body_bytes
         self.headers = dict(headers or {})
         #: a 429 is retried no sooner than this (seconds)
         self.min_retry_after = MIN_RETRY_AFTER
@@ -105,6 +111,7 @@ class AsyncMessageBusClient:
         self._transport = transport
         self._tracker = Tracker()
         self._backoff = Backoff(self.min_poll_interval, self.max_poll_interval)
+        self._empty_polls = 0  # successful polls in a row that brought nothing (their pause grows)
         self._stats = ClientStats()
         self._exchange = PollExchange(self, self._stats, self._take)
         self._queue: deque[Delivery] = deque()
@@ -314,13 +321,18 @@ class AsyncMessageBusClient:
                 self._tracker.distrust()
                 self._stats.last_error = f"{type(exc).__name__}: {exc}"
                 delay = self._backoff.failure()
-                log.info("shmbus.client: poll failed (%s); next in %.2f s", self._stats.last_error, delay)
+                if isinstance(exc, AnswerTooLarge):  # a broken or hostile server, or a limit too low for it
+                    self._stats.too_large += 1
+                    log.warning("shmbus.client: %s from %s: closed; next in %.2f s", exc, self.poll_url, delay)
+                else:
+                    log.info("shmbus.client: poll failed (%s); next in %.2f s", self._stats.last_error, delay)
                 await self._wait(delay)
                 continue
             if interrupted or request.resolving:
                 continue
             self._backoff.success()
             self._stats.consecutive_failures = 0
+            self._empty_polls = 0 if got_data else self._empty_polls + 1
             await self._wait(
                 pause_after_poll(
                     elapsed=loop.time() - started,
@@ -329,6 +341,7 @@ class AsyncMessageBusClient:
                     min_poll_interval=self.min_poll_interval,
                     callback_interval=self.callback_interval,
                     background_callback_interval=self.background_callback_interval,
+                    empty_in_a_row=self._empty_polls,
                 )
             )
 
@@ -361,6 +374,11 @@ class AsyncMessageBusClient:
         return False, True
 
     def _take(self, request: PollRequest, items: list[dict[str, Any]]) -> bool:
+        if items and self._backoff.failures:
+            # The server is serving: a stream that then breaks (a restart) backs off from the start again,
+            # instead of adding to the failures of earlier outages until every retry waits max_poll_interval.
+            self._backoff.success()
+            self._stats.consecutive_failures = 0
         applied = self._tracker.apply(request, items)
         self._stats.duplicates += applied.duplicates
         self._stats.messages += applied.messages

@@ -1,24 +1,33 @@
-"""One poll over HTTP: the request the server expects, and its answer read whole or as it streams in."""
+"""One poll over HTTP: the request the server expects, and its answer read whole or as it streams in.
+
+Every read is bounded: an answer, or one piece of a streamed answer, stops at ``max_body_bytes``
+(:class:`AnswerTooLarge`), an error's body at :data:`MAX_ERROR_BYTES`, a compressed body as it inflates
+(:mod:`.inflate`); httpx bounds the status line and headers (h11: 100 KiB). The body is read raw and inflated
+here, since httpx would inflate each network read whole.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 from urllib.parse import urlencode
 
 import httpx
 
-from .chunks import ChunkParser, decode_array, is_streamed
+from .chunks import AnswerTooLarge, ChunkParser, decode_array, is_streamed
+from .inflate import ACCEPT_ENCODING, Inflater
 from .outcomes import ClientStats, NoFirstChunk, PollFailed, RateLimited
 from .pacing import retry_after_seconds
 from .positions import PollRequest
 
-__all__ = ["PollExchange", "PollSettings"]
+__all__ = ["MAX_ERROR_BYTES", "PollExchange", "PollSettings"]
 
 #: the connect timeout of a poll, at most (seconds; the read timeout is the client's ``timeout``)
 MAX_CONNECT_TIMEOUT = 10.0
 #: ``take(request, items)``: apply one decoded array of the answer; True if it carried anything.
+#: the most bytes of an error answer's body read (for the log); the rest is not read: the connection is closed
+MAX_ERROR_BYTES = 4096
 Take = Callable[[PollRequest, list[dict[str, Any]]], bool]
 
 
@@ -39,6 +48,8 @@ class PollSettings(Protocol):
     def min_retry_after(self) -> float: ...
     @property
     def timeout(self) -> float: ...
+    @property
+    def max_body_bytes(self) -> int: ...
 
 
 class PollExchange:
@@ -65,7 +76,11 @@ class PollExchange:
             self._unchunked -= 1
             chunked = False
         self._seq += 1
-        headers = {"X-Silence-Logger": "true", "Content-Type": "application/x-www-form-urlencoded"}
+        headers = {
+            "X-Silence-Logger": "true",
+            "Content-Type": "application/x-www-form-urlencoded",
+            "Accept-Encoding": ACCEPT_ENCODING,
+        }
         if not chunked:
             headers["Dont-Chunk"] = "true"
         headers.update(settings.headers)
@@ -90,35 +105,61 @@ class PollExchange:
                 retry = retry_after_seconds(response.headers.get("retry-after"), self._settings.min_retry_after)
                 raise RateLimited(retry)
             if response.status_code != 200:
-                body = (await response.aread())[:200].decode(errors="replace")
+                body = (await self._read(response, MAX_ERROR_BYTES, truncate=True))[:200].decode(errors="replace")
                 raise PollFailed(f"{response.status_code} from {self._settings.poll_url}: {body!r}")
+            limit = self._settings.max_body_bytes
             if not is_streamed(response.headers.get("content-type")):
-                data = await response.aread()
-                self._stats.bytes += len(data)
-                return self._take(request, decode_array(data))
-            return await self._read_stream(request, response, first_by)
+                return self._take(request, decode_array(await self._read(response, limit)))
+            return await self._read_stream(request, response, first_by, limit)
         finally:
-            await response.aclose()
+            await response.aclose()  # unread bytes left: httpcore closes the connection
 
-    async def _read_stream(self, request: PollRequest, response: httpx.Response, first_by: float | None) -> bool:
-        parser = ChunkParser()
+    async def _read(self, response: httpx.Response, limit: int, truncate: bool = False) -> bytes:
+        """The whole body, inflated: at most ``limit`` bytes, else :class:`AnswerTooLarge`; with ``truncate``,
+        its first ``limit`` bytes (the rest is not read)."""
+        length = response.headers.get("content-length", "")
+        if not truncate and length.isdigit() and "content-encoding" not in response.headers and int(length) > limit:
+            raise AnswerTooLarge(f"an answer of {length} bytes", limit)
+        inflater = Inflater(response.headers.get("content-encoding"))
+        data = bytearray()
+        async for raw in response.aiter_raw():
+            self._stats.bytes += len(raw)
+            for piece in inflater.feed(raw):
+                data += piece
+                if len(data) >= limit and truncate:
+                    return bytes(data[:limit])
+                if len(data) > limit:
+                    raise AnswerTooLarge("an answer", limit)
+        for piece in inflater.flush():
+            data += piece
+        if len(data) > limit and not truncate:
+            raise AnswerTooLarge("an answer", limit)
+        return bytes(data[:limit])
+
+    async def _read_stream(
+        self, request: PollRequest, response: httpx.Response, first_by: float | None, limit: int
+    ) -> bool:
+        parser = ChunkParser(limit)
+        inflater = Inflater(response.headers.get("content-encoding"))
         got = False
-        pieces = response.aiter_bytes().__aiter__()
+        raws = response.aiter_raw().__aiter__()
         if first_by is not None:
             try:
-                first = await asyncio.wait_for(pieces.__anext__(), first_by)
+                first = await asyncio.wait_for(raws.__anext__(), first_by)
             except asyncio.TimeoutError:
                 raise NoFirstChunk() from None
             except StopAsyncIteration:
                 return False
-            got = self._feed(request, parser, first) or got
-        async for data in pieces:
-            got = self._feed(request, parser, data) or got
-        return got
+            self._stats.bytes += len(first)
+            got = self._feed(request, parser, inflater.feed(first))
+        async for raw in raws:
+            self._stats.bytes += len(raw)
+            got = self._feed(request, parser, inflater.feed(raw)) or got
+        return self._feed(request, parser, inflater.flush()) or got
 
-    def _feed(self, request: PollRequest, parser: ChunkParser, data: bytes) -> bool:
-        self._stats.bytes += len(data)
+    def _feed(self, request: PollRequest, parser: ChunkParser, pieces: Iterable[bytes]) -> bool:
         got = False
-        for payload in parser.feed(data):
-            got = self._take(request, decode_array(payload)) or got
+        for data in pieces:
+            for payload in parser.feed(data):
+                got = self._take(request, decode_array(payload)) or got
         return got

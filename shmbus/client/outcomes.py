@@ -39,6 +39,8 @@ class ClientStats:
     duplicates: int = 0
     resets: int = 0
     chunked_fallbacks: int = 0
+    #: answers (or pieces of one) over ``max_body_bytes``, not read further (each also a failure)
+    too_large: int = 0
     bytes: int = 0
     consecutive_failures: int = 0
     last_error: str | None = None

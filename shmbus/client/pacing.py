@@ -58,16 +58,21 @@ def pause_after_poll(
     min_poll_interval: float,
     callback_interval: float,
     background_callback_interval: float,
+    empty_in_a_row: int = 1,
 ) -> float:
     """Seconds to wait after a successful poll that lasted ``elapsed`` seconds.
 
-    Long polling: at once after messages (a long poll's own wait paces it), else the next poll starts
-    ``callback_interval`` after the last one started, so a server that answers at once with nothing (long
-    polling off, a proxy) is not polled in a loop. Polling mode: one poll per ``background_callback_interval``.
-    Never two poll starts closer than ``min_poll_interval``.
+    Long polling: at once after messages (a long poll's own wait paces it). A poll that brought nothing is the
+    ``empty_in_a_row``-th such one: the next starts ``min_poll_interval`` after it started, doubling with each
+    one in a row up to ``callback_interval``. A server going down gracefully ends its held polls at once with
+    nothing, and its restart is met at once rather than a whole ``callback_interval`` later; a server that never
+    holds a poll (long polling off, a proxy) is soon polled once per ``callback_interval``, not in a loop. Polling
+    mode: one poll per ``background_callback_interval``. Never two poll starts closer than ``min_poll_interval``.
     """
     if long_polling and got_data:
         target = min_poll_interval
+    elif long_polling:
+        target = min(callback_interval, min_poll_interval * 2.0 ** min(max(empty_in_a_row, 1) - 1, 64))
     else:
-        target = callback_interval if long_polling else background_callback_interval
+        target = background_callback_interval
     return max(target - elapsed, min_poll_interval - elapsed, 0.0)

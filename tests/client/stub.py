@@ -22,11 +22,12 @@ class Seen:
 
 @dataclass
 class Reply:
-    """``status``, ``headers`` and ``pieces`` (bytes, or a float: sleep that long); chunked unless ``length``."""
+    """``status``, ``headers`` and ``pieces`` (bytes; a float: sleep that long; None: drop the connection there, as
+    a killed server does); chunked unless ``length``."""
 
     status: int = 200
     headers: dict[str, str] = field(default_factory=lambda: {"Content-Type": "application/json; charset=utf-8"})
-    pieces: list[bytes | float] = field(default_factory=lambda: [b"[]"])
+    pieces: list[bytes | float | None] = field(default_factory=lambda: [b"[]"])
     chunked: bool = False
 
 
@@ -60,6 +61,9 @@ class Stub:
                 self.end_headers()
                 try:
                     for piece in reply.pieces:
+                        if piece is None:
+                            self.close_connection = True
+                            return
                         if isinstance(piece, float):
                             time.sleep(piece)
                         elif reply.chunked:

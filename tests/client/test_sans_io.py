@@ -5,13 +5,24 @@ from __future__ import annotations
 
 import json
 import re
+import zlib
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shmbus.adapters.http.wire import frame_chunk
-from shmbus.client.chunks import ESCAPED, SEPARATOR, ChunkParser, decode_array, is_streamed
+from shmbus.client.chunks import (
+    ESCAPED,
+    SEPARATOR,
+    AnswerTooLarge,
+    ChunkParser,
+    ProtocolViolation,
+    decode_array,
+    is_streamed,
+)
+from shmbus.client.inflate import Inflater
 from shmbus.client.pacing import Backoff, pause_after_poll, retry_after_seconds
 from shmbus.client.positions import Tracker
 
@@ -139,8 +150,21 @@ def test_pauses_after_a_poll() -> None:
     common = {"min_poll_interval": 0.1, "callback_interval": 15.0, "background_callback_interval": 60.0}
     assert pause_after_poll(elapsed=25.0, got_data=False, long_polling=True, **common) == 0.0
     assert abs(pause_after_poll(elapsed=0.01, got_data=True, long_polling=True, **common) - 0.09) < 1e-9
-    assert pause_after_poll(elapsed=1.0, got_data=False, long_polling=True, **common) == 14.0
+    assert pause_after_poll(elapsed=1.0, got_data=False, long_polling=True, empty_in_a_row=99, **common) == 14.0
     assert pause_after_poll(elapsed=1.0, got_data=True, long_polling=False, **common) == 59.0
+
+
+def test_an_empty_answer_at_once_is_followed_soon_then_ever_less_often() -> None:
+    """A server shutting down gracefully ends its held polls at once with nothing: its restart is polled within
+    ``min_poll_interval``, not a ``callback_interval`` later; answers at once with nothing in a row double the
+    pause up to ``callback_interval`` (a server that never holds a poll is not polled in a loop)."""
+    common = {"min_poll_interval": 0.1, "callback_interval": 15.0, "background_callback_interval": 60.0}
+    pauses = [
+        pause_after_poll(elapsed=0.0, got_data=False, long_polling=True, empty_in_a_row=n, **common)
+        for n in range(1, 12)
+    ]
+    assert pauses[:3] == [0.1, 0.2, 0.4] and pauses[-3:] == [15.0, 15.0, 15.0]
+    assert pauses == sorted(pauses)
 
 
 def test_unsubscribe_takes_a_name_as_it_is_and_a_trailing_star_as_a_prefix() -> None:
@@ -171,3 +195,33 @@ def test_the_defaults_are_the_issues_and_the_ruby_clients() -> None:
     assert re.fullmatch(r"[0-9a-f]{32}", client.client_id) and client.headers == {}
     assert client.poll_url == f"http://127.0.0.1:9/forum/message-bus/{client.client_id}/poll"
     assert client.status == MessageBusClient("http://127.0.0.1:9").status == "new"
+
+
+def test_a_piece_over_the_limit_is_refused_as_soon_as_the_buffer_holds_more() -> None:
+    parser = ChunkParser(limit=100)
+    assert parser.feed(b"[" + b"1," * 40 + b"1]" + SEPARATOR) == [b"[" + b"1," * 40 + b"1]"]  # 83 bytes: fine
+    parser.feed(b"[" + b"1," * 45)
+    with pytest.raises(AnswerTooLarge):
+        parser.feed(b"1,1,1,1,1,1")  # 102 bytes held, no separator yet
+    with pytest.raises(AnswerTooLarge):  # a long piece completed in one read
+        ChunkParser(limit=100).feed(b"[" + b"1," * 60 + b"1]" + SEPARATOR)
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "raw deflate", "identity"])
+def test_inflating_yields_bounded_pieces_of_the_same_bytes(encoding: str) -> None:
+    data = b"[0]" + bytes(1 << 21) + b"x" * 1000
+    wbits = {"gzip": 31, "deflate": 15, "raw deflate": -15}.get(encoding)
+    sent = data if wbits is None else zlib.compress(data, 9, wbits)
+    inflater = Inflater(encoding.replace("raw ", ""), piece=4096)
+    out = [p for i in range(0, len(sent), 777) for p in inflater.feed(sent[i : i + 777])]
+    out += list(inflater.flush())
+    assert b"".join(out) == data and max(map(len, out)) <= 4096
+
+
+def test_an_encoding_not_asked_for_or_a_corrupt_body_is_a_violation() -> None:
+    with pytest.raises(ProtocolViolation):
+        Inflater("br")
+    with pytest.raises(ProtocolViolation):
+        Inflater("gzip, gzip")
+    with pytest.raises(ProtocolViolation):
+        list(Inflater("gzip").feed(b"not gzip at all"))

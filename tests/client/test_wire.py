@@ -8,6 +8,7 @@ import re
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -77,7 +78,7 @@ def test_requests_as_the_js_client_sends_them(make_client: MakeClient, pacing: P
             callback_interval=0.2,
         )
         client.subscribe("/a", Recorder())
-        wait_until(lambda: len(stub.seen) >= 3, what="three polls")
+        wait_until(lambda: len(stub.seen) >= 6, what="six polls")
         client.stop()
     first, second, third = stub.seen[:3]
     assert re.fullmatch(r"/forum/message-bus/[0-9a-f]{32}/poll", first.path), first.path
@@ -86,7 +87,8 @@ def test_requests_as_the_js_client_sends_them(make_client: MakeClient, pacing: P
     assert first.headers["Content-Type"] == "application/x-www-form-urlencoded"
     assert first.headers["Dont-Chunk"] == "true"
     assert first.headers["X-Silence-Logger"] == "nope" and first.headers["Authorization"] == "Bearer t"
-    assert min(pacing.starts_apart()[1:]) >= 0.2  # nothing came: paced by callback_interval
+    apart = pacing.starts_apart()  # nothing came, again and again: the pause doubles up to callback_interval
+    assert min(apart[4:]) >= 0.2 and all(a >= 0.05 for a in apart), pacing.decided
 
 
 def test_polling_mode_asks_dlp_and_waits_background_callback_interval(make_client: MakeClient, pacing: Pacing) -> None:
@@ -103,13 +105,15 @@ def test_polling_mode_asks_dlp_and_waits_background_callback_interval(make_clien
 
 def test_a_server_that_answers_at_once_is_not_polled_in_a_loop(make_client: MakeClient, pacing: Pacing) -> None:
     with Stub(lambda seen, n: Reply(headers=STREAM, pieces=[b"[]\r\n|\r\n"], chunked=True)) as stub:
-        client = make_client(stub.url, callback_interval=0.5)
+        client = make_client(stub.url, callback_interval=0.5)  # min_poll_interval 0.05: 0.05, 0.1, 0.2, 0.4, 0.5...
         client.subscribe("/a", Recorder(), 0)
-        wait_until(lambda: len(stub.seen) >= 3, what="three polls")
+        wait_until(lambda: len(pacing.decided) >= 6, what="six polls paced")
         client.stop()
-    # a loop would poll again at once: every poll starts its callback_interval after the last (on the client's
-    # clock: counting polls in a fixed sleep, or the stub's arrival gaps, failed on a loaded machine)
-    assert len(pacing.decided) >= 2 and min(pacing.starts_apart()) >= 0.5, pacing.decided
+    # a loop would poll again at once: each empty answer in a row doubles the pause from min_poll_interval up to
+    # callback_interval (on the client's clock: counting polls in a fixed sleep, or the stub's arrival gaps, failed
+    # on a loaded machine)
+    apart = pacing.starts_apart()
+    assert all(a >= min(0.5, 0.05 * 2**i) for i, a in enumerate(apart)) and min(apart[4:]) >= 0.5, pacing.decided
 
 
 def test_streamed_pieces_split_across_reads_and_read_by_content_type(make_client: MakeClient) -> None:
@@ -204,7 +208,8 @@ def test_connection_refused_backs_off_doubling_with_jitter(make_client: MakeClie
         assert base * (1 - JITTER) <= delay <= base, (base, delay, delays)
     assert pacing.waited == delays, (pacing.waited, delays)
     assert len(set(delays[3:])) > 1, delays  # capped at 0.8, still jittered
-    assert client.stats.consecutive_failures == len(attempts) == len(delays)
+    # (stop() may cancel the last attempt before it failed)
+    assert client.stats.consecutive_failures == len(delays) and len(attempts) - 1 <= len(delays) <= len(attempts)
 
 
 @pytest.mark.parametrize("bad", [b"not json", b'{"a": 1}', b"[1, 2]"])
@@ -333,3 +338,28 @@ def test_one_success_resets_the_backoff(make_client: MakeClient, pacing: Pacing)
     delays = pacing.backoffs  # as the client chose them (arrival gaps at the stub shift with load)
     assert delays[2] >= 0.8 * (1 - JITTER), delays  # the third failure in a row: 0.2 doubled twice
     assert delays[3] <= 0.2, delays  # the first failure after a success: 0.2 again, not 1.6
+
+
+def test_a_stream_that_brought_data_then_broke_backs_off_from_the_start(make_client: MakeClient) -> None:
+    """A server killed and restarted again and again under a stream that was serving: each break is the first
+    failure of its outage, not one more of all the outages before (which made every retry wait
+    ``max_poll_interval``, 180 s, after a few restarts)."""
+    broken = Reply(headers=STREAM, chunked=True)
+    with Stub(lambda seen, n: replace(broken, pieces=[status("/a", n + 1) + b"\r\n|\r\n", None])) as stub:
+        client = make_client(stub.url, max_poll_interval=60.0)
+        client.subscribe("/a", Recorder())
+        wait_until(lambda: client.stats.failures >= 6, what="six broken streams")
+        stats = client.stats
+    assert stats.consecutive_failures <= 1 and "RemoteProtocolError" in (stats.last_error or ""), stats
+
+
+def test_a_poll_ended_at_once_with_nothing_is_followed_at_once(make_client: MakeClient) -> None:
+    """A server going down gracefully (gthread, puma) ends its held polls at once with nothing: the next poll
+    (its restart) comes at once, not a ``callback_interval`` later; only answers like that in a row slow down."""
+    replies = [status("/a", 1), b"[]", b'[{"global_id":2,"message_id":2,"channel":"/a","data":"after"}]']
+    with Stub(lambda seen, n: Reply(pieces=[replies[min(n, 2)]] if n < 3 else [30.0, b"[]"])) as stub:
+        client = make_client(stub.url, chunked=False, callback_interval=120.0)
+        rec = Recorder()
+        client.subscribe("/a", rec)
+        rec.wait(1, timeout=60)  # (without the fix: 120 s)
+    assert rec.data == ["after"]
