@@ -40,7 +40,8 @@ class Locking(SegmentState):
     Python may raise between any two calls (a signal handler's exception: SIGALRM timeouts, Celery's soft time
     limit, Ctrl-C; ``PyThreadState_SetAsyncExc`` in a thread). So a critical section is written
     ``try: self._lock(); ...; finally: self._unlock()``, the lock taken *inside* the ``try``: ``_unlock`` is
-    harmless when this thread does not hold it. A section its exception stops half way has its repair left due
+    harmless when this thread does not hold it, and is no Python function (where a signal handler could run at its
+    start): the C unlock itself, bound to the mutex. A section its exception stops half way has its repair left due
     (``REPAIR_DUE``, set under the lock); the next holder repairs, as after a writer's death.
     """
 
@@ -53,9 +54,6 @@ class Locking(SegmentState):
         except BaseException:
             self._interrupted_locking()
             raise
-
-    def _unlock(self) -> None:
-        _native.mutex_unlock(self._mutex_ptr)
 
     def _interrupted_locking(self) -> None:
         """An exception escaped while the lock was being taken or repaired: if this thread holds it, the repair may

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import mmap
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 import posix_ipc
@@ -49,7 +51,6 @@ class SegmentState:
     if TYPE_CHECKING:  # provided by the other parts of Segment, which use each other's through these
 
         def _lock(self) -> None: ...
-        def _unlock(self) -> None: ...
         def _repair(self) -> None: ...
         def _interrupted_locking(self) -> None: ...
         def _reset_stores(self) -> int: ...
@@ -104,6 +105,8 @@ class SegmentState:
         self._futex_addr = base + _OFF_FUTEX
         self.mutex = _native.RobustMutex(base + _OFF_MUTEX)
         self._mutex_ptr = ctypes.c_void_p(base + _OFF_MUTEX)
+        #: Release the writers' lock (see Locking): the C call itself, so nothing runs between a ``finally`` and it
+        self._unlock: Callable[[], int] = functools.partial(_native.mutex_unlock, self._mutex_ptr)
         self._slot_cache: dict[bytes, int] = {}  # key -> byte offset of its slot (valid for _table_gen)
         self._table_gen = -1
         self._proc_index = -1
