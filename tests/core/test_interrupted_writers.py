@@ -189,7 +189,7 @@ def test_an_exception_anywhere_in_a_publish_leaves_the_lock_free_and_the_bus_who
     seg = bus.segment
     for i in range(100):  # fill the ring (in the small ones), and the table with channels whose messages are gone
         bus.publish(f"/old{i % 12}", "x" * 900)
-    bus.publish(CH, "first")
+    bus.publish(CH, "first")  # the channel's key is cached from now on: every run takes the same path
     before = committed(seg)
     stopped = 0
     n = 0
@@ -221,6 +221,7 @@ def test_an_exception_anywhere_in_a_publish_in_a_thread_leaves_the_lock_free(mak
     """PyThreadState_SetAsyncExc raises in a thread where a signal handler raises in the main thread."""
     bus = make_bus(max_channels=16)  # a short repair: every place in it is tried
     seg = bus.segment
+    bus.publish(CH, 0)  # the channel's key is cached from now on: every run takes the same path
     held: list[int] = []
     ends: list[int] = []
 
@@ -237,7 +238,7 @@ def test_an_exception_anywhere_in_a_publish_in_a_thread_leaves_the_lock_free(mak
     assert ends and ends[0] > 20 and not held, (ends, held)
     records = committed(seg)
     assert list(records) == list(range(1, len(records) + 1))
-    assert bus.publish(CH, "after") == bus.last_id(CH) == len(records) + 1
+    assert bus.publish(CH, "after") == len(records) + 1
 
 
 def test_an_exception_anywhere_in_a_reset_finishes_it_or_leaves_the_bus_as_it_was(make_bus: Callable[..., Bus]) -> None:
