@@ -16,6 +16,7 @@ import ctypes.util
 import errno
 import os
 import platform
+import threading
 import time
 
 from .errors import BusLockTimeout
@@ -26,7 +27,9 @@ __all__ = [
     "futex_wait",
     "futex_wake",
     "mutex_holder_pid",
+    "mutex_held",
     "mutex_lock",
+    "mutex_settle",
     "mutex_unlock",
     "supported",
 ]
@@ -43,6 +46,10 @@ _SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "arm64": 98}.get(platform.machine())
 _FUTEX_WAIT = 0
 _FUTEX_WAKE = 1
 _INT_MAX = 0x7FFFFFFF
+# glibc's robust mutex: the lock word (offset 0) holds the owner's thread id under these bits, and the owner field
+# (offset 8) reads PTHREAD_MUTEX_INCONSISTENT between an EOWNERDEAD lock and pthread_mutex_consistent.
+_FUTEX_TID_MASK = 0x3FFFFFFF
+_OWNER_INCONSISTENT = 0x7FFFFFFF
 
 
 def supported() -> bool:
@@ -80,6 +87,9 @@ def mutex_lock(ptr: ctypes.c_void_p, timeout: float) -> bool:
     read and ``pthread_mutex_timedlock`` (which sleeps in the kernel with the GIL released). A holder that is
     stopped (SIGSTOP, a debugger) or stuck makes this raise :class:`~shmbus.errors.BusLockTimeout` naming it,
     instead of freezing every publisher.
+
+    Call it inside the ``try`` whose ``finally`` unlocks (see :data:`mutex_unlock`), and on an exception from it
+    or the repair after it call :func:`mutex_settle`: Python may raise between any two calls here.
     """
     rc = _trylock(ptr)
     if rc == 0:
@@ -119,7 +129,27 @@ def mutex_holder_pid(ptr: ctypes.c_void_p) -> int:
     return tid
 
 
+#: Unlock; for a robust mutex glibc checks the owner, so a thread that does not hold it gets ``EPERM`` and nothing
+#: changes. That makes it safe in a ``finally`` whose ``try`` begins *before* the lock is taken: an exception that
+#: lands between the lock call and the next line (a signal handler's, an async exception) still releases it.
 mutex_unlock = _unlock
+
+
+def mutex_held(ptr: ctypes.c_void_p) -> bool:
+    """Does the calling thread hold the mutex? (for an exception path, which cannot know where it was stopped)"""
+    word = ctypes.c_int.from_address(ptr.value or 0).value
+    return word & _FUTEX_TID_MASK == threading.get_native_id()
+
+
+def mutex_settle(ptr: ctypes.c_void_p) -> bool:
+    """On an exception path: True if the calling thread holds the mutex. One it holds from a dead owner and that an
+    exception stopped before it was marked consistent is marked so now: unlocked inconsistent, it would refuse
+    every later locker for good (``ENOTRECOVERABLE``)."""
+    if not mutex_held(ptr):
+        return False
+    if ctypes.c_int.from_address((ptr.value or 0) + 8).value == _OWNER_INCONSISTENT:
+        _consistent(ptr)
+    return True
 
 
 def _owner_died(ptr: ctypes.c_void_p, rc: int) -> bool:

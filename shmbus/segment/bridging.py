@@ -42,8 +42,8 @@ class Bridging(SegmentState):
         ).encode()
         if len(text) > _BRIDGE_MAX:
             raise ValueError(f"bridge record is {len(text)} bytes; at most {_BRIDGE_MAX} fit in the header")
-        self._lock()
         try:
+            self._lock()
             if self.bridge() != record:
                 _U32.pack_into(self.mm, _OFF_BRIDGE, 0)
                 self.mm[_OFF_BRIDGE + 4 : _OFF_BRIDGE + 4 + len(text)] = text
@@ -94,8 +94,8 @@ class Bridging(SegmentState):
         """A bridge lost messages after the segment's newest (trimmed before it read them, channels unknown): every
         channel's next message starts a new chain, so a backlog read across the loss reports a gap (which the
         engine may then fill from its backend) instead of silently continuing a sparse chain."""
-        self._lock()
         try:
+            self._lock()
             self._u64[_Q_CHAIN_BARRIER] = self._u64[_Q_GID]
         finally:
             self._unlock()

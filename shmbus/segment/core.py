@@ -38,6 +38,7 @@ from .layout import (
     _Q_GID,
     _Q_HEAD,
     _Q_OVERWRITTEN,
+    _Q_REPAIR_DUE,
     _Q_REPAIRS,
     _Q_TABLE_GEN,
     _Q_TAIL,
@@ -50,6 +51,7 @@ from .layout import (
     METRICS_SIZE,
     MIN_RING,
     READY,
+    RESET_DUE,
     SLOT_SIZE,
     Record,
     SegmentStats,
@@ -275,32 +277,39 @@ class Segment(Ring, ChannelTable, Processes, Bridging, Locking):
     # ------------------------------------------------------------------ admin
     def reset(self) -> int:
         """Empty the bus and give it a new epoch (clients see ids restart); returns the new epoch."""
-        self._lock()
         try:
-            u64, u32 = self._u64, self._u32
-            epoch = secrets.randbits(63) or 1
-            u64[_Q_TABLE_GEN] += 1  # first: readers holding slot numbers re-check the table
-            u64[_Q_HEAD] = 0  # nothing is visible any more
-            u64[_Q_TAIL] = 0
-            u64[_Q_GID] = 0
-            u64[_Q_EPOCH] = epoch
-            u64[_Q_OVERWRITTEN] = 0
-            u64[_Q_REPAIRS] = 0
-            u64[_Q_CHAIN_BARRIER] = 0  # the flags, the bridge record and the history identity stay
-            u32[_I_CHANNELS] = 0
-            self._buf[self.table_off : self.ring_off] = bytes(self.ring_off - self.table_off)
-            self._slot_cache.clear()
-            self.epoch = epoch
-            u32[_I_FUTEX] = (u32[_I_FUTEX] + 1) & 0xFFFFFFFF
+            self._lock()
+            self._u64[_Q_REPAIR_DUE] = RESET_DUE  # half done, no state is valid: whoever holds the lock next finishes
+            epoch = self._reset_stores()
+            self._u64[_Q_REPAIR_DUE] = 0
         finally:
             self._unlock()
         _native.futex_wake(self._futex_addr)
         return epoch
 
+    def _reset_stores(self) -> int:
+        """The stores of a reset (under the lock; repeatable): an empty bus with a new epoch, which it returns."""
+        u64, u32 = self._u64, self._u32
+        epoch = secrets.randbits(63) or 1
+        u64[_Q_TABLE_GEN] += 1  # first: readers holding slot numbers re-check the table
+        u64[_Q_HEAD] = 0  # nothing is visible any more
+        u64[_Q_TAIL] = 0
+        u64[_Q_GID] = 0
+        u64[_Q_EPOCH] = epoch
+        u64[_Q_OVERWRITTEN] = 0
+        u64[_Q_REPAIRS] = 0
+        u64[_Q_CHAIN_BARRIER] = 0  # the flags, the bridge record and the history identity stay
+        u32[_I_CHANNELS] = 0
+        self._buf[self.table_off : self.ring_off] = bytes(self.ring_off - self.table_off)
+        self._slot_cache.clear()
+        self.epoch = epoch
+        u32[_I_FUTEX] = (u32[_I_FUTEX] + 1) & 0xFFFFFFFF
+        return epoch
+
     def stats(self) -> SegmentStats:
         u64 = self._u64
-        self._lock()
         try:
+            self._lock()
             self._reap_dead_processes()
         finally:
             self._unlock()
@@ -320,8 +329,8 @@ class Segment(Ring, ChannelTable, Processes, Bridging, Locking):
             if oldest_rec:
                 break
         else:  # lapped 1000 times in a row: read under the lock (no append can move the tail meanwhile)
-            self._lock()
             try:
+                self._lock()
                 gid, head, tail = u64[_Q_GID], u64[_Q_HEAD], u64[_Q_TAIL]
                 oldest_rec = self.read_since(tail, limit=1)[0] if head > tail else []
             finally:

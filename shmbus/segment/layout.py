@@ -43,6 +43,7 @@ _OFF_TAIL = 208
 _OFF_TABLE_GEN = 216
 _OFF_OVERWRITTEN = 232
 _OFF_REPAIRS = 240
+_OFF_REPAIR_DUE = 248  # u64 of REPAIR_* bits: what a holder interrupted by an exception left for the next to finish
 _OFF_FUTEX = 256
 _OFF_SLEEPERS = 260
 _OFF_CHANNELS = 264
@@ -63,6 +64,7 @@ _Q_TAIL = _OFF_TAIL >> 3
 _Q_TABLE_GEN = _OFF_TABLE_GEN >> 3
 _Q_OVERWRITTEN = _OFF_OVERWRITTEN >> 3
 _Q_REPAIRS = _OFF_REPAIRS >> 3
+_Q_REPAIR_DUE = _OFF_REPAIR_DUE >> 3
 _Q_FLAGS = _OFF_FLAGS >> 3
 _Q_HISTORY = _OFF_HISTORY >> 3
 _Q_CHAIN_BARRIER = _OFF_CHAIN_BARRIER >> 3
@@ -77,6 +79,15 @@ FLAG_METRICS = 2
 #: the backend later gives another message, so the segment refuses it (:class:`~shmbus.errors.BusBridged`). The
 #: bridge record (``_OFF_BRIDGE``) says which engine and backend, without secrets. Set by the bridge; survives resets.
 FLAG_BRIDGED = 4
+
+# What the repair-due word (_OFF_REPAIR_DUE) asks of the next holder of the lock. A holder that an exception (a signal
+# handler's, KeyboardInterrupt, an async exception) stops mid-way releases the lock like any other, so unlike a
+# killed one it leaves no EOWNERDEAD behind: it sets a bit instead, under the lock, and the next holder repairs.
+# Only holders write the word; zero in segments made before it existed (never used by layout version 2).
+#: a store of an append (or a repair) may be half done: run the same repair as after a writer's death
+REPAIR_DUE = 1
+#: a reset was under way: finish it (an empty bus with a new epoch), since its half-done stores are no valid state
+RESET_DUE = 2
 
 # The metrics area: a header of retired totals (the counters of processes whose slot was taken over), then one
 # slot per process-table entry. Every field is one aligned u64 (f64 bits for times), written only by the slot's
@@ -123,8 +134,8 @@ _U32 = struct.Struct("<I")
 _STATE = struct.Struct("<QQQQ")  # head, global_id, tail, table_gen: read in bulk only under the lock
 # The same four and the flags word (_OFF_FLAGS), in one unpack: the append needs the flags too, and a separate
 # typed-view load of them costs more than the whole unpack.
-# The chain barrier (right after the history word) comes with them, for the same reason.
-_APPEND_STATE = struct.Struct(f"<QQQQ{_OFF_FLAGS - _OFF_HEAD - 32}xQ8xQ")
+# The chain barrier (right after the history word) and the repair-due word come with them, for the same reason.
+_APPEND_STATE = struct.Struct(f"<QQQQ{_OFF_REPAIR_DUE - _OFF_HEAD - 32}xQ{_OFF_FLAGS - _OFF_REPAIR_DUE - 8}xQ8xQ")
 _WAKE = struct.Struct("<II")  # futex word, sleeper count: likewise
 _ZEROS = [bytes(n) for n in range(ALIGN)]
 

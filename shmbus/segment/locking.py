@@ -16,12 +16,15 @@ from .layout import (
     _OFF_SLOT_VERSION,
     _Q_GID,
     _Q_HEAD,
+    _Q_REPAIR_DUE,
     _Q_REPAIRS,
     _Q_TABLE_GEN,
     _Q_TAIL,
     ALIGN,
     KIND_MSG,
     KIND_PAD,
+    REPAIR_DUE,
+    RESET_DUE,
     SLOT_SIZE,
     SLOT_USED,
 )
@@ -32,23 +35,48 @@ _PAD, _SLOT_BODY, _U32 = layout._PAD, layout._SLOT_BODY, layout._U32
 
 
 class Locking(SegmentState):
+    """The lock every writer takes, and what makes it safe against death and against exceptions.
+
+    Python may raise between any two calls (a signal handler's exception: SIGALRM timeouts, Celery's soft time
+    limit, Ctrl-C; ``PyThreadState_SetAsyncExc`` in a thread). So a critical section is written
+    ``try: self._lock(); ...; finally: self._unlock()``, the lock taken *inside* the ``try``: ``_unlock`` is
+    harmless when this thread does not hold it, and is no Python function (where a signal handler could run at its
+    start): the C unlock itself, bound to the mutex. A section its exception stops half way has its repair left due
+    (``REPAIR_DUE``, set under the lock); the next holder repairs, as after a writer's death.
+    """
+
     # ------------------------------------------------------------------ locking and repair
     def _lock(self) -> None:
-        if _native.mutex_lock(self._mutex_ptr, self.lock_timeout):
-            self._repair()
+        """Take the lock, repairing first what a holder that died or was interrupted left (call inside the try)."""
+        try:
+            if _native.mutex_lock(self._mutex_ptr, self.lock_timeout) or self._u64[_Q_REPAIR_DUE]:
+                self._repair()
+        except BaseException:
+            self._interrupted_locking()
+            raise
 
-    def _unlock(self) -> None:
-        _native.mutex_unlock(self._mutex_ptr)
+    def _interrupted_locking(self) -> None:
+        """An exception escaped while the lock was being taken or repaired: if this thread holds it, the repair may
+        not have run, or only part of it (it runs only once after a death): leave it due for the next holder."""
+        if _native.mutex_settle(self._mutex_ptr):
+            self._u64[_Q_REPAIR_DUE] |= REPAIR_DUE
 
     def _repair(self) -> None:
-        """Undo what a writer that died holding the lock left behind (called with the lock held).
+        """Undo what a writer that died, or that an exception stopped, left behind (called with the lock held).
 
         Only ``head`` makes a record visible, and every other store is either atomic or lands where no reader looks
         (past ``head``, or the inactive copy of a slot). So: a slot whose current copy names a record at or past
         ``head`` is flipped back (its other copy is the state before that publish); ``global_id`` (stored after
-        ``head``) is re-derived from the newest committed record; the channel count is recounted.
+        ``head``) is re-derived from the newest committed record; the channel count is recounted. A reset that was
+        stopped is finished instead. Every step may be repeated, so a repair that is itself stopped is run again
+        by the next holder (the due word is cleared last).
         """
         u64, u32 = self._u64, self._u32
+        if u64[_Q_REPAIR_DUE] & RESET_DUE:
+            self._reset_stores()
+            u64[_Q_REPAIRS] += 1
+            u64[_Q_REPAIR_DUE] = 0
+            return
         head, tail = u64[_Q_HEAD], u64[_Q_TAIL]
         if tail > head or head - tail > self.ring_size or head % ALIGN or tail % ALIGN:
             raise SegmentCorrupt(f"{self.path}: commit state head={head} tail={tail} is impossible")
@@ -70,6 +98,7 @@ class Locking(SegmentState):
         u64[_Q_REPAIRS] += 1
         u32[_I_FUTEX] = (u32[_I_FUTEX] + 1) & 0xFFFFFFFF
         self._slot_cache.clear()
+        u64[_Q_REPAIR_DUE] = 0
 
     def _last_committed_gid(self, head: int, tail: int) -> int | None:
         mm, ring, base = self.mm, self.ring_size, self.ring_off

@@ -48,8 +48,8 @@ class Processes(SegmentState):
     # ------------------------------------------------------------------ waiting
     def wait(self, seen_word: int, timeout: float) -> None:
         """Sleep until a publish after the caller read ``seen_word`` (or ``timeout`` seconds pass)."""
-        self._lock()
         try:
+            self._lock()
             self._u32[_I_SLEEPERS] += 1
             self._set_proc_sleeping(1)
         finally:
@@ -57,8 +57,8 @@ class Processes(SegmentState):
         try:
             _native.futex_wait(self._futex_addr, seen_word, timeout)
         finally:
-            self._lock()
             try:
+                self._lock()
                 self._u32[_I_SLEEPERS] = max(self._u32[_I_SLEEPERS] - 1, 0)
                 self._set_proc_sleeping(0)
             finally:
@@ -66,8 +66,8 @@ class Processes(SegmentState):
 
     def wake_all(self) -> None:
         """Bump the futex word and wake every sleeper (used by reset and shutdown)."""
-        self._lock()
         try:
+            self._lock()
             self._u32[_I_FUTEX] = (self._u32[_I_FUTEX] + 1) & 0xFFFFFFFF
         finally:
             self._unlock()
@@ -76,8 +76,8 @@ class Processes(SegmentState):
     # ------------------------------------------------------------------ process table
     def _register_process(self) -> None:
         pid = os.getpid()
-        self._lock()
         try:
+            self._lock()
             u64 = self._u64
             head, tail = u64[_Q_HEAD], u64[_Q_TAIL]
             if tail > head or head - tail > self.ring_size or head % ALIGN or tail % ALIGN:
@@ -153,8 +153,8 @@ class Processes(SegmentState):
         """Count publishes that did not append here themselves (through an engine, or ``engine=False``). Under
         the lock, like the append's own count of the same word."""
         if self._pub_word and not self._closed:
-            self._lock()
             try:
+                self._lock()
                 self._u64[self._pub_word] += n
             finally:
                 self._unlock()
@@ -186,8 +186,8 @@ class Processes(SegmentState):
             area = self._read_metrics_area()
             if u64[gen] == before:
                 return area
-        self._lock()
         try:
+            self._lock()
             if u64[gen] & 1:  # a claimer died mid-claim (the lock's repair ran): what it left is all there is
                 u64[gen] = (u64[gen] + 1) & 0xFFFFFFFFFFFFFFFF
             return self._read_metrics_area()
@@ -221,8 +221,8 @@ class Processes(SegmentState):
     def _unregister_process(self) -> None:
         if self._proc_index < 0:
             return
-        self._lock()
         try:
+            self._lock()
             off = _OFF_PROCS + self._proc_index * _PROC_SIZE
             if self._u32[off >> 2] == os.getpid():
                 self._u32[(off + 4) >> 2] = 0

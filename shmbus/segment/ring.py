@@ -7,11 +7,13 @@ import os
 import signal
 import struct
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .. import _native
 from ..errors import (
     BusBridged,
+    ChannelTableFull,
     PayloadTooLarge,
     SegmentCorrupt,
 )
@@ -28,6 +30,7 @@ from .layout import (
     _Q_GID,
     _Q_HEAD,
     _Q_OVERWRITTEN,
+    _Q_REPAIR_DUE,
     _Q_TAIL,
     _ZEROS,
     ALIGN,
@@ -37,6 +40,7 @@ from .layout import (
     KIND_PAD,
     MAX_KEY_BYTES,
     REC_HDR,
+    REPAIR_DUE,
     Record,
 )
 from .state import SegmentState
@@ -50,6 +54,11 @@ _APPEND_STATE, _PAD, _REC, _SLOT_BODY, _U32, _WAKE = (
     layout._U32,
     layout._WAKE,
 )
+
+
+# How far an append got, for its exception handler: taking the lock (and repairing), holding it with nothing
+# stored yet, storing (a store may be half done: the next holder repairs).
+_LOCKING, _HELD, _STORING = 0, 1, 2
 
 
 class Ring(SegmentState):
@@ -91,13 +100,21 @@ class Ring(SegmentState):
         body_pack = _SLOT_BODY.pack
         ring = self.ring_size
         sleepers = 0
-        if _native.mutex_lock(self._mutex_ptr, self.lock_timeout):  # EOWNERDEAD: the last writer died holding it
-            self._repair()
+        # Python may raise between any two calls here (a signal handler, an async exception): the lock is taken
+        # inside the try, whose finally releases it whatever happened (harmless when this thread does not hold it),
+        # and ``stage`` tells the handler what such an exception may have left (see Locking).
+        stage = _LOCKING
         try:
+            if _native.mutex_lock(self._mutex_ptr, self.lock_timeout):  # EOWNERDEAD: the last writer died holding it
+                self._repair()
             # Under the lock no other writer runs, so the fields only writers change can be read in bulk with
             # struct; every store below that a reader may race with is a single typed-view store.
             mm, u64, buf = self.mm, self._u64, self._buf
-            head, gid, tail, table_gen, flags, barrier = _APPEND_STATE.unpack_from(mm, _OFF_HEAD)
+            head, gid, tail, table_gen, due, flags, barrier = _APPEND_STATE.unpack_from(mm, _OFF_HEAD)
+            if due:  # a holder an exception stopped left a repair due
+                self._repair()
+                head, gid, tail, table_gen, due, flags, barrier = _APPEND_STATE.unpack_from(mm, _OFF_HEAD)
+            stage = _HELD
             if expect_global_id is not None and gid != expect_global_id:
                 return 0, 0
             if global_id is None:
@@ -112,6 +129,7 @@ class Ring(SegmentState):
                 self._slot_cache.clear()
                 self._table_gen = table_gen
             slot_offset = self._slot_cache.get(key)
+            stage = _STORING  # from here on a store may be half done
             if slot_offset is None:
                 slot_offset = self._find_slot(key, insert=True, now=ts, tail=tail)
             version = u64[(slot_offset + _OFF_SLOT_VERSION) >> 3]
@@ -177,6 +195,15 @@ class Ring(SegmentState):
                 u64[counter] = u64[counter] + 1
             word, sleepers = _WAKE.unpack_from(mm, _OFF_FUTEX)
             self._u32[_I_FUTEX] = (word + 1) & 0xFFFFFFFF
+        except ChannelTableFull:  # raised before the slot search stores anything: nothing to repair
+            raise
+        except BaseException:
+            # No call before the store below: one would give a second exception a place to land.
+            if stage == _STORING:  # held since the lock's repair ran
+                self._u64[_Q_REPAIR_DUE] |= REPAIR_DUE
+            elif stage == _LOCKING:
+                self._interrupted_locking()
+            raise
         finally:
             _native.mutex_unlock(self._mutex_ptr)
         if sleepers:
@@ -333,10 +360,15 @@ class Ring(SegmentState):
 
     # ------------------------------------------------------------------ testing
     def _kill_after_store(self, k: int) -> None:
-        """Test hook: SIGKILL this process right after its ``k``-th store to the segment from now on.
+        """Test hook: SIGKILL this process right after its ``k``-th store to the segment from now on."""
+        self._after_store(k, lambda: os.kill(os.getpid(), signal.SIGKILL))
+
+    def _after_store(self, k: int, action: Callable[[], object]) -> None:
+        """Test hook: run ``action`` (kill this process, raise) right after its ``k``-th store to the segment from
+        now on, once.
 
         Every store of :meth:`append` goes through ``_buf``/``_u64``/``_u32``; these are swapped for counting
-        proxies, so a test can kill a writer after each single store of a publish and check what repair makes of
+        proxies, so a test can stop a writer after each single store of a publish and check what repair makes of
         it. Never used outside tests.
         """
         counter = [0]
@@ -351,8 +383,8 @@ class Ring(SegmentState):
             def __setitem__(self, index: Any, value: Any) -> None:
                 self._view[index] = value
                 counter[0] += 1
-                if counter[0] >= k:
-                    os.kill(os.getpid(), signal.SIGKILL)
+                if counter[0] == k:
+                    action()
 
         self._buf = _Counting(self._buf)
         self._u64 = _Counting(self._u64)

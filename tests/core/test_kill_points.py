@@ -1,10 +1,12 @@
-"""A writer SIGKILLed right after each single store of a publish leaves "committed" or "not committed", nothing else.
+"""A writer SIGKILLed, or stopped by an exception, right after each single store of a publish leaves "committed" or
+"not committed", nothing else.
 
 ``Segment._kill_after_store(k)`` (a test hook) makes the publishing process kill itself right after its k-th store to
-the segment. For every k of the append path, in every shape of append (plain, first publish of a channel, a full
-ring whose tail must advance, a pad record at the ring's end, a channel-table eviction), a fresh process then checks
-what lock-free readers see *before* any repair, and what the next publish (which runs the EOWNERDEAD repair) and a
-live subscriber see after it.
+the segment; ``Segment._after_store(k, action)`` raises there instead, as a signal handler's exception would. For
+every k of the append path, in every shape of append (plain, first publish of a channel, a full ring whose tail must
+advance, a pad record at the ring's end, a channel-table eviction), a fresh process then checks what lock-free
+readers see, and what the next publish (which runs the repair: after EOWNERDEAD, or the one the interrupted writer
+left due) and a live subscriber see after it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from shmbus import Bus
+from shmbus import Bus, _native
 
 RING = 64 << 10
 CH = "/kp"
@@ -149,8 +151,22 @@ def _verify(name: str, options: dict[str, Any], channel: str, data: Any, before:
     out.flush()
 
 
+class _Interrupted(BaseException):
+    """What a signal handler raises mid-publish (KeyboardInterrupt, a timeout): not an ``Exception``."""
+
+
+def _interrupt() -> None:
+    raise _Interrupted
+
+
+#: How the writer is stopped after its k-th store: SIGKILL (the lock's owner dies: EOWNERDEAD), or an exception, the
+#: way a signal handler's lands (the writer lives on and the lock is released: its repair is left due).
+STOPS = {"killed": -signal.SIGKILL, "interrupted": 3}
+
+
+@pytest.mark.parametrize("stop", sorted(STOPS))
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
-def test_a_writer_killed_after_any_store_leaves_committed_or_not(scenario: str, bus_name: str) -> None:
+def test_a_writer_stopped_after_any_store_leaves_committed_or_not(scenario: str, stop: str, bus_name: str) -> None:
     prepare, options = SCENARIOS[scenario]
     outcomes: list[bool] = []
     k = 0
@@ -163,23 +179,31 @@ def test_a_writer_killed_after_any_store_leaves_committed_or_not(scenario: str, 
             channel, data = prepare(bus)
             before = _snapshot(bus, sorted({channel, *bus.last_ids(channel)} | _channels(bus)))
 
-            def killed_publish(k: int = k, channel: str = channel, data: Any = data, name: str = name) -> None:
+            def stopped_publish(k: int = k, channel: str = channel, data: Any = data, name: str = name) -> None:
                 writer = Bus(name, keepalive_interval=0, ring_size=RING, max_backlog_size=100_000, **options)
-                writer.segment._kill_after_store(k)
-                writer.publish(channel, data)
+                if stop == "killed":
+                    writer.segment._kill_after_store(k)
+                else:
+                    writer.segment._after_store(k, _interrupt)
+                try:
+                    writer.publish(channel, data)
+                except _Interrupted:
+                    assert not _native.mutex_held(writer.segment._mutex_ptr), "the interrupted writer kept the lock"
+                    assert _native.mutex_holder_pid(writer.segment._mutex_ptr) == 0
+                    os._exit(STOPS["interrupted"])
 
-            status = _in_child(killed_publish)
+            status = _in_child(stopped_publish)
             if status == 0:
-                break  # the publish completed before its k-th store: every kill point has been tried
-            assert status == -signal.SIGKILL, f"the writer failed instead of being killed (status {status})"
+                break  # the publish completed before its k-th store: every stop point has been tried
+            assert status == STOPS[stop], f"the writer failed instead of being {stop} (status {status})"
             r, w = os.pipe()
             reader = os.fdopen(r, "rb")
             with os.fdopen(w, "wb") as out:
                 code = _in_child(functools.partial(_verify, name, options, channel, data, before, out))
             report = json.loads(reader.read() or b"{}")
             reader.close()
-            assert code == 0, f"kill after store {k}: the fresh process found an inconsistent bus"
-            assert report["repaired"], f"kill after store {k}: the EOWNERDEAD repair never ran"
+            assert code == 0, f"{stop} after store {k}: the fresh process found an inconsistent bus"
+            assert report["repaired"], f"{stop} after store {k}: the repair never ran"
             outcomes.append(report["committed"])
         finally:
             bus.destroy()
