@@ -5,7 +5,7 @@ Mount it around any WSGI app (``app=None`` answers 404 outside the bus routes)::
     from shmbus import Bus
     from shmbus.adapters.wsgi import MessageBusMiddleware
 
-    bus = Bus("myapp")
+    bus = Bus("myapp", create=True)
     application = MessageBusMiddleware(django_or_flask_wsgi_app, bus=bus,
                                        user_id_lookup=lambda environ: environ.get("REMOTE_USER"))
 

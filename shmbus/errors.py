@@ -57,9 +57,9 @@ class BusClosed(BusDestroyed):
 
 
 class BusNotFound(ShmbusError, FileNotFoundError):
-    """``Bus(name, create=False)`` (or the command line) names a bus that does not exist: a typo, or the app that
-    creates it has not started. Raised by the constructor, not at first use; the message lists the buses that do
-    exist. A ``FileNotFoundError``, as before it had its own type."""
+    """``Bus(name)`` (without ``create=True``) or the command line names a bus that does not exist: a typo, or
+    the app that creates it has not started. Raised by the constructor, not at first use; the message lists the
+    buses that do exist. A ``FileNotFoundError``, as before it had its own type."""
 
 
 class LayoutMismatch(ShmbusError):

@@ -110,7 +110,13 @@ class Host:
     def up(self, relays: int = 1) -> None:
         """Start the host (again): relay processes, then this process's bus and subscriber."""
         self.spawn_relays(relays)
-        bus = Bus(self.name, keepalive_interval=0, engine=self.cluster.backend.engine(relay=False), **self.bus_options)
+        bus = Bus(
+            self.name,
+            keepalive_interval=0,
+            engine=self.cluster.backend.engine(relay=False),
+            create=True,
+            **self.bus_options,
+        )
         self.note_epoch(bus.epoch)
         epoch, gid = self._last
         # a client that comes back asks for what followed the last message it saw (all of it after a reset)

@@ -18,7 +18,7 @@ from shmbus.adapters.metrics import MetricsApp, MetricsWSGIApp, render
 
 @pytest.fixture
 def bus(bus_name: str) -> Iterator[Bus]:
-    b = Bus(bus_name, ring_size=1 << 20, keepalive_interval=0)
+    b = Bus(bus_name, ring_size=1 << 20, keepalive_interval=0, create=True)
     b.publish("/room", {"text": "hello"})
     b.publish("/room", {"text": "for user 7 only"}, user_ids=[7])
     b.publish("/room", {"text": "for a client"}, client_ids=["abc"])
