@@ -111,4 +111,5 @@ class BusBridged(EngineError):
 
 
 class UnsupportedPlatform(ShmbusError):
-    """The shared-memory bus needs Linux with glibc (robust mutexes and futexes)."""
+    """The shared-memory bus needs Linux x86-64 with glibc (robust mutexes, futexes, x86-64's store order). Raised by
+    ``Bus(...)``, not by ``import shmbus``, so the HTTP client works everywhere; the message says what to use."""
