@@ -84,7 +84,7 @@ def output_matches(expected: str, out: str) -> bool:
 
 ALL = blocks()
 SHELL = [b for b in ALL if b[2] in ("sh", "bash", "shell")]
-RUN = [b for b in ALL if (b[2] in ("sh", "bash", "shell") and b[4] is None) or (b[2] == "python" and b[4] == "run")]
+RUN = [b for b in ALL if (b in SHELL and b[4] in (None, "run")) or (b[2] == "python" and b[4] == "run")]
 OUTPUTS = expected_outputs(ALL)
 
 
