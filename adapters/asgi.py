@@ -5,7 +5,7 @@ Wrap any ASGI app (``app=None`` answers 404 outside the bus routes and completes
     from shmbus import Bus
     from shmbus.adapters.asgi import MessageBusMiddleware
 
-    bus = Bus("myapp")
+    bus = Bus("myapp", create=True)
     app = MessageBusMiddleware(starlette_or_falcon_asgi_app, bus=bus,
                                user_id_lookup=lambda scope: scope.get("user_id"))
 

@@ -5,7 +5,7 @@ Mount it around any WSGI app (``app=None`` answers 404 outside the bus routes)::
     from shmbus import Bus
     from shmbus.adapters.wsgi import MessageBusMiddleware
 
-    bus = Bus("myapp")
+    bus = Bus("myapp", create=True)
     application = MessageBusMiddleware(django_or_flask_wsgi_app, bus=bus,
                                        user_id_lookup=lambda environ: environ.get("REMOTE_USER"))
 
@@ -83,7 +83,7 @@ _SYNC_WARNING = (
     "shmbus: this WSGI server handles one request at a time (%s), so long polls are answered at once and "
     "browsers see a message only at their next poll (about 15 s later; no streaming either). For a WSGI app use "
     "gunicorn -c python:shmbus.adapters.integrations.gunicorn (32 threads per worker) or -k gevent; for many "
-    "clients an ASGI worker (README, 'Servers'); long_polling_on_sync_workers=True parks polls anyway"
+    "clients an ASGI worker (docs/web.md, 'Serving'); long_polling_on_sync_workers=True parks polls anyway"
 )
 _warned_sync = False
 

@@ -31,7 +31,7 @@ def _bus() -> Any:
     from shmbus import Bus
 
     if "bus" not in _mb:
-        _mb["bus"] = Bus(os.environ["SHMBUS_LOAD_BUS"], keepalive_interval=0)
+        _mb["bus"] = Bus(os.environ["SHMBUS_LOAD_BUS"], keepalive_interval=0, create=True)
     return _mb["bus"]
 
 

@@ -398,7 +398,7 @@ def bench_server(prefix: str, clients: int, native: bool = False) -> tuple[Any, 
     from shmbus import Bus
 
     name = c.unique_name(prefix)
-    bus = Bus(name, keepalive_interval=0)
+    bus = Bus(name, keepalive_interval=0, create=True)
     bus.publish("/bench/warm", 0)
     opts = {"max_active_clients": clients + 1000, "long_polling_interval": 300}
     env = {"SHMBUS_LOAD_BUS": name, "SHMBUS_LOAD_OPTS": json.dumps(opts)}

@@ -46,7 +46,7 @@ if kind == "redis":
 else:
     from shmbus.adapters.postgres import PostgresBridge
     engine = PostgresBridge(url, election_interval=0.05, notify_channel=notify)
-bus = Bus(name, keepalive_interval=0, engine=engine)
+bus = Bus(name, keepalive_interval=0, create=True, engine=engine)
 """
 
 _WAIT_RELAYING = r"""

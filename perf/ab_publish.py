@@ -36,7 +36,7 @@ import os, sys, time
 sys.path.insert(0, sys.argv[1])
 from shmbus import Bus
 n = int(sys.argv[2])
-bus = Bus(f"abpub{os.getpid()}", keepalive_interval=0)
+bus = Bus(f"abpub{os.getpid()}", keepalive_interval=0, create=True)
 data = {"user_id": 12345, "topic_id": 67890, "type": "post_created", "body": "x" * 40}
 publish = bus.publish
 for _ in range(2000):
@@ -55,7 +55,7 @@ import os, sys, threading, time
 sys.path.insert(0, sys.argv[1])
 from shmbus import Bus
 n = int(sys.argv[2])
-bus = Bus(f"abdisp{os.getpid()}", keepalive_interval=0, ring_size=128 << 20, max_backlog_size=10)
+bus = Bus(f"abdisp{os.getpid()}", keepalive_interval=0, create=True, ring_size=128 << 20, max_backlog_size=10)
 data = {"user_id": 12345, "topic_id": 67890, "type": "post_created", "body": "x" * 40}
 done = threading.Event()
 times = []

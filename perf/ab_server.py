@@ -69,7 +69,7 @@ async def bridged(mw, n):
     return (time.process_time() - t0) / n * 1e6
 
 async def count(case, n):
-    bus = Bus("abserver" + uuid.uuid4().hex[:8], keepalive_interval=0)
+    bus = Bus("abserver" + uuid.uuid4().hex[:8], keepalive_interval=0, create=True)
     mw = MessageBusMiddleware(ok_app, bus=bus, long_polling_interval=1)
     loop, t = rig(mw)
     data, advance = CASES[case](bus)
@@ -89,7 +89,7 @@ CASES = {
 async def main():
     if len(sys.argv) > 2:
         return await count(sys.argv[2], int(sys.argv[3]))
-    bus = Bus("abserver" + uuid.uuid4().hex[:8], keepalive_interval=0)
+    bus = Bus("abserver" + uuid.uuid4().hex[:8], keepalive_interval=0, create=True)
     mw = MessageBusMiddleware(ok_app, bus=bus, long_polling_interval=1)
     try:
         dlp = poll("c1", {"/x": 0}, dlp=True)

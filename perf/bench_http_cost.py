@@ -337,7 +337,7 @@ def direct_publisher_process(
     route would: same site, same targeting."""
     import _http_apps as apps
 
-    bus = Bus(bus_name, keepalive_interval=0)
+    bus = Bus(bus_name, keepalive_interval=0, create=True)
     targeting: dict[str, Any] = {"site_id": apps.SITE}
     if group is not None:
         targeting["group_ids"] = [group]
@@ -376,7 +376,7 @@ def scenario(
     ordinary app's ``POST /publish``) or "direct" (``bus.publish`` in other processes); ``group``: publish to
     that group (every client of the ordinary app is in group 0)."""
     name = c.unique_name(f"cost-{server_kind}")
-    bus = Bus(name, keepalive_interval=0)
+    bus = Bus(name, keepalive_interval=0, create=True)
     bus.publish("/bench/warm", 0)
     opts: dict[str, Any] = {"max_active_clients": clients + 1000, "long_polling_interval": 120}
     if publish == "broadcast":

@@ -40,7 +40,7 @@ PAD = "x" * 60
 
 def publisher(bus_name: str, m: int, burst: int, go_fd: int) -> None:
     """Child: wait for the go byte, publish ``m`` messages in bursts of ``burst`` with a 1 ms pause."""
-    bus = Bus(bus_name, keepalive_interval=0)
+    bus = Bus(bus_name, keepalive_interval=0, create=True)
     bus.publish("/bench/warm", 0)
     os.read(go_fd, 1)
     for k in range(m):

@@ -36,7 +36,7 @@ T_RE = re.compile(rb'"t":(\d+)')
 
 
 def publisher(bus_name: str, count: int, go_fd: int) -> None:
-    bus = Bus(bus_name, keepalive_interval=0)
+    bus = Bus(bus_name, keepalive_interval=0, create=True)
     bus.publish("/bench/warm", 0)
     os.read(go_fd, 1)
     start = time.monotonic()

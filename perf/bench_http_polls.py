@@ -99,7 +99,7 @@ def serve(app: str, n: int, bus: Bus | None = None) -> tuple[load.Uvicorn, Bus |
     if app == "bare":
         return load.Uvicorn("_http_apps:bare_asgi"), None
     if bus is None:
-        bus = Bus(c.unique_name("bench-http-polls"), keepalive_interval=0)
+        bus = Bus(c.unique_name("bench-http-polls"), keepalive_interval=0, create=True)
         bus.publish("/bench/warm", 0)
     opts = {"max_active_clients": n + 1000, "long_polling_interval": 300}
     env = {"SHMBUS_LOAD_BUS": bus.name, "SHMBUS_LOAD_OPTS": json.dumps(opts)}

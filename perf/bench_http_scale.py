@@ -305,7 +305,7 @@ def read_line(fd: int, timeout: float) -> bytes:
 
 def start(kind: str, streams: int, interval: float) -> tuple[Any, Bus | None]:
     if kind == "shmbus":
-        bus = Bus(c.unique_name("scale"), keepalive_interval=0)
+        bus = Bus(c.unique_name("scale"), keepalive_interval=0, create=True)
         return servers.ShmbusServer(bus.name, streams, interval), bus
     if kind == "gem":
         return servers.GemCluster(streams, interval), None

@@ -28,7 +28,7 @@ def main() -> int:
     rep = c.Report("bench_metrics", "cost of the host-wide metrics (publish counter, snapshot reads)", args)
     repeats = args.repeats or (5 if args.quick else 15)
     n = 20_000 if args.quick else 100_000
-    bus = Bus(c.unique_name("perfmetrics"), keepalive_interval=0)
+    bus = Bus(c.unique_name("perfmetrics"), keepalive_interval=0, create=True)
     try:
         data = {"user_id": 12345, "topic_id": 67890, "type": "post_created", "body": "x" * 40}
         publish = bus.publish

@@ -49,7 +49,8 @@ name_a, name_b, dsn, notify, channel, hosts = sys.argv[1:7]
 lat = []
 def on_msg(m):
     lat.append((time.perf_counter_ns() - m.data["t"]) / 1000.0)
-buses = [Bus(n, keepalive_interval=0, engine=PostgresBridge(dsn, notify_channel=notify, election_interval=0.05))
+buses = [Bus(n, keepalive_interval=0, create=True,
+             engine=PostgresBridge(dsn, notify_channel=notify, election_interval=0.05))
          for n, h in ((name_a, "a"), (name_b, "b")) if h in hosts]
 while any(x.default.health()["relay_state"] != "relaying" for x in buses):
     time.sleep(0.01)
@@ -97,7 +98,7 @@ from shmbus.adapters.postgres import PostgresBridge
 mode, dsn, notify, name, n = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
 pad = "x" * 60
 if mode == "bridge":
-    bus = Bus(name, keepalive_interval=0, engine=PostgresBridge(dsn, notify_channel=notify, relay=False))
+    bus = Bus(name, keepalive_interval=0, create=True, engine=PostgresBridge(dsn, notify_channel=notify, relay=False))
     bus.publish("/bench/pg/warm", 0)
     def one(i):
         bus.publish("/bench/pg/rate", {"t": time.perf_counter_ns(), "i": i, "pad": pad})
@@ -245,14 +246,19 @@ def main() -> None:
     try:
         helpers = c.start_helpers(HELPER, [name_a, name_b, dsn, notify, CHANNEL], args.split_relays)
         helper = helpers[-1]
-        a = Bus(name_a, keepalive_interval=0, engine=PostgresBridge(dsn, notify_channel=notify, relay=False))
-        b = Bus(name_b, keepalive_interval=0, engine=PostgresBridge(dsn, notify_channel=notify, relay=False))
+        a = Bus(
+            name_a, keepalive_interval=0, engine=PostgresBridge(dsn, notify_channel=notify, relay=False), create=True
+        )
+        b = Bus(
+            name_b, keepalive_interval=0, engine=PostgresBridge(dsn, notify_channel=notify, relay=False), create=True
+        )
 
         def host(tag: str, **options: Any) -> Bus:
             return Bus(
                 c.unique_name(f"bench-pg-{tag}"),
                 keepalive_interval=0,
                 engine=PostgresBridge(dsn, notify_channel=notify, relay=False, **options),
+                create=True,
             )
 
         fast = host("f", synchronous_commit=False)
@@ -409,7 +415,7 @@ def main() -> None:
         for bus in buses:
             bus.destroy()
         for name in (name_a, name_b):
-            Bus(name).destroy()
+            Bus(name, create=True).destroy()
         admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
         admin.close()
     rep.emit()

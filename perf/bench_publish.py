@@ -193,12 +193,12 @@ def main() -> int:
     buses: list[Bus] = []
     sub_pid = 0
     try:
-        bus_json = Bus(names["json"], codec="json")
-        bus_mp = Bus(names["msgpack"], codec="msgpack")
-        bus_sub = Bus(names["sub"], codec="json")
-        bus_conc = Bus(names["conc"], codec="json")
+        bus_json = Bus(names["json"], codec="json", create=True)
+        bus_mp = Bus(names["msgpack"], codec="msgpack", create=True)
+        bus_sub = Bus(names["sub"], codec="json", create=True)
+        bus_conc = Bus(names["conc"], codec="json", create=True)
         buses += [bus_json, bus_mp, bus_sub, bus_conc]
-        seg_bus = Bus(names["raw"])
+        seg_bus = Bus(names["raw"], create=True)
         buses.append(seg_bus)
         seg = seg_bus.segment
         for b in buses:

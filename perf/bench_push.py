@@ -109,7 +109,7 @@ def main() -> int:
         text=True,
         env={**os.environ, "PYTHONPATH": tests_dir + os.pathsep + os.environ.get("PYTHONPATH", "")},
     )
-    bus = Bus(c.unique_name("bench-push"), keepalive_interval=0, ring_size=1 << 22)
+    bus = Bus(c.unique_name("bench-push"), keepalive_interval=0, ring_size=1 << 22, create=True)
     connector = None
     try:
         assert peer.stdout is not None

@@ -39,7 +39,7 @@ name_a, name_b, url, channel, hosts = sys.argv[1:6]
 lat = []
 def on_msg(m):
     lat.append((time.perf_counter_ns() - m.data["t"]) / 1000.0)
-buses = [Bus(n, keepalive_interval=0, engine=RedisBridge(url, election_interval=0.05))
+buses = [Bus(n, keepalive_interval=0, create=True, engine=RedisBridge(url, election_interval=0.05))
          for n, h in ((name_a, "a"), (name_b, "b")) if h in hosts]
 if "b" in hosts:
     buses[-1].subscribe(channel, on_msg)
@@ -159,8 +159,8 @@ def main() -> None:
     try:
         helpers = c.start_helpers(HELPER, [name_a, name_b, srv.url, CHANNEL], args.split_relays)
         helper = helpers[-1]
-        a = Bus(name_a, keepalive_interval=0, engine=RedisBridge(srv.url, relay=False))
-        b = Bus(name_b, keepalive_interval=0, engine=RedisBridge(srv.url, relay=False))
+        a = Bus(name_a, keepalive_interval=0, engine=RedisBridge(srv.url, relay=False), create=True)
+        b = Bus(name_b, keepalive_interval=0, engine=RedisBridge(srv.url, relay=False), create=True)
         buses += [a, b]
         r = redis.Redis.from_url(srv.url, protocol=2)
         rows: dict[str, list[float]] = {k: [] for k in ("bs", "bb", "rs", "rb")}
@@ -242,7 +242,7 @@ def main() -> None:
         for bus in buses:
             bus.destroy()
         for name in (name_a, name_b):
-            Bus(name).destroy()
+            Bus(name, create=True).destroy()
         srv.close()
     rep.emit()
 

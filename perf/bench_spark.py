@@ -203,7 +203,7 @@ def main() -> None:
     name = f"bench_spark_{os.getpid()}"
     # ~190 bytes per record in the ring: size it (and the per-channel backlog) so nothing is trimmed
     ring = max(64 << 20, (((n + 100_000) * 256) // (1 << 20) + 1) << 20)
-    bus = Bus(name, ring_size=ring, max_backlog_size=n + 1, keepalive_interval=0)
+    bus = Bus(name, ring_size=ring, max_backlog_size=n + 1, keepalive_interval=0, create=True)
     spark = None
     try:
         t0 = time.perf_counter()

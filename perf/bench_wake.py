@@ -287,7 +287,7 @@ def main() -> int:
     events = 300 if args.quick else 2000
     idle_s = 3.0
     tmp = tempfile.mkdtemp(prefix="shmbus-perf-wake-")
-    bus = Bus(c.unique_name("perfwake"))
+    bus = Bus(c.unique_name("perfwake"), create=True)
     pids: list[int] = []
     try:
         bus.segment  # noqa: B018 - attach in the "master" before forking, like gunicorn --preload

@@ -5,8 +5,10 @@
   ``multiprocessing.Lock`` stay taken forever in that case, and ``flock`` is released silently, so neither is used.
 * A futex word inside the segment: one ``FUTEX_WAKE`` wakes every sleeping process, and nobody spins.
 
-Measured costs and the reasoning are in ``docs/architecture.md``. Linux + glibc only (robust mutexes do not exist
-on macOS, and the struct sizes below are glibc's).
+Measured costs and the reasoning are in ``docs/architecture.md``. Linux + glibc on x86-64 only (robust mutexes do
+not exist on macOS, the struct sizes below are glibc's, and the lock-free readers rely on x86-64's store order).
+Elsewhere this module still imports, so ``import shmbus`` and the HTTP client work, and a :class:`~shmbus.Bus`
+raises :class:`~shmbus.errors.UnsupportedPlatform` (:func:`platform_problem` says why and what to use instead).
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ import ctypes.util
 import errno
 import os
 import platform
+import sys
 import threading
 import time
+from typing import Any
 
-from .errors import BusLockTimeout
+from .errors import BusLockTimeout, UnsupportedPlatform
 
 __all__ = [
     "MUTEX_SIZE",
@@ -31,10 +35,23 @@ __all__ = [
     "mutex_lock",
     "mutex_settle",
     "mutex_unlock",
+    "platform_problem",
+    "require_supported",
     "supported",
 ]
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+def _load_libc() -> ctypes.CDLL | None:
+    for name in (ctypes.util.find_library("c"), "libc.so.6"):
+        if name:
+            try:
+                return ctypes.CDLL(name, use_errno=True)
+            except OSError:
+                continue
+    return None
+
+
+_libc = _load_libc()
 
 # glibc: sizeof(pthread_mutex_t) is 40 on x86_64; 64 bytes are reserved.
 MUTEX_SIZE = 64
@@ -43,6 +60,7 @@ _PTHREAD_PROCESS_SHARED = 1
 _PTHREAD_MUTEX_ROBUST = 1
 
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "arm64": 98}.get(platform.machine())
+_GLIBC_ONLY = ("pthread_mutex_consistent", "pthread_mutex_timedlock", "pthread_mutexattr_setrobust")
 _FUTEX_WAIT = 0
 _FUTEX_WAKE = 1
 _INT_MAX = 0x7FFFFFFF
@@ -52,32 +70,67 @@ _FUTEX_TID_MASK = 0x3FFFFFFF
 _OWNER_INCONSISTENT = 0x7FFFFFFF
 
 
-def supported() -> bool:
-    """Whether this platform has what the segment needs.
+def platform_problem() -> str | None:
+    """Why this platform cannot hold a bus, with what to use instead; None where it can.
 
     Linux with glibc (robust mutexes, ``pthread_mutex_timedlock``, futexes) on x86-64: the lock-free readers rely
     on x86-64's total store order (see :mod:`shmbus.segment`); weaker memory models (aarch64, POWER) would need
     explicit barriers that pure Python cannot issue, so they are refused rather than silently trusted.
     """
+    machine = platform.machine() or "an unknown CPU"
+    if not sys.platform.startswith("linux"):
+        why = f"this is {sys.platform} on {machine}, which has no robust process-shared mutex or futex"
+    elif machine not in ("x86_64", "AMD64"):
+        why = f"this is Linux on {machine}, whose weaker memory ordering the lock-free readers do not handle yet"
+    elif _SYS_FUTEX is None or not all(hasattr(_libc, f) for f in _GLIBC_ONLY):
+        why = "this Linux's C library is not glibc (robust mutexes and pthread_mutex_timedlock are missing)"
+    else:
+        return None
     return (
-        os.name == "posix"
-        and platform.machine() in ("x86_64", "AMD64")
-        and _SYS_FUTEX is not None
-        and hasattr(_libc, "pthread_mutex_consistent")
-        and hasattr(_libc, "pthread_mutex_timedlock")
+        f"shmbus's shared-memory bus runs on Linux x86-64 with glibc only; {why}. Here, the HTTP client works "
+        "(shmbus.client, shmbus listen: pip install 'shmbus[client]'); for the bus itself, develop in a Linux "
+        "x86-64 container or VM (e.g. docker run --platform linux/amd64 python:3.12). "
+        "The port is planned in docs/architecture.md (Platforms)"
     )
+
+
+def supported() -> bool:
+    """Whether this platform has what the segment needs (:func:`platform_problem` says why not)."""
+    return platform_problem() is None
+
+
+def require_supported() -> None:
+    """Raise :class:`~shmbus.errors.UnsupportedPlatform` (why, and what to use instead) where a bus cannot run."""
+    problem = platform_problem()
+    if problem is not None:
+        raise UnsupportedPlatform(problem)
+
+
+def _symbol(name: str) -> Any:
+    """A libc function; where libc lacks it, a stand-in that raises :class:`UnsupportedPlatform` (never reached
+    by a bus, which checks first: it keeps ``import shmbus`` working on every platform)."""
+    fn = getattr(_libc, name, None)
+    if fn is not None:
+        return fn
+
+    def missing(*_: Any) -> int:
+        require_supported()
+        raise UnsupportedPlatform(f"the C library has no {name}")
+
+    return missing
 
 
 class _Timespec(ctypes.Structure):
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
 
-_trylock = _libc.pthread_mutex_trylock
-_timedlock = _libc.pthread_mutex_timedlock
-_unlock = _libc.pthread_mutex_unlock
-_consistent = _libc.pthread_mutex_consistent
-_syscall = _libc.syscall
-_syscall.restype = ctypes.c_long
+_trylock = _symbol("pthread_mutex_trylock")
+_timedlock = _symbol("pthread_mutex_timedlock")
+_unlock = _symbol("pthread_mutex_unlock")
+_consistent = _symbol("pthread_mutex_consistent")
+_syscall = _symbol("syscall")
+if hasattr(_libc, "syscall"):
+    _syscall.restype = ctypes.c_long
 
 
 def mutex_lock(ptr: ctypes.c_void_p, timeout: float) -> bool:
@@ -177,15 +230,16 @@ class RobustMutex:
     @staticmethod
     def initialize(address: int) -> None:
         """Initialise a fresh mutex in place (exactly one process does this, when it creates the segment)."""
+        require_supported()
         attr = ctypes.create_string_buffer(_MUTEXATTR_SIZE * 8)
-        _check(_libc.pthread_mutexattr_init(attr), "pthread_mutexattr_init")
+        _check(_symbol("pthread_mutexattr_init")(attr), "pthread_mutexattr_init")
         try:
-            _check(_libc.pthread_mutexattr_setpshared(attr, _PTHREAD_PROCESS_SHARED), "setpshared")
-            _check(_libc.pthread_mutexattr_setrobust(attr, _PTHREAD_MUTEX_ROBUST), "setrobust")
+            _check(_symbol("pthread_mutexattr_setpshared")(attr, _PTHREAD_PROCESS_SHARED), "setpshared")
+            _check(_symbol("pthread_mutexattr_setrobust")(attr, _PTHREAD_MUTEX_ROBUST), "setrobust")
             ctypes.memset(address, 0, MUTEX_SIZE)
-            _check(_libc.pthread_mutex_init(ctypes.c_void_p(address), attr), "pthread_mutex_init")
+            _check(_symbol("pthread_mutex_init")(ctypes.c_void_p(address), attr), "pthread_mutex_init")
         finally:
-            _libc.pthread_mutexattr_destroy(attr)
+            _symbol("pthread_mutexattr_destroy")(attr)
 
     def acquire(self, timeout: float) -> bool:
         """Lock within ``timeout`` s; True if the previous owner died holding it (the caller repairs, then goes on)."""

@@ -2,7 +2,8 @@
 ``shmbus destroy`` may remove.
 
 One place answers "which buses exist" for ``shmbus list``, for the hint of an unknown name on the command line and
-for :class:`~shmbus.errors.BusNotFound` (``Bus(name, create=False)``), so a typo is met with the names it missed.
+for :class:`~shmbus.errors.BusNotFound` (``Bus(name)`` without ``create=True``), so a typo is met with the names
+it missed.
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ from typing import Any
 from .errors import LayoutMismatch, NotASegment, ShmbusError
 from .segment import peek, segment_path
 
-__all__ = ["BusInfo", "bus_names", "describe", "not_found_message", "removal_problem"]
+__all__ = ["CREATE_HINT", "BusInfo", "bus_names", "describe", "not_found_message", "removal_problem"]
+
+#: what a BusNotFound from ``Bus(name)`` adds: the way to make the bus, where the app owns it
+CREATE_HINT = "Bus(name) only attaches; the process that owns the bus makes it with Bus(name, create=True)"
 
 _SHM_DIR = "/dev/shm"
 _PREFIX = "shmbus."

@@ -18,7 +18,10 @@ _default_lock = threading.Lock()
 
 
 def configure(**options: Any) -> Bus:
-    """Configure the default bus (``name=`` and any :class:`Bus` option). Replaces a bus configured earlier."""
+    """Configure the default bus (``name=`` and any :class:`Bus` option). Replaces a bus configured earlier.
+
+    The default bus is the app's own, so it is created when missing (``create=True`` unless given): ``configure``
+    is where an app declares its bus, unlike a plain ``Bus(name)``, which only attaches."""
     global _default
     with _default_lock:
         old = _default
@@ -48,6 +51,6 @@ def default_bus() -> Bus:
                         "shmbus: no bus name configured; using the bus named 'default' (call "
                         "shmbus.configure(name=...) or set SHMBUS_NAME)"
                     )
-                _default = Bus(name, **opts)
+                _default = Bus(name, **{"create": True, **opts})
             bus = _default
     return bus

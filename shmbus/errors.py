@@ -61,9 +61,9 @@ class BusClosed(BusDestroyed):
 
 
 class BusNotFound(ShmbusError, FileNotFoundError):
-    """``Bus(name, create=False)`` (or the command line) names a bus that does not exist: a typo, or the app that
-    creates it has not started. Raised by the constructor, not at first use; the message lists the buses that do
-    exist. A ``FileNotFoundError``, as before it had its own type."""
+    """``Bus(name)`` (without ``create=True``) or the command line names a bus that does not exist: a typo, or
+    the app that creates it has not started. Raised by the constructor, not at first use; the message lists the
+    buses that do exist. A ``FileNotFoundError``, as before it had its own type."""
 
 
 class LayoutMismatch(ShmbusError):
@@ -159,4 +159,5 @@ class BusBridged(EngineError):
 
 
 class UnsupportedPlatform(ShmbusError):
-    """The shared-memory bus needs Linux with glibc (robust mutexes and futexes)."""
+    """The shared-memory bus needs Linux x86-64 with glibc (robust mutexes, futexes, x86-64's store order). Raised by
+    ``Bus(...)``, not by ``import shmbus``, so the HTTP client works everywhere; the message says what to use."""

@@ -6,7 +6,7 @@ A few lines for a user::
     from shmbus import Bus
     from shmbus.adapters.integrations.falcon import mount
 
-    bus = Bus("myapp")
+    bus = Bus("myapp", create=True)
     api = falcon.App()                 # or falcon.asgi.App()
     api.add_route("/hello", Hello())
     app = mount(api, bus=bus, user_id_lookup=lambda env: env.get("REMOTE_USER"))

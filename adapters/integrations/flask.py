@@ -6,7 +6,7 @@ A few lines for a user::
     from shmbus import Bus
     from shmbus.adapters.integrations.flask import init_app, with_request_context
 
-    bus = Bus("myapp")
+    bus = Bus("myapp", create=True)
     app = Flask(__name__)
     init_app(app, bus=bus,
              user_id_lookup=with_request_context(app, lambda: flask.session.get("user_id")))

@@ -15,6 +15,10 @@ Settings given on the command line override the ones here. What this module prov
   killing a worker that still waits for 25 s polls and logging "Perhaps out of memory?"), ``keepalive = 5``.
   ``SHMBUS_WORKER_CLASS`` and ``SHMBUS_THREADS``
   override the defaults.
+* ``control_socket``: one per server, ``gunicorn-<master pid>.ctl`` in ``$XDG_RUNTIME_DIR`` or the temporary
+  directory (gunicorn 25+'s default, ``~/.gunicorn/gunicorn.ctl``, is one path for every gunicorn of the user,
+  so two apps, or the examples run side by side, took each other's control socket). ``--control-socket``
+  overrides it, ``--no-control-socket`` turns it off.
 
 Worker classes and their limits:
 
@@ -48,6 +52,7 @@ Use ``preload_app = True`` freely: the bus attaches lazily and forks cleanly.
 from __future__ import annotations
 
 import os
+import tempfile
 from typing import Any
 
 worker_class = os.environ.get("SHMBUS_WORKER_CLASS", "gthread")
@@ -55,6 +60,8 @@ threads = int(os.environ.get("SHMBUS_THREADS", "32"))
 timeout = 60
 graceful_timeout = 10
 keepalive = 5
+# this module is read once, in the master: its pid names this server's control socket (older gunicorns ignore it)
+control_socket = os.path.join(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir(), f"gunicorn-{os.getpid()}.ctl")
 
 
 def post_fork(server: Any, worker: Any) -> None:

@@ -6,7 +6,7 @@ A few lines for a user::
     from shmbus import Bus
     from shmbus.adapters.integrations.starlette import install
 
-    bus = Bus("myapp")
+    bus = Bus("myapp", create=True)
     app = FastAPI()
     install(app, bus=bus, user_id_lookup=lambda scope: scope.get("session", {}).get("user_id"))
 

@@ -65,7 +65,7 @@ class Server:
             if isinstance(bus, str):
                 from shmbus import Bus
 
-                bus = Bus(bus)
+                bus = Bus(bus, create=True)  # the server is the app: it makes the bus it names
             mw = MessageBusMiddleware(app, bus=bus, **opts)
             self.app = app
         else:

@@ -284,6 +284,7 @@ class _BridgeSinkBus:
             max_channels=1024,
             keepalive_interval=0,
             engine=bridge,
+            create=True,  # a private segment of this task
         )
         self._batch = bridge.batch()
         self._batch.__enter__()  # pipelined

@@ -10,7 +10,9 @@ id it saw, so a stream over a plain GET resumes without any client library. Wire
 With ``events=message`` every message is sent as an unnamed event instead (no ``event:`` line), which a browser's
 ``EventSource`` delivers to ``onmessage``; the channel is in the data. Use it with ``prefix=`` or ``glob=``: a
 browser can only listen to event names it knows in advance, and ``EventSource`` has no wildcard listener.
-``events=channel`` (the default) names each event after its channel, for ``addEventListener("/chat", ...)``.
+``events=channel`` (the default) names each event after its channel, for ``addEventListener("/chat", ...)``; a
+stream with ``prefix=`` or ``glob=`` must say which it wants (a 400 otherwise: with named events a browser hears
+nothing, having no listener for channels it does not know).
 
 Ids are ``<epoch>:<global_id>``: one cursor for the whole stream (exact channels *and* patterns), which per-channel
 ids cannot give. On reconnect ``Last-Event-ID`` (or ``?last_event_id=``) replays everything after that global id
@@ -61,6 +63,12 @@ SSE_HEADERS = [
 ]
 #: values of the ``events`` query parameter
 EVENT_NAMING = ("channel", "message")
+#: why a prefix= or glob= stream must say how its events are named: a browser's EventSource hears a named event
+#: only through a listener added for that exact name, so with the default naming such a stream was silently empty
+PATTERNS_NEED_NAMING = (
+    "a prefix= or glob= stream needs events=message (unnamed events: EventSource's onmessage receives them, the "
+    "channel is in the data) or events=channel (named after each channel, for a client that knows the names)"
+)
 
 
 def format_event(event: str | None, data: bytes, event_id: str | None = None) -> bytes:
@@ -113,6 +121,8 @@ def parse_request(
         raise ProtocolError(400, f"too many subscriptions (limit {max_subscriptions})")
     last = last_event_id if last_event_id is not None else (query.get("last_event_id") or [""])[-1]
     resume = parse_event_id(last) if last.strip() else None
+    if patterns and "events" not in query:  # named after channels no listener can know in advance: never heard
+        raise ProtocolError(400, PATTERNS_NEED_NAMING)
     events = query.get("events", ["channel"])
     if len(events) != 1 or events[0] not in EVENT_NAMING:
         raise ProtocolError(400, "events must be 'channel' (events named after their channel) or 'message'")

@@ -49,7 +49,7 @@ WORKERS = "/dashboard/workers"
 MAX_TEXT = 500
 
 # Same sizes as examples/spark_pipeline/generate_events.py: whichever starts first creates the segment.
-bus = Bus(os.environ.get("SHMBUS_DEMO_BUS", "demo"), ring_size=64 << 20, max_backlog_size=100_000)
+bus = Bus(os.environ.get("SHMBUS_DEMO_BUS", "demo"), ring_size=64 << 20, max_backlog_size=100_000, create=True)
 stats = {"requests": 0, "chats": 0, "clicks": 0, "started": time.time()}
 
 

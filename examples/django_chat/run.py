@@ -52,6 +52,7 @@ def main() -> int:
     from shmbus.segment import segment_path
 
     env = dict(os.environ, DJANGO_SETTINGS_MODULE="chat.settings", CHAT_BUS=args.bus)
+    env.setdefault("TZ", "UTC")  # gunicorn's master and the workers (settings.TIME_ZONE) log in one zone
     env["PYTHONPATH"] = os.pathsep.join([str(HERE), *filter(None, [env.get("PYTHONPATH")])])
     if args.sqlite:
         env["CHAT_SQLITE"] = args.sqlite

@@ -23,7 +23,7 @@ from shmbus.adapters.integrations.falcon import mount
 PAGE = Path(__file__).resolve().parent / "index.html"
 OPTIONS = ("tabs", "spaces")
 
-bus = Bus(os.environ.get("SHMBUS_NAME", "falcon-votes"))
+bus = Bus(os.environ.get("SHMBUS_NAME", "falcon-votes"), create=True)
 
 
 class Page:

@@ -29,7 +29,7 @@ from shmbus.adapters.transports.sse import SSEApp
 PAGE = Path(__file__).resolve().parent / "index.html"
 TOPIC = re.compile(r"[a-z0-9-]{1,30}\Z")
 
-bus = Bus(os.environ.get("SHMBUS_NAME", "fastapi-sse"))
+bus = Bus(os.environ.get("SHMBUS_NAME", "fastapi-sse"), create=True)
 api = FastAPI()
 
 

@@ -23,7 +23,7 @@ from shmbus.adapters.integrations.flask import init_app
 
 PAGE = Path(__file__).resolve().parent / "index.html"
 
-bus = Bus(os.environ.get("SHMBUS_NAME", "flask-chat"))
+bus = Bus(os.environ.get("SHMBUS_NAME", "flask-chat"), create=True)
 app = Flask(__name__)
 
 

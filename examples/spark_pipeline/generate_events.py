@@ -22,7 +22,7 @@ EVENTS_CHANNEL = "/events/clicks"
 
 def open_bus(name: str) -> Bus:
     """The demo bus: 64 MiB of history and 100k events per channel (the defaults keep only 1000)."""
-    return Bus(name, ring_size=64 << 20, max_backlog_size=100_000)
+    return Bus(name, ring_size=64 << 20, max_backlog_size=100_000, create=True)
 
 
 def publish_events(bus: Bus, count: int, rate: float = 0.0, seed: int | None = None) -> int:

@@ -26,6 +26,7 @@ HOST = os.environ.get("HOST_NAME", "a")
 bus = Bus(
     os.environ.get("SHMBUS_NAME", f"two-hosts-{HOST}"),
     engine=RedisBridge(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")),
+    create=True,
 )
 
 

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import forks
 from .. import segment as _segment
-from ..buses import not_found_message
+from .._native import require_supported
+from ..buses import CREATE_HINT, not_found_message
 from ..channels import check_bus_name
 from ..codecs import Codec, get_codec
 from ..engines import EngineLike, as_engine
@@ -57,12 +58,12 @@ class Bus:
     ``max_global_backlog_size`` (2000), ``max_backlog_age`` (7 days without a publish expires a channel and
     restarts its ids), ``clear_every`` (1); ``site_id_lookup`` (zero-argument callable giving the current site);
     ``keepalive_interval`` (60; 0 or anything <= 20 disables it); ``engine`` (the default engine); ``create``
-    (False: attach only; :class:`~shmbus.errors.BusNotFound` from this constructor if the bus does not exist,
-    naming the buses that do); ``mode`` (permission bits of a new segment and the most an existing one may
-    grant: ``0o600``, or ``0o660`` to share the bus with a group);
+    (False: attach only, :class:`~shmbus.errors.BusNotFound` here if the bus does not exist, naming those that do,
+    so a typo never makes a new 34.5 MiB bus; True where the app makes its bus); ``mode`` (permission bits of a new
+    segment and the most an existing one may grant: ``0o600``, or ``0o660`` to share the bus with a group);
     ``lock_timeout`` (seconds a publish or attach waits for the writer lock before
-    :class:`~shmbus.errors.BusLockTimeout`, 5). Bad values raise :class:`~shmbus.errors.InvalidArgument` here,
-    not at first use.
+    :class:`~shmbus.errors.BusLockTimeout`, 5). Bad values raise :class:`~shmbus.errors.InvalidArgument` here, not
+    at first use, and so does :class:`~shmbus.errors.UnsupportedPlatform` off Linux x86-64 with glibc.
     """
 
     #: The iodine pub/sub draft's ``pubsub?``: the version of the draft this API follows (0, the draft's
@@ -84,14 +85,15 @@ class Bus:
         site_id_lookup: Callable[[], str | None] | None = None,
         keepalive_interval: float = 60,
         engine: EngineLike | None = None,
-        create: bool = True,
+        create: bool = False,
         mode: int = 0o600,
         lock_timeout: float = 5.0,
     ) -> None:
+        require_supported()  # here, not at first use: import shmbus works everywhere, a bus only where it can
         check_bus_name(name)
         if not create and not os.path.lexists(path or _segment.segment_path(name)):
             # now, not at first use: a mistyped name fails where it is written, naming the buses that exist
-            raise BusNotFound(not_found_message(name, path) + " (create=False: this process only attaches)")
+            raise BusNotFound(not_found_message(name, path) + f" ({CREATE_HINT})")
         max_backlog_age, lock_timeout = check_options(
             max_backlog_size, max_global_backlog_size, max_backlog_age, clear_every, ring_size, max_channels,
             lock_timeout, mode,

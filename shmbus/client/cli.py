@@ -9,8 +9,11 @@ import argparse
 import datetime as _dt
 import json
 import queue
+import select
 import sys
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from shmbus.cli_args import count as _count  # the command line's own validators
@@ -60,6 +63,35 @@ def _line(msg: Any, as_json: bool) -> str:
     return f"{ts} {msg.channel} #{msg.message_id} (g{msg.global_id}) {json.dumps(msg.data)}"
 
 
+#: put in the message queue by the stdout watcher: the reader of our output is gone
+_STDOUT_CLOSED = object()
+
+
+def watch_stdout(on_closed: Callable[[], None]) -> threading.Thread | None:
+    """Call ``on_closed`` once stdout's reader goes: a pipe whose reader exited (``| head -2``) reports POLLERR
+    on its write end, a hung-up terminal or a closed socket POLLHUP. Without it a quiet channel kept ``listen``
+    (and the server's long poll) alive until the next message's write failed, minutes later.
+
+    A thread blocked in ``poll`` on no event at all (only errors and hang-ups are reported): no timer, no CPU.
+    None when stdout has no descriptor (a test's capture); a regular file never reports, so nothing ends early.
+    """
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+    poller = select.poll()
+    poller.register(fd, 0)
+
+    def watch() -> None:
+        while not poller.poll():  # an empty answer cannot come without a timeout; kept for safety
+            pass
+        on_closed()
+
+    thread = threading.Thread(target=watch, name="shmbus-listen-stdout", daemon=True)
+    thread.start()
+    return thread
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         from shmbus.client import MessageBusClient
@@ -77,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         client.subscribe(channel, arrived.put, last_id)
     deadline = time.monotonic() + args.timeout if args.timeout else None
     shown = 0
+    watch_stdout(lambda: arrived.put(_STDOUT_CLOSED))
     try:
         client.start()
         while not args.count or shown < args.count:
@@ -87,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
                 msg = arrived.get(timeout=wait)
             except queue.Empty:
                 break
+            if msg is _STDOUT_CLOSED:  # shmbus.cli.main ends quietly, as for a failed write
+                raise BrokenPipeError("stdout's reader is gone")
             print(_line(msg, args.json), flush=True)
             shown += 1
     except KeyboardInterrupt:

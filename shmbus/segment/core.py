@@ -19,7 +19,6 @@ from ..channels import check_bus_name
 from ..errors import (
     BusNotFound,
     NotASegment,
-    UnsupportedPlatform,
 )
 from . import layout
 from .bridging import Bridging
@@ -97,8 +96,7 @@ class Segment(Ring, ChannelTable, Processes, Bridging, Locking):
         unless it belongs to this user (or root) and grants group/other nothing beyond ``mode`` (``0o600`` by
         default; ``0o660`` opts in to sharing with the file's group), and every header field is validated.
         """
-        if not _native.supported():
-            raise UnsupportedPlatform("shmbus needs Linux with glibc on x86-64 (robust mutexes, futexes, TSO)")
+        _native.require_supported()
         if isinstance(ring_size, bool) or not isinstance(ring_size, int) or ring_size < MIN_RING or ring_size % 4096:
             raise ValueError(f"ring_size must be a multiple of 4096 and at least 64 KiB, got {ring_size!r}")
         if isinstance(max_channels, bool) or not isinstance(max_channels, int) or not 16 <= max_channels <= 1 << 22:

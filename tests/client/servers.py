@@ -120,6 +120,6 @@ def make_target(kind: str, bus: Bus | None, port: int | None = None, **opts: Any
 
 def shared_bus(name: str) -> Bus:
     """The bus a shmbus server serves, created before it attaches (destroy it at the end)."""
-    bus = Bus(name, keepalive_interval=0)
+    bus = Bus(name, keepalive_interval=0, create=True)
     bus.last_id("/x")
     return bus

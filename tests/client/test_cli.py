@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import shlex
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -74,6 +76,29 @@ def test_listen_ends_quietly_on_a_closed_pipe(procs: Any, target: Target) -> Non
     assert proc.wait(timeout=10) == 0
     err = proc.stderr.read()  # type: ignore[union-attr]
     assert "Traceback" not in err and "Error" not in err, err
+
+
+def test_listen_piped_to_head_ends_when_head_does_on_a_quiet_channel(
+    procs: Any, target: Target, tmp_path: Path
+) -> None:
+    """Issue 34: ``shmbus listen ... | head -2`` lingered until the next message after ``head`` exited (a write
+    was its only way to learn the pipe had closed). The channel stays quiet after the two lines, so only the
+    watch on stdout can end it; the deadline is generous (a long poll is 25 s), not a measure of speed."""
+    target.publish("/h", "one")
+    target.publish("/h", "two")
+    script = (
+        "set -o pipefail; "
+        f"{shlex.quote(sys.executable)} -m shmbus listen {shlex.quote(target.url)} /h=0 2>listen.err | head -2; "
+        "echo listen-exit=$?; cat listen.err"
+    )
+    proc = procs.spawn(["bash", "-c", script], cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+    try:
+        out, _ = proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("shmbus listen was still running 90 s after head -2 exited") from None
+    lines = out.splitlines()
+    assert ["one" in lines[0], "two" in lines[1]] == [True, True], out
+    assert lines[2] == "listen-exit=0" and len(lines) == 3, out  # ends quietly: no traceback, no error
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ def make_bus(bus_name: str) -> Iterator[Callable[..., shmbus.Bus]]:
     def make(**options: Any) -> shmbus.Bus:
         options.setdefault("ring_size", 1 << 20)
         options.setdefault("keepalive_interval", 0)
+        options.setdefault("create", True)
         bus = shmbus.Bus(options.pop("name", bus_name), **options)
         made.append(bus)
         return bus

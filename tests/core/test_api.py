@@ -428,11 +428,11 @@ def test_keepalive_publishes_and_health_reports(make_bus: Any, monkeypatch: pyte
 
 def test_file_backed_log_survives_every_process_detaching(tmp_path: Any, bus_name: str) -> None:
     path = str(tmp_path / "bus.log")
-    bus = Bus(bus_name, path=path, ring_size=1 << 20, keepalive_interval=0)
+    bus = Bus(bus_name, path=path, ring_size=1 << 20, keepalive_interval=0, create=True)
     bus.publish("/p", "kept")
     epoch = bus.epoch
     bus.close()
-    again = Bus(bus_name, path=path, keepalive_interval=0)
+    again = Bus(bus_name, path=path, keepalive_interval=0, create=True)
     try:
         assert again.epoch == epoch and [m.data for m in again.backlog("/p")] == ["kept"]
         assert again.publish("/p", "more") == 2
@@ -447,12 +447,12 @@ def test_file_backed_log_from_before_a_reboot_gets_fresh_kernel_state(tmp_path: 
     from shmbus.segment import layout as segment
 
     path = str(tmp_path / "bus.log")
-    bus = Bus(bus_name, path=path, ring_size=1 << 20, keepalive_interval=0)
+    bus = Bus(bus_name, path=path, ring_size=1 << 20, keepalive_interval=0, create=True)
     bus.publish("/p", 1)
     bus.segment.mm[segment._OFF_BOOT : segment._OFF_BOOT + 16] = b"\x01" * 16  # as if written before a reboot
     bus.segment.mm[segment._OFF_MUTEX : segment._OFF_MUTEX + 8] = b"\xff" * 8  # a lock word naming a dead thread
     bus.close()
-    again = Bus(bus_name, path=path, keepalive_interval=0)
+    again = Bus(bus_name, path=path, keepalive_interval=0, create=True)
     try:
         assert again.publish("/p", 2) == 2  # would block forever on the stale mutex without re-initialisation
         assert [m.data for m in again.backlog("/p")] == [1, 2]
@@ -471,17 +471,17 @@ def test_foreign_and_incompatible_segments_are_refused(bus_name: str) -> None:
         f.write(b"not a bus" * 1000)
     try:
         with pytest.raises(shmbus.NotASegment):
-            Bus(bus_name, keepalive_interval=0).publish("/x", 1)
+            Bus(bus_name, keepalive_interval=0, create=True).publish("/x", 1)
         with open(path, "rb") as f:
             assert f.read(9) == b"not a bus"  # untouched
     finally:
         os.unlink(path)
-    bus = Bus(bus_name, ring_size=1 << 20, keepalive_interval=0)
+    bus = Bus(bus_name, ring_size=1 << 20, keepalive_interval=0, create=True)
     bus.publish("/x", 1)
     struct.pack_into("<I", bus.segment.mm, 8, segment.LAYOUT_VERSION + 1)
     try:
         with pytest.raises(shmbus.LayoutMismatch, match="layout version"):
-            Bus(bus_name, keepalive_interval=0).last_id("/x")
+            Bus(bus_name, keepalive_interval=0, create=True).last_id("/x")
     finally:
         bus.destroy()
 

@@ -1,5 +1,6 @@
-"""Bus names: one check for the bus, the segment and the command line; ``create=False`` fails at construction;
-``shmbus list`` shows each bus on one line with its size, processes and age."""
+"""Bus names: one check for the bus, the segment and the command line; ``Bus(name)`` only attaches (a missing
+bus fails at construction, naming those that exist; ``create=True`` makes it); ``shmbus list`` shows each bus on
+one line with its size, processes and age."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 def test_bad_bus_names_are_refused_everywhere(bus_name: str, suffix: str) -> None:
     name = bus_name + suffix
     with pytest.raises(shmbus.InvalidArgument, match="a bus name is 1-200 of the characters"):
-        shmbus.Bus(name)
+        shmbus.Bus(name, create=True)
     with pytest.raises(shmbus.InvalidArgument, match="a bus name is"):
         Segment.open(name)
     with pytest.raises(shmbus.InvalidArgument, match="a bus name is"):
@@ -37,7 +38,7 @@ def test_bad_bus_names_are_refused_everywhere(bus_name: str, suffix: str) -> Non
 @pytest.mark.parametrize("name", ["-x", ".x", ""])
 def test_names_that_read_as_options_or_hidden_files_are_refused(name: str) -> None:
     with pytest.raises(shmbus.InvalidArgument):
-        shmbus.Bus(name)
+        shmbus.Bus(name, create=True)
 
 
 def test_create_false_fails_at_construction_naming_the_buses_that_exist(make_bus: Any, bus_name: str) -> None:
@@ -49,6 +50,29 @@ def test_create_false_fails_at_construction_naming_the_buses_that_exist(make_bus
     assert f"no bus named {typo!r}" in str(info.value) and repr(bus_name) in str(info.value)
     assert not os.path.exists(segment_path(typo))
     assert shmbus.Bus(bus_name, create=False, keepalive_interval=0).last_id("/x") == 1
+
+
+def test_a_typo_in_a_plain_bus_name_raises_instead_of_making_a_new_bus(make_bus: Any, bus_name: str) -> None:
+    """Issue 34: ``Bus("myapq")`` made a new, empty 34.5 MiB bus; the default now only attaches."""
+    make_bus().publish("/x", 1)
+    typo = bus_name + "q"
+    with pytest.raises(shmbus.BusNotFound) as info:
+        shmbus.Bus(typo)
+    says = str(info.value)
+    assert f"no bus named {typo!r}" in says and repr(bus_name) in says and "create=True" in says
+    assert not os.path.exists(segment_path(typo))
+    attached = shmbus.Bus(bus_name, keepalive_interval=0)  # the name that exists: attached, not made again
+    assert attached.create is False and attached.last_id("/x") == 1
+    attached.close()
+
+
+def test_create_true_makes_a_missing_bus_and_attaches_an_existing_one(bus_name: str) -> None:
+    first = shmbus.Bus(bus_name, create=True, keepalive_interval=0)
+    assert first.publish("/x", 1) == 1 and os.path.exists(segment_path(bus_name))
+    again = shmbus.Bus(bus_name, create=True, keepalive_interval=0)  # a second run of the app: the same bus
+    assert again.last_id("/x") == 1
+    again.close()
+    first.destroy()
 
 
 def test_list_shows_size_processes_and_age_one_line_per_bus(make_bus: Any, bus_name: str) -> None:
@@ -91,7 +115,9 @@ def test_destroy_refuses_a_file_that_is_not_a_segment_unless_forced(tmp_path: An
 
 def test_destroy_never_follows_nor_removes_a_link(tmp_path: Any, bus_name: str) -> None:
     seg_file = tmp_path / "bus.seg"
-    bus = shmbus.Bus(bus_name, path=str(seg_file), ring_size=1 << 16, max_channels=16, keepalive_interval=0)
+    bus = shmbus.Bus(
+        bus_name, path=str(seg_file), ring_size=1 << 16, max_channels=16, keepalive_interval=0, create=True
+    )
     bus.publish("/x", 1)
     bus.close()
     link = tmp_path / "link"

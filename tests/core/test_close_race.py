@@ -23,7 +23,7 @@ CHILD = textwrap.dedent(
     seen = {}
 
     for _ in range(rounds):
-        bus = Bus(name, keepalive_interval=0, ring_size=1 << 16, max_channels=64)
+        bus = Bus(name, keepalive_interval=0, create=True, ring_size=1 << 16, max_channels=64)
         stop = threading.Event()
 
         def hammer():

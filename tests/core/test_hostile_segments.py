@@ -46,13 +46,13 @@ def _run_bounded(fn: Callable[[], Any], seconds: float = 20.0) -> Any:
 # ------------------------------------------------------------------ who may have made the file
 @pytest.mark.skipif(os.geteuid() != 0, reason="planting a file owned by another user needs root")
 def test_a_segment_owned_by_another_user_is_refused(bus_name: str) -> None:
-    bus = Bus(bus_name, ring_size=1 << 20, keepalive_interval=0)
+    bus = Bus(bus_name, ring_size=1 << 20, keepalive_interval=0, create=True)
     bus.publish("/x", 1)
     path = bus.segment.path
     try:
         os.chown(path, 65534, 65534)  # as if user "nobody" had created it first, to read and inject
         with pytest.raises(shmbus.UnsafeSegment, match=r"belongs to \S+ \(uid 65534\)"):
-            Bus(bus_name, keepalive_interval=0).last_id("/x")
+            Bus(bus_name, keepalive_interval=0, create=True).last_id("/x")
     finally:
         bus.destroy()
 
@@ -69,7 +69,7 @@ def test_a_segment_owned_by_another_user_is_refused(bus_name: str) -> None:
 def test_segment_permissions_beyond_the_callers_mode_are_refused(
     bus_name: str, file_mode: int, allowed: int, refused: str | None
 ) -> None:
-    bus = Bus(bus_name, ring_size=1 << 20, keepalive_interval=0)
+    bus = Bus(bus_name, ring_size=1 << 20, keepalive_interval=0, create=True)
     bus.publish("/x", 1)
     try:
         os.chmod(bus.segment.path, file_mode)
@@ -104,7 +104,7 @@ def test_a_zero_length_file_is_refused_and_left_alone(bus_name: str) -> None:
     os.chmod(path, 0o600)
     try:
         with pytest.raises(shmbus.NotASegment, match="empty"):
-            Bus(bus_name, keepalive_interval=0).publish("/x", 1)
+            Bus(bus_name, keepalive_interval=0, create=True).publish("/x", 1)
         assert os.path.getsize(path) == 0  # never silently re-initialised
     finally:
         os.unlink(path)
@@ -143,7 +143,7 @@ def test_racing_creators_all_attach_to_one_fully_initialised_segment(bus_name: s
 
 # ------------------------------------------------------------------ damaged contents
 def _plant(bus_name: str, offset: int, fmt: str, value: Any) -> None:
-    bus = Bus(bus_name, ring_size=1 << 20, keepalive_interval=0)
+    bus = Bus(bus_name, ring_size=1 << 20, keepalive_interval=0, create=True)
     bus.publish("/x", 1)
     struct.pack_into(fmt, bus.segment.mm, offset, value)
     bus.close()
@@ -165,7 +165,7 @@ def test_a_damaged_header_is_refused_with_a_typed_error(
     _plant(bus_name, offset, fmt, value)
     try:
         with pytest.raises(shmbus.SegmentCorrupt, match=what):
-            Bus(bus_name, keepalive_interval=0).last_id("/x")
+            Bus(bus_name, keepalive_interval=0, create=True).last_id("/x")
     finally:
         Segment.destroy_by_name(bus_name)
 
@@ -173,14 +173,14 @@ def test_a_damaged_header_is_refused_with_a_typed_error(
 @pytest.mark.parametrize(("head", "tail"), [(16, 4096), (17, 0), (1 << 40, 0)])
 def test_an_impossible_commit_state_is_refused_on_attach(bus_name: str, head: int, tail: int) -> None:
     """head < tail, a misaligned head or more than a ring of history used to stop live delivery silently."""
-    bus = Bus(bus_name, ring_size=1 << 20, keepalive_interval=0)
+    bus = Bus(bus_name, ring_size=1 << 20, keepalive_interval=0, create=True)
     bus.publish("/x", 1)
     struct.pack_into("<Q", bus.segment.mm, layout._OFF_HEAD, head)
     struct.pack_into("<Q", bus.segment.mm, layout._OFF_TAIL, tail)
     bus.close()
     try:
         with pytest.raises(shmbus.SegmentCorrupt, match="commit state"):
-            Bus(bus_name, keepalive_interval=0).publish("/x", 2)
+            Bus(bus_name, keepalive_interval=0, create=True).publish("/x", 2)
     finally:
         Segment.destroy_by_name(bus_name)
 
@@ -211,7 +211,7 @@ def test_a_garbage_record_raises_typed_errors_and_live_delivery_goes_on(make_bus
     bus.publish("/live", "before")
     wait_for(lambda: got == ["before"], what="the listener running")
     seg = bus.segment
-    writer = Bus(bus.name, keepalive_interval=0)  # another handle: its publishes land after the damage
+    writer = Bus(bus.name, keepalive_interval=0, create=True)  # another handle: its publishes land after the damage
     head = seg.head()
     writer.publish("/live", "damaged")
     struct.pack_into("<I", seg.mm, seg.ring_off + head % seg.ring_size, 7)  # record length 7: impossible

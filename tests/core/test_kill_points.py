@@ -100,7 +100,7 @@ SCENARIOS = {
 
 def _verify(name: str, options: dict[str, Any], channel: str, data: Any, before: dict[str, Any], out: Any) -> None:
     """In a fresh process: classify the state, check it, then publish (repair) and receive live."""
-    bus = Bus(name, keepalive_interval=0, ring_size=RING, max_backlog_size=100_000, **options)
+    bus = Bus(name, keepalive_interval=0, ring_size=RING, max_backlog_size=100_000, create=True, **options)
     channels = sorted(before["last"])
     now = _snapshot(bus, channels)  # lock-free: no repair has run yet
     committed = now["last"][channel] == before["last"][channel] + 1
@@ -174,13 +174,15 @@ def test_a_writer_stopped_after_any_store_leaves_committed_or_not(scenario: str,
         k += 1
         assert k < 64, "the append path never completed: the hook counts more stores than an append makes"
         name = f"{bus_name}_{k}"
-        bus = Bus(name, keepalive_interval=0, ring_size=RING, max_backlog_size=100_000, **options)
+        bus = Bus(name, keepalive_interval=0, ring_size=RING, max_backlog_size=100_000, create=True, **options)
         try:
             channel, data = prepare(bus)
             before = _snapshot(bus, sorted({channel, *bus.last_ids(channel)} | _channels(bus)))
 
             def stopped_publish(k: int = k, channel: str = channel, data: Any = data, name: str = name) -> None:
-                writer = Bus(name, keepalive_interval=0, ring_size=RING, max_backlog_size=100_000, **options)
+                writer = Bus(
+                    name, keepalive_interval=0, ring_size=RING, max_backlog_size=100_000, create=True, **options
+                )
                 if stop == "killed":
                     writer.segment._kill_after_store(k)
                 else:
@@ -219,20 +221,20 @@ def _channels(bus: Bus) -> set[str]:
 
 def test_a_fresh_interpreter_reads_a_bus_left_by_a_killed_writer(bus_name: str) -> None:
     """The same check across an exec boundary: nothing of the writer's process state is inherited."""
-    bus = Bus(bus_name, keepalive_interval=0, ring_size=RING)
+    bus = Bus(bus_name, keepalive_interval=0, ring_size=RING, create=True)
     try:
         for i in range(3):
             bus.publish(CH, i)
 
         def killed() -> None:
-            writer = Bus(bus_name, keepalive_interval=0)
+            writer = Bus(bus_name, keepalive_interval=0, create=True)
             writer.segment._kill_after_store(3)  # record, slot copy, slot version: killed before the commit
             writer.publish(CH, "lost")
 
         assert _in_child(killed) == -signal.SIGKILL
         code = (
             "import shmbus, sys\n"
-            f"b = shmbus.Bus({bus_name!r}, keepalive_interval=0)\n"
+            f"b = shmbus.Bus({bus_name!r}, keepalive_interval=0, create=True)\n"
             f"assert b.last_id({CH!r}) == 3, b.last_id({CH!r})\n"
             f"assert [m.data for m in b.backlog({CH!r})] == [0, 1, 2]\n"
             f"assert b.publish({CH!r}, 'next') == 4\n"

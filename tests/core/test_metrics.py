@@ -211,7 +211,7 @@ def test_listener_position_deliveries_and_gauges(make_bus: Callable[..., shmbus.
 
 def test_a_segment_without_a_metrics_area_is_still_served(bus_name: str, tmp_path: object) -> None:
     """Segments made before metrics existed have no area: they attach and work; the figures say so."""
-    bus = shmbus.Bus(bus_name, ring_size=1 << 20, keepalive_interval=0)
+    bus = shmbus.Bus(bus_name, ring_size=1 << 20, keepalive_interval=0, create=True)
     try:
         bus.publish("/x", 1)
         seg = bus.segment

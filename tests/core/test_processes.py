@@ -26,7 +26,7 @@ FORK = mp.get_context("fork")
 
 def _worker(name: str, index: int, workers: int, per_worker: int, go: Any, ready: Any, out: Any) -> None:
     """A forked worker: subscribe, publish its share, wait until it has seen everyone's, report."""
-    bus = Bus(name, keepalive_interval=0)
+    bus = Bus(name, keepalive_interval=0, create=True)
     got: list[tuple[str, int, Any]] = []
     bus.subscribe("/shared", lambda m: got.append((m.channel, m.message_id, m.data)))
     bus.subscribe("/w/*", lambda m: got.append((m.channel, m.message_id, m.data)), pattern=True)
@@ -78,7 +78,7 @@ def test_forked_workers_each_receive_every_message_once_in_order(make_bus: Any, 
 CHILD = textwrap.dedent("""
     import json, sys, time
     import shmbus
-    bus = shmbus.Bus(sys.argv[1], keepalive_interval=0)
+    bus = shmbus.Bus(sys.argv[1], keepalive_interval=0, create=True)
     def echo(m):
         bus.publish("/from-child", {"echo": m.data, "id": m.message_id})
     bus.subscribe("/to-child", echo)
@@ -115,7 +115,7 @@ def test_separately_started_process_attaches_by_name_both_directions(make_bus: A
 
 def _publish_forever(name: str, started: Any, ack_fd: int = -1) -> None:
     """Publish round-robin on three channels until killed; report each acknowledged (channel, id) on ``ack_fd``."""
-    bus = Bus(name, keepalive_interval=0, max_backlog_size=1_000_000)
+    bus = Bus(name, keepalive_interval=0, max_backlog_size=1_000_000, create=True)
     channels = ["/k/a", "/k/b", "/k/c"]
     counters = {ch: bus.last_id(ch) for ch in channels}  # so that data n == message_id - 1
     started.set()
@@ -202,7 +202,7 @@ def test_sigkill_of_publishers_at_random_points_leaves_the_bus_consistent(make_b
 
 
 def _cache_worker(name: str, role: str, cmds: Any, out: Any) -> None:
-    bus = Bus(name, keepalive_interval=0)
+    bus = Bus(name, keepalive_interval=0, create=True)
     cache = shmbus.DistributedCache("settings", bus=bus, snapshot_every=10, history=25)
     out.put(("ready", role))
     while True:
@@ -301,7 +301,7 @@ def test_idle_listening_process_uses_no_cpu(bus_name: str, make_bus: Any) -> Non
     make_bus()
     code = textwrap.dedent("""
         import sys, time, shmbus
-        bus = shmbus.Bus(sys.argv[1], keepalive_interval=0)
+        bus = shmbus.Bus(sys.argv[1], keepalive_interval=0, create=True)
         bus.subscribe("/idle", print)
         time.sleep(0.3)
         t0 = time.process_time()

@@ -62,7 +62,9 @@ def test_backlog_never_skips_an_id_silently_whatever_the_record_sizes(
 ) -> None:
     ring = ring_kib << 10
     limit = ring // 4 - 64 - 8  # what fits in one record with this channel's header
-    bus = Bus(f"{bus_name}_p{os.getpid()}", ring_size=ring, keepalive_interval=0, max_backlog_size=1_000_000)
+    bus = Bus(
+        f"{bus_name}_p{os.getpid()}", ring_size=ring, keepalive_interval=0, max_backlog_size=1_000_000, create=True
+    )
     try:
         sent: dict[str, dict[int, str]] = {c: {} for c in CHANNELS}
         for i, (channel, size) in enumerate(sizes):
@@ -89,7 +91,9 @@ def test_backlog_never_skips_an_id_silently_whatever_the_record_sizes(
 )
 def test_any_leftover_at_the_ring_end_works(bus_name: str, leftover: int, prefix: list[int], laps: int) -> None:
     ring = 64 << 10
-    bus = Bus(f"{bus_name}_l{os.getpid()}", ring_size=ring, keepalive_interval=0, max_backlog_size=1_000_000)
+    bus = Bus(
+        f"{bus_name}_l{os.getpid()}", ring_size=ring, keepalive_interval=0, max_backlog_size=1_000_000, create=True
+    )
     got: list[int] = []
     bus.subscribe("/a", lambda m: got.append(m.message_id))
     try:
@@ -128,7 +132,7 @@ def test_any_leftover_at_the_ring_end_works(bus_name: str, leftover: int, prefix
 
 
 def _subscriber(name: str, ready: Any, done: Any, out: Any) -> None:
-    bus = Bus(name, keepalive_interval=0)
+    bus = Bus(name, keepalive_interval=0, create=True)
     got: list[tuple[int, str, Any]] = []
     bus.subscribe(None, lambda m: got.append((m.global_id, m.channel, m.data)))
     ready.set()
@@ -146,7 +150,7 @@ def test_subscribers_in_other_processes_get_each_message_once_or_count_it_lost(b
     import multiprocessing
 
     ctx = multiprocessing.get_context("fork")
-    bus = Bus(bus_name, ring_size=64 << 10, keepalive_interval=0, max_backlog_size=1_000_000)
+    bus = Bus(bus_name, ring_size=64 << 10, keepalive_interval=0, max_backlog_size=1_000_000, create=True)
     rng = random.Random(seed)
     try:
         subs = []
@@ -181,7 +185,7 @@ def test_subscribers_in_other_processes_get_each_message_once_or_count_it_lost(b
 
 
 def _publisher(name: str, n: int) -> None:
-    bus = Bus(name, keepalive_interval=0)
+    bus = Bus(name, keepalive_interval=0, create=True)
     for i in range(n):
         bus.publish("/m", i)
     bus.close()
@@ -191,7 +195,7 @@ def test_last_id_never_goes_backwards_while_two_processes_publish(bus_name: str)
     import multiprocessing
 
     ctx = multiprocessing.get_context("fork")
-    bus = Bus(bus_name, keepalive_interval=0, ring_size=1 << 20)
+    bus = Bus(bus_name, keepalive_interval=0, ring_size=1 << 20, create=True)
     try:
         bus.publish("/m", "start")
         procs = [ctx.Process(target=_publisher, args=(bus_name, 20_000)) for _ in range(2)]

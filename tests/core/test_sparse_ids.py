@@ -99,7 +99,7 @@ def test_a_ring_overwrite_is_a_gap_only_for_clients_older_than_the_ring(make_bus
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.sampled_from(["/a", "/b", "/c"]), min_size=1, max_size=60), st.integers(1, 8))
 def test_any_interleaving_reads_back_exactly(bus_name: str, channels: list[str], size: int) -> None:
-    bus = Bus(bus_name, ring_size=1 << 20, keepalive_interval=0, max_backlog_size=size)  # one per example
+    bus = Bus(bus_name, ring_size=1 << 20, keepalive_interval=0, max_backlog_size=size, create=True)  # one per example
     try:
         bus.segment.set_sparse_ids()
         ids: dict[str, list[int]] = {}

@@ -137,7 +137,7 @@ def test_bad_backlog_arguments_are_typed(make_bus: Any, kwargs: dict[str, Any], 
 )
 def test_bad_bus_options_fail_at_construction(bus_name: str, options: dict[str, Any], says: str) -> None:
     with pytest.raises(shmbus.InvalidArgument, match=says):
-        Bus(bus_name, **options)
+        Bus(bus_name, create=True, **options)
 
 
 def test_publish_after_close_raises_bus_closed_instead_of_reattaching(make_bus: Any) -> None:

@@ -85,7 +85,7 @@ def test_targeted_messages_reach_their_users_only(served: tuple[str, dict[str, i
     clients["anonymous"] = login(url, None)
     clients["forged"] = login(url, None)
     clients["forged"].cookies.set("sessionid", "x" * 32)
-    bus = Bus(bus_name, ring_size=1 << 20, max_channels=256, keepalive_interval=0)
+    bus = Bus(bus_name, ring_size=1 << 20, max_channels=256, keepalive_interval=0, create=True)
     try:
         with ThreadPoolExecutor(len(clients)) as pool:
             parked = {name: pool.submit(poll, c) for name, c in clients.items()}

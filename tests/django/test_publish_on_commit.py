@@ -80,7 +80,7 @@ def private_database(database_url: str, bus_name: str) -> Iterator[str]:
 def test_published_after_commit_only_with_postgresql(private_database: str, bus_name: str, procs: Any) -> None:
     import psycopg
 
-    bus = Bus(bus_name, ring_size=1 << 20, max_channels=256, keepalive_interval=0)
+    bus = Bus(bus_name, ring_size=1 << 20, max_channels=256, keepalive_interval=0, create=True)
     heard: queue.Queue[tuple[Any, Any]] = queue.Queue()
     reader = psycopg.connect(private_database, autocommit=True)
 

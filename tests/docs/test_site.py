@@ -8,6 +8,7 @@ reference to a name that does not exist, must each fail, naming what is wrong.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -40,6 +41,10 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     for name in integrations():
         assert f'id="shmbus.adapters.integrations.{name}"' in adapters, f"the API reference lacks {name}"
     assert 'id="shmbus.adapters.integrations.django.publish_on_commit"' in adapters
+    assert "mode: int = 0o600" in re.sub(r"<[^>]+>", "", api), "a default as the source writes it, not 384"
+    assert not external_resources(site), f"the site fetches from the internet: {external_resources(site)[:5]}"
+    assert "stylesheets/extra.css" in (site / "index.html").read_text()
+    assert "pre-wrap" in (site / "stylesheets" / "extra.css").read_text()  # long code lines wrap, not cut
     more = (site / "api" / "more" / "index.html").read_text()
     for anchor in (
         "shmbus.client.MessageBusClient",
@@ -47,6 +52,17 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
         "shmbus.adapters.push.PushConnector",
     ):
         assert f'id="{anchor}"' in more, f"the API reference lacks {anchor}"
+
+
+RESOURCE = re.compile(r"<(?:link|script|img|iframe|source)\b[^>]*\b(?:href|src)=\"((?:https?:)?//[^\"]+)\"")
+CSS_FETCH = re.compile(r"(?:@import\s+|url\()\s*[\"']?((?:https?:)?//[^\"')\s]+)")
+
+
+def external_resources(site: Path) -> list[str]:
+    """What a page of the built site would fetch from another host (web fonts, scripts, styles, images): the
+    site must read offline. Links the reader follows are not fetched and not counted."""
+    found = [m for page in site.rglob("*.html") for m in RESOURCE.findall(page.read_text())]
+    return found + [m for css in site.rglob("*.css") for m in CSS_FETCH.findall(css.read_text())]
 
 
 def integrations() -> list[str]:

@@ -13,7 +13,7 @@ README = (REPO_ROOT / "README.md").read_text()
 
 
 def _bytes_of_a_bus(name: str, **options: int) -> int:
-    bus = Bus(name, keepalive_interval=0, **options)
+    bus = Bus(name, keepalive_interval=0, create=True, **options)
     try:
         return os.path.getsize(bus.segment.path)
     finally:

@@ -20,7 +20,7 @@ from shmbus.adapters.asgi import MessageBusMiddleware as AsgiMiddleware
 from shmbus.adapters.metrics import MetricsApp, MetricsWSGIApp
 from shmbus.adapters.wsgi import MessageBusMiddleware as WsgiMiddleware
 
-bus = Bus(os.environ["SHMBUS_TEST_BUS"], keepalive_interval=0)
+bus = Bus(os.environ["SHMBUS_TEST_BUS"], keepalive_interval=0, create=True)
 
 
 def publish(n: int) -> bytes:

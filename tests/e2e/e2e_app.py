@@ -40,7 +40,7 @@ FILES = {
 }
 GID_RE = re.compile(rb'"global_id":(\d+)')
 
-bus = Bus(os.environ["SHMBUS_TEST_BUS"], keepalive_interval=0)
+bus = Bus(os.environ["SHMBUS_TEST_BUS"], keepalive_interval=0, create=True)
 LOG = os.environ["SHMBUS_E2E_LOG"]
 
 

@@ -33,7 +33,7 @@ GUNICORN_CONFIG = "python:shmbus.adapters.integrations.gunicorn"
 @pytest.fixture
 def admin_server(procs: Any, bus_name: str) -> Iterator[Any]:
     require_module("uvicorn")
-    bus = Bus(bus_name, keepalive_interval=0)
+    bus = Bus(bus_name, keepalive_interval=0, create=True)
     bus.segment  # noqa: B018 - made here, so the test can remove it (the workers only attach)
     yield procs.gunicorn_server(
         "admin_app:asgi_app",
@@ -278,7 +278,7 @@ def test_vendored_uplot_is_the_npm_package() -> None:
 def test_admin_page_under_wsgi_workers(procs: Any, bus_name: str, worker_class: str, transport: str) -> None:
     """The WSGI shell in a browser: gthread workers feed the page over the bus's WSGI SSE transport; a sync
     worker refuses the stream (it would hold the worker) and the page polls snapshot.json instead."""
-    bus = Bus(bus_name, keepalive_interval=0)
+    bus = Bus(bus_name, keepalive_interval=0, create=True)
     try:
         server = procs.gunicorn_server(
             "admin_app:wsgi_app",

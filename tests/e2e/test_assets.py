@@ -26,7 +26,7 @@ ASSETS = ("message-bus.js", "message-bus-ajax.js")
 
 @pytest.fixture
 def bus(bus_name: str) -> Iterator[Bus]:
-    b = Bus(bus_name, keepalive_interval=0)
+    b = Bus(bus_name, keepalive_interval=0, create=True)
     try:
         yield b
     finally:

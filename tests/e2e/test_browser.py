@@ -51,7 +51,7 @@ def require_client() -> None:
 
 @pytest.fixture
 def bus(bus_name: str) -> Iterator[Bus]:
-    b = Bus(bus_name, keepalive_interval=0)
+    b = Bus(bus_name, keepalive_interval=0, create=True)
     try:
         yield b
     finally:

@@ -128,6 +128,7 @@ class Host:
             self.name,
             keepalive_interval=0,
             engine=self.cluster.backend.engine(relay=False, **self.engine_options),
+            create=True,
             **self.bus_options,
         )
         self.note_epoch(bus.epoch)

@@ -21,7 +21,9 @@ def relay(spec: dict) -> None:  # type: ignore[type-arg]
     from shmbus import Bus
     from tests.faults.faults_backends import make_engine
 
-    bus = Bus(spec["bus"], keepalive_interval=0, engine=make_engine(spec["backend"]), **spec["bus_options"])
+    bus = Bus(
+        spec["bus"], keepalive_interval=0, engine=make_engine(spec["backend"]), create=True, **spec["bus_options"]
+    )
     bus.subscribe("/__faults_worker", lambda msg: None)
     print("READY", os.getpid(), flush=True)
     was = False
@@ -37,7 +39,7 @@ def cron(spec: dict) -> None:  # type: ignore[type-arg]
     from shmbus import Bus
 
     try:
-        bus = Bus(spec["bus"], keepalive_interval=0)
+        bus = Bus(spec["bus"], keepalive_interval=0, create=True)
     except Exception as exc:  # refusing to attach without the engine is a clear answer too
         print("ERR", "-", type(exc).__name__, " ".join(str(exc).split())[:400], flush=True)
         return

@@ -50,6 +50,7 @@ def make_host(bus_name: str, pg: dict[str, str]) -> Iterator[Callable[..., Bus]]
             f"{bus_name}{suffix}",
             keepalive_interval=0,
             engine=PostgresBridge(dsn or pg["dsn"], **options),
+            create=True,
             **(bus_options or {}),
         )
         buses.append(bus)

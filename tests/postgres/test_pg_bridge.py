@@ -319,8 +319,8 @@ def test_health_close_and_codec_check(make_host: Callable[..., Bus], pg: Any, bu
     h = a.health()["engine_health"] if "engine_health" in a.health() else a.default.health()
     assert h["state"] == "ok" and h["relay"] is True and h["in_recovery"] is False and "password" not in h["dsn"]
     with pytest.raises(ValueError, match="json codec"):
-        Bus(f"{bus_name}m", codec="msgpack", keepalive_interval=0, engine=PostgresBridge(pg["dsn"]))
-    Bus(f"{bus_name}m", keepalive_interval=0).destroy()
+        Bus(f"{bus_name}m", codec="msgpack", keepalive_interval=0, engine=PostgresBridge(pg["dsn"]), create=True)
+    Bus(f"{bus_name}m", keepalive_interval=0, create=True).destroy()
 
 
 def test_the_relay_trims_as_the_gem_does(make_host: Callable[..., Bus], sql: Any) -> None:

@@ -28,7 +28,7 @@ CHILD = """
 import os, sys, time
 from shmbus import Bus
 from shmbus.adapters.postgres import PostgresBridge  # noqa: E402
-bus = Bus(sys.argv[1], keepalive_interval=0,
+bus = Bus(sys.argv[1], keepalive_interval=0, create=True,
           engine=PostgresBridge(sys.argv[2], notify_channel=sys.argv[3]))  # the default election_interval
 bridge = bus.default
 print("READY", os.getpid(), flush=True)
@@ -105,7 +105,7 @@ def test_sigkill_of_the_relay_under_load_loses_and_doubles_nothing(
     assert not t.is_alive() and second != first_relay
     relaying_again = lines.at[[i for i, (tag, _) in enumerate(lines.seen) if tag == "RELAY"][1]]
     took_over = relaying_again - killed_at[0]  # from the kill to another process relaying (caught up)
-    reader = Bus(f"{bus_name}b", keepalive_interval=0)
+    reader = Bus(f"{bus_name}b", keepalive_interval=0, create=True)
     try:
         wait_for(lambda: reader.segment.global_id() == sent[-1], timeout=60, what="host b caught up")
         recs = reader.segment.global_backlog(0)

@@ -330,7 +330,7 @@ def test_an_oversized_message_raises_before_the_insert(make_host: Callable[..., 
 CRON = """
 import sys
 from shmbus import Bus, BusBridged
-bus = Bus(sys.argv[1], keepalive_interval=0)
+bus = Bus(sys.argv[1], keepalive_interval=0)  # a cron job attaches: the app made the bus
 try:
     print("ID", bus.publish("/cron", sys.argv[2]), flush=True)
 except BusBridged as exc:
@@ -401,7 +401,7 @@ RELAY_ONLY = """
 import sys, time
 from shmbus import Bus
 from shmbus.adapters.postgres import PostgresBridge  # noqa: E402
-bus = Bus(sys.argv[1], keepalive_interval=0, engine=PostgresBridge(sys.argv[2], notify_channel=sys.argv[3],
+bus = Bus(sys.argv[1], keepalive_interval=0, create=True, engine=PostgresBridge(sys.argv[2], notify_channel=sys.argv[3],
           election_interval=0.05))
 print("READY", flush=True)
 time.sleep(120)
@@ -419,7 +419,7 @@ def test_a_relay_without_subscriptions_and_after_a_reset_is_shown(
     assert child.stdout.readline().strip() == "READY"
     a = make_host("a")
     wait_relaying(a)
-    looker = Bus(f"{bus_name}r", keepalive_interval=0)
+    looker = Bus(f"{bus_name}r", keepalive_interval=0, create=True)
     try:
         wait_for(
             lambda: (

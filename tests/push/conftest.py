@@ -43,7 +43,7 @@ def vapid() -> VapidKeys:
 
 @pytest.fixture
 def bus(bus_name: str) -> Iterator[Bus]:
-    b = Bus(bus_name, keepalive_interval=0, ring_size=1 << 22, max_channels=256)
+    b = Bus(bus_name, keepalive_interval=0, ring_size=1 << 22, max_channels=256, create=True)
     b.segment  # noqa: B018 - create it now
     try:
         yield b

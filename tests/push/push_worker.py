@@ -23,7 +23,7 @@ def main() -> None:
         from shmbus.adapters.postgres import PostgresBridge
 
         engine = PostgresBridge(cfg["dsn"], notify_channel=cfg["notify_channel"], election_interval=0.05)
-    bus = Bus(cfg["bus"], keepalive_interval=0, engine=engine)
+    bus = Bus(cfg["bus"], keepalive_interval=0, engine=engine, create=True)
     store = FileStore(cfg["store"]) if cfg.get("store") else None
     connector = PushConnector(
         bus,

@@ -59,7 +59,7 @@ def test_one_push_per_device_across_two_hosts_and_a_takeover(
 
     channel = f"_mb_{bus_name}"
     hosts = [Bus(f"{bus_name}h{i}", keepalive_interval=0, engine=PostgresBridge(pg_dsn, notify_channel=channel,
-                                                                                 election_interval=0.05))
+                                                                                 election_interval=0.05), create=True)
              for i in (1, 2)]  # fmt: skip
     store = PostgresStore(pg_dsn)
     pem = tmp_path / "vapid.pem"

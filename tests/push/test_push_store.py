@@ -60,13 +60,13 @@ def test_stale_sender_cannot_move_the_cursor(tmp_path: Path) -> None:
 
 
 def test_store_for_picks_the_durable_place(bus_name: str, tmp_path: Path) -> None:
-    shm = Bus(bus_name, keepalive_interval=0, ring_size=1 << 20)
+    shm = Bus(bus_name, keepalive_interval=0, ring_size=1 << 20, create=True)
     try:
         with pytest.raises(ValueError, match="no durable place"):
             store_for(shm)
     finally:
         shm.destroy()
-    filed = Bus(bus_name + "f", keepalive_interval=0, ring_size=1 << 20, path=str(tmp_path / "bus"))
+    filed = Bus(bus_name + "f", keepalive_interval=0, ring_size=1 << 20, path=str(tmp_path / "bus"), create=True)
     try:
         store = store_for(filed)
         assert isinstance(store, FileStore) and store.base == str(tmp_path / "bus") + ".push-default"

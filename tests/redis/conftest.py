@@ -30,6 +30,7 @@ def make_host(bus_name: str) -> Iterator[Callable[..., Bus]]:
             codec=codec,
             keepalive_interval=0,
             engine=RedisBridge(url, **bridge_options),
+            create=True,
             **(bus_options or {}),
         )
         buses.append(bus)
@@ -46,7 +47,7 @@ def plain_bus(bus_name: str) -> Iterator[Callable[[str], Bus]]:
     buses: list[Bus] = []
 
     def make(suffix: str) -> Bus:
-        bus = Bus(f"{bus_name}{suffix}", keepalive_interval=0)
+        bus = Bus(f"{bus_name}{suffix}", keepalive_interval=0, create=True)
         buses.append(bus)
         return bus
 

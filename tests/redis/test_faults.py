@@ -25,7 +25,7 @@ CHILD = """
 import os, sys, time
 from shmbus import Bus
 from shmbus.adapters.redis import RedisBridge
-bus = Bus(sys.argv[1], keepalive_interval=0, engine=RedisBridge(sys.argv[2], election_interval=0.1))
+bus = Bus(sys.argv[1], keepalive_interval=0, create=True, engine=RedisBridge(sys.argv[2], election_interval=0.1))
 bridge = bus.default
 print("READY", os.getpid(), flush=True)
 was = False

@@ -178,7 +178,7 @@ def test_a_publish_into_a_new_history_is_not_landed_in_the_old_one(
 CRON = """
 import sys
 from shmbus import Bus
-bus = Bus(sys.argv[1], keepalive_interval=0)
+bus = Bus(sys.argv[1], keepalive_interval=0)  # a cron job attaches: the app made the bus
 print("ID", bus.publish("/cron", sys.argv[2]), type(bus.default).__name__, flush=True)
 bus.close()
 """
@@ -210,7 +210,7 @@ RELAY_ONLY = """
 import sys, time
 from shmbus import Bus
 from shmbus.adapters.redis import RedisBridge
-bus = Bus(sys.argv[1], keepalive_interval=0, engine=RedisBridge(sys.argv[2], election_interval=0.05))
+bus = Bus(sys.argv[1], keepalive_interval=0, create=True, engine=RedisBridge(sys.argv[2], election_interval=0.05))
 print("READY", flush=True)
 time.sleep(120)
 """
@@ -227,7 +227,7 @@ def test_the_relay_is_shown_without_subscriptions_and_after_a_reset(
     child = procs.spawn_python(RELAY_ONLY, f"{bus_name}r", redis_server.url)
     assert child.stdout.readline().strip() == "READY"
     a = make_host("a", redis_server.url)
-    looker = Bus(f"{bus_name}r", keepalive_interval=0)
+    looker = Bus(f"{bus_name}r", keepalive_interval=0, create=True)
     try:
 
         def relaying() -> bool:

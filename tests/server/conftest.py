@@ -33,7 +33,7 @@ WORKER = "shmbus.adapters.server.GunicornWorker"
 
 @pytest.fixture
 def shared_bus(bus_name: str) -> Iterator[Bus]:
-    b = Bus(bus_name, keepalive_interval=0)
+    b = Bus(bus_name, keepalive_interval=0, create=True)
     b.last_id("/x")  # create the segment before the servers attach
     try:
         yield b

@@ -19,7 +19,7 @@ from shmbus import Bus
 from shmbus.adapters.asgi import MessageBusMiddleware
 from shmbus.adapters.asgi_support import lifespan
 
-bus = Bus(os.environ["SHMBUS_TEST_BUS"], keepalive_interval=0)
+bus = Bus(os.environ["SHMBUS_TEST_BUS"], keepalive_interval=0, create=True)
 OPTS: dict[str, Any] = json.loads(os.environ.get("SHMBUS_TEST_OPTS") or "{}")
 LIFESPAN: list[str] = []
 

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 
 PARSERS = ["httptools", "pure"]
 PUBLISH = (
-    "import sys, time; from shmbus import Bus; b = Bus(sys.argv[1], keepalive_interval=0)\n"
+    "import sys, time; from shmbus import Bus; b = Bus(sys.argv[1], keepalive_interval=0, create=True)\n"
     "n, pause = int(sys.argv[4]), float(sys.argv[5])\n"
     "for i in range(n):\n"
     "    r = b.publish(sys.argv[2], sys.argv[3])\n"

@@ -30,7 +30,7 @@ def test_ctrl_c_stops_the_pipeline_quietly(bus_name: str, procs: Any, tmp_path: 
     problem = spark_problem()
     if problem:
         skip_or_fail(problem)
-    bus = Bus(bus_name, ring_size=1 << 20, keepalive_interval=0)
+    bus = Bus(bus_name, ring_size=1 << 20, keepalive_interval=0, create=True)
     try:
         bus.publish("/events/clicks", {"page": "/a", "user": "u1", "ts": time.time()})
         out = tmp_path / "out.txt"

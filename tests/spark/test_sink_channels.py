@@ -45,7 +45,7 @@ def writer_for() -> Any:
     ],
 )
 def test_sink_rows_follow_the_channel_rule(writer_for: Any, bus_name: str, channel: str, says: str) -> None:
-    bus = Bus(bus_name, ring_size=1 << 20, keepalive_interval=0)
+    bus = Bus(bus_name, ring_size=1 << 20, keepalive_interval=0, create=True)
     try:
         cache = DistributedCache("settings", bus=bus)
         cache["theme"] = "dark"
@@ -60,7 +60,7 @@ def test_sink_rows_follow_the_channel_rule(writer_for: Any, bus_name: str, chann
 
 
 def test_sink_channel_option_is_checked_before_any_row(writer_for: Any, bus_name: str) -> None:
-    bus = Bus(bus_name, ring_size=1 << 20, keepalive_interval=0)
+    bus = Bus(bus_name, ring_size=1 << 20, keepalive_interval=0, create=True)
     try:
         with pytest.raises(InvalidChannel, match="must start with '/'"):
             writer_for(bus, channel="dashboard")

@@ -30,7 +30,7 @@ STOP_JOB = Path(__file__).with_name("stop_job.py")
 
 @pytest.fixture
 def bus(bus_name: str) -> Any:
-    b = Bus(bus_name, ring_size=16 << 20, max_backlog_size=100_000, keepalive_interval=0)
+    b = Bus(bus_name, ring_size=16 << 20, max_backlog_size=100_000, keepalive_interval=0, create=True)
     assert b.segment  # create it now: Spark's processes only ever attach to an existing bus
     try:
         yield b
@@ -133,7 +133,7 @@ def test_batch_reader_reads_backlog_with_all_columns(spark: Any, bus: Bus) -> No
 
 
 def test_data_loss_is_detected(spark: Any, bus_name: str) -> None:
-    small = Bus(bus_name, ring_size=1 << 20, max_backlog_size=100, keepalive_interval=0)
+    small = Bus(bus_name, ring_size=1 << 20, max_backlog_size=100, keepalive_interval=0, create=True)
     try:
         for i in range(1, 251):
             small.publish("/a", i)
@@ -460,7 +460,9 @@ def test_sink_through_redis_reaches_bridged_hosts_once(spark: Any, bus: Bus, red
 
     from shmbus.adapters.redis import RedisBridge
 
-    web = Bus(f"{bus.name}w", ring_size=1 << 20, keepalive_interval=0, engine=RedisBridge(redis_server.url))
+    web = Bus(
+        f"{bus.name}w", ring_size=1 << 20, keepalive_interval=0, engine=RedisBridge(redis_server.url), create=True
+    )
     try:
         deadline = time.monotonic() + 20
         while not web.health()["engine_health"]["relay"]:  # the web host's relay is up before anything is sent
@@ -525,6 +527,7 @@ def test_postgres_source_and_sink_reach_bridged_hosts_once(
         ring_size=1 << 20,
         keepalive_interval=0,
         engine=PostgresBridge(dsn, notify_channel=f"_mb_{bus_name}"),
+        create=True,
     )
     try:
         deadline = time.monotonic() + 20

@@ -25,7 +25,7 @@ APP_DIR = Path(__file__).resolve().parent
 
 @pytest.fixture
 def bus(bus_name: str) -> Iterator[Bus]:
-    b = Bus(bus_name, keepalive_interval=0, ring_size=1 << 22, max_channels=256)
+    b = Bus(bus_name, keepalive_interval=0, ring_size=1 << 22, max_channels=256, create=True)
     b.segment  # create it now: servers and publishers attach to it by name  # noqa: B018
     try:
         yield b

@@ -14,7 +14,7 @@ from shmbus import Bus
 from shmbus.adapters.asgi_support import lifespan
 from shmbus.adapters.guble import GubleApp
 
-bus = Bus(os.environ["SHMBUS_TEST_BUS"], keepalive_interval=0)
+bus = Bus(os.environ["SHMBUS_TEST_BUS"], keepalive_interval=0, create=True)
 
 
 def _header(scope: Any, name: bytes) -> str | None:

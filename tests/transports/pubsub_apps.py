@@ -33,7 +33,7 @@ from shmbus.adapters.transports.sse import SSEApp
 from shmbus.adapters.transports.sse_wsgi import SSEWSGIApp
 from shmbus.adapters.transports.websocket import WebSocketApp
 
-bus = Bus(os.environ["SHMBUS_TEST_BUS"], keepalive_interval=0)
+bus = Bus(os.environ["SHMBUS_TEST_BUS"], keepalive_interval=0, create=True)
 _lock = threading.Lock()
 CALLBACKS: list[list[Any]] = []
 CLOSED: list[dict[str, Any]] = []

@@ -108,7 +108,7 @@ def test_sse_streams_reach_engines(bus: Bus) -> None:
         seen.append(list(engine.calls))
         return {"type": "http.disconnect"}
 
-    asyncio.run(app(http_scope("/sse", b"channel=/s&prefix=/sp&glob=/sg/**"), receive, rec))
+    asyncio.run(app(http_scope("/sse", b"channel=/s&prefix=/sp&glob=/sg/**&events=channel"), receive, rec))
     app.close()
     assert seen[0] == [("sub", "/s", False), ("sub", "/sp", False), ("sub", "/sp/**", True), ("sub", "/sg/**", True)]
     assert len(engine.calls) == 8 and bus.engines.subscribed() == {}

@@ -170,7 +170,7 @@ def _sse_replay(bus: Bus, user_id: str) -> bytes:
         return {"type": "http.disconnect"}
 
     headers = [(b"x-user", user_id.encode()), (b"last-event-id", f"{bus.epoch}:0".encode())]
-    asyncio.run(app(http_scope("/sse", b"prefix=/user", headers=headers), receive, rec))
+    asyncio.run(app(http_scope("/sse", b"prefix=/user&events=channel", headers=headers), receive, rec))
     app.close()
     return rec.body()
 

@@ -37,7 +37,7 @@ async def _no_body() -> dict[str, Any]:
 def test_sse_asgi_bad_glob_is_400_and_registers_nothing(bus: Bus, glob: str) -> None:
     app = SSEApp(bus=bus)
     rec = Recorder()
-    query = f"channel=/ok&glob={glob}".encode()
+    query = f"channel=/ok&glob={glob}&events=channel".encode()
     asyncio.run(app(http_scope("/sse", query), _no_body, rec))
     assert rec.start()["status"] == 400 and b"invalid glob" in rec.body()
     assert app.hub.connections() == 0
@@ -61,7 +61,7 @@ def test_sse_asgi_a_failing_open_unregisters_the_stream(bus: Bus, monkeypatch: A
     else:
         monkeypatch.setattr(sse_module, "finish_open", broken)
     rec = Recorder()
-    asyncio.run(app(http_scope("/sse", b"prefix=/p"), _no_body, rec))
+    asyncio.run(app(http_scope("/sse", b"prefix=/p&events=channel"), _no_body, rec))
     assert rec.start()["status"] == 500 and b"internal error" in rec.body()
     assert app.hub.connections() == 0
     # a connection exists once the stream's own subscriptions are in place; from then on on_close runs
@@ -72,7 +72,12 @@ def test_sse_asgi_a_failing_open_unregisters_the_stream(bus: Bus, monkeypatch: A
 @pytest.mark.parametrize("glob", BAD_GLOBS)
 def test_sse_wsgi_bad_glob_is_400_and_registers_nothing(bus: Bus, glob: str) -> None:
     app = SSEWSGIApp(bus=bus)
-    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/sse", "QUERY_STRING": f"glob={glob}", "wsgi.multithread": True}
+    environ = {
+        "REQUEST_METHOD": "GET",
+        "PATH_INFO": "/sse",
+        "QUERY_STRING": f"glob={glob}&events=channel",
+        "wsgi.multithread": True,
+    }
     got: list[str] = []
     body = b"".join(app(environ, lambda status, headers: got.append(status)))
     assert got[0].startswith("400") and b"invalid glob" in body, (got, body)

@@ -31,7 +31,8 @@ def datas(events: list[Any], channel: str | None = None) -> list[Any]:
 
 def test_cross_process_channels_and_patterns(bus: Bus, server: Any, sse: Any, publisher: Any, bus_name: str) -> None:
     srv = server()
-    c = sse(srv.url + "/sse", params=[("channel", "/a"), ("prefix", "/tree"), ("glob", "/g/*"), ("channel", SENTINEL)])
+    params = [("channel", "/a"), ("prefix", "/tree"), ("glob", "/g/*"), ("channel", SENTINEL), ("events", "channel")]
+    c = sse(srv.url + "/sse", params=params)
     assert c.status == 200
     assert c.headers["content-type"].startswith("text/event-stream")
     publisher(
@@ -70,7 +71,7 @@ def test_cross_process_channels_and_patterns(bus: Bus, server: Any, sse: Any, pu
 
 def test_resume_misses_nothing_repeats_nothing(bus: Bus, server: Any, sse: Any, publisher: Any, bus_name: str) -> None:
     srv = server()
-    params = [("channel", "/r"), ("prefix", "/p"), ("channel", SENTINEL)]
+    params = [("channel", "/r"), ("prefix", "/p"), ("channel", SENTINEL), ("events", "channel")]
     c = sse(srv.url + "/sse", params=params)
     publisher(bus_name, [("/r", 1), ("/p/x", 2), ("/r", 3)])
     got = [c.next(), c.next(), c.next()]
@@ -175,6 +176,9 @@ def test_gap_reported_when_backlog_trimmed(bus: Bus, server: Any, sse: Any) -> N
         (b"channel=/a", [(b"last-event-id", b"garbage")], "GET", 400, "invalid Last-Event-ID"),
         (b"channel=/a&channel=/a%FF", [], "GET", 400, "malformed query"),
         (b"channel=/a", [], "POST", 405, "use GET"),
+        # issue 34: named after channels a browser cannot know in advance, such a stream was silently empty
+        (b"prefix=/chat", [], "GET", 400, "a prefix= or glob= stream needs events=message"),
+        (b"channel=/a&glob=/g/*", [], "GET", 400, "needs events=message"),
     ],
 )
 def test_bad_input(bus: Bus, query: bytes, headers: list[Any], method: str, status: int, reason: str) -> None:

@@ -19,7 +19,7 @@ from shmbus.adapters.transports.rest import AsgiRestPublish
 from shmbus.adapters.transports.sse import SSEApp
 from shmbus.adapters.transports.websocket import WebSocketApp
 
-bus = Bus(os.environ["SHMBUS_TEST_BUS"], keepalive_interval=0)
+bus = Bus(os.environ["SHMBUS_TEST_BUS"], keepalive_interval=0, create=True)
 MAX_BUFFER = int(os.environ.get("SHMBUS_TEST_MAX_BUFFER") or (1 << 20))
 KEEPALIVE = float(os.environ.get("SHMBUS_TEST_KEEPALIVE") or 15)
 

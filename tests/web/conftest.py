@@ -35,7 +35,7 @@ END = object()
 
 @pytest.fixture
 def bus(bus_name: str) -> Iterator[Bus]:
-    b = Bus(bus_name, keepalive_interval=0, ring_size=1 << 20, max_channels=256)
+    b = Bus(bus_name, keepalive_interval=0, ring_size=1 << 20, max_channels=256, create=True)
     try:
         yield b
     finally:

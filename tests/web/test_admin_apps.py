@@ -18,7 +18,7 @@ from shmbus.adapters.metrics import MetricsApp, MetricsWSGIApp, render
 
 @pytest.fixture
 def bus(bus_name: str) -> Iterator[Bus]:
-    b = Bus(bus_name, ring_size=1 << 20, keepalive_interval=0)
+    b = Bus(bus_name, ring_size=1 << 20, keepalive_interval=0, create=True)
     b.publish("/room", {"text": "hello"})
     b.publish("/room", {"text": "for user 7 only"}, user_ids=[7])
     b.publish("/room", {"text": "for a client"}, client_ids=["abc"])
@@ -143,7 +143,13 @@ def test_the_admin_feed_reaches_no_other_transport(bus: Bus) -> None:
         async def public_send(message: dict[str, Any]) -> None:
             public_out.append(message.get("body", b""))
 
-        scope = {"type": "http", "method": "GET", "path": "/sse", "query_string": b"prefix=/", "headers": []}
+        scope = {
+            "type": "http",
+            "method": "GET",
+            "path": "/sse",
+            "query_string": b"prefix=/&events=channel",
+            "headers": [],
+        }
         task = asyncio.ensure_future(public.__call__(scope, public_receive, public_send))
         await asyncio.sleep(0.2)
         _, _, admin_body = await asyncio.to_thread(asgi_get, admin, "/admin/events", "view=v1234567")

@@ -115,7 +115,7 @@ def test_bad_content_length(bus: Bus, driver: Any, kind: str) -> None:
 
 @pytest.fixture
 def shared_bus(bus_name: str) -> Any:
-    b = Bus(bus_name, keepalive_interval=0)
+    b = Bus(bus_name, keepalive_interval=0, create=True)
     b.publish("/foo", "ok")
     try:
         yield b

@@ -17,7 +17,7 @@ from shmbus.engines import RelayFigures
 
 @pytest.fixture
 def bus(bus_name: str) -> Iterator[Bus]:
-    b = Bus(bus_name, ring_size=1 << 20, keepalive_interval=0, lock_timeout=2.0)
+    b = Bus(bus_name, ring_size=1 << 20, keepalive_interval=0, lock_timeout=2.0, create=True)
     b.publish("/room", {"text": "hello"})
     yield b
     b.destroy()

@@ -655,7 +655,7 @@ def test_encode_message_splices_raw_json(bus: Bus) -> None:
 
 
 def test_msgpack_codec_bus_is_served_as_json(bus_name: str, wsgi_driver_class: Any) -> None:
-    b = Bus(bus_name + "m", codec="msgpack", keepalive_interval=0, ring_size=1 << 20, max_channels=64)
+    b = Bus(bus_name + "m", codec="msgpack", keepalive_interval=0, ring_size=1 << 20, max_channels=64, create=True)
     try:
         b.publish("/foo", {"bin": b"\x00ab", "n": 1})
         from shmbus.adapters.wsgi import MessageBusMiddleware

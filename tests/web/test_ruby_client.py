@@ -89,7 +89,7 @@ class RubyLikeClient:
 
 @pytest.fixture
 def shared_bus(bus_name: str) -> Any:
-    b = Bus(bus_name, keepalive_interval=0)
+    b = Bus(bus_name, keepalive_interval=0, create=True)
     b.last_id("/x")
     try:
         yield b
@@ -98,7 +98,7 @@ def shared_bus(bus_name: str) -> Any:
 
 
 PUBLISH = (
-    "import sys, time; from shmbus import Bus; b = Bus(sys.argv[1], keepalive_interval=0)\n"
+    "import sys, time; from shmbus import Bus; b = Bus(sys.argv[1], keepalive_interval=0, create=True)\n"
     "time.sleep(float(sys.argv[2]))\n"
     "b.publish('/test', {'hello': 'world'}); b.publish('/test2', {'hello': 'world'})"
 )

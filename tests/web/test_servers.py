@@ -22,7 +22,7 @@ from .web_servers import WEB_DIR, env_for, start
 pytestmark = pytest.mark.slow
 
 PUBLISH = (
-    "import sys; from shmbus import Bus; b = Bus(sys.argv[1], keepalive_interval=0); "
+    "import sys; from shmbus import Bus; b = Bus(sys.argv[1], keepalive_interval=0, create=True); "
     "print(b.publish(sys.argv[2], sys.argv[3]))"
 )
 
@@ -73,7 +73,7 @@ def check_stream_and_long_poll(server: Any, procs: Any, bus_name: str) -> None:
 
 @pytest.fixture
 def shared_bus(bus_name: str) -> Any:
-    b = Bus(bus_name, keepalive_interval=0)
+    b = Bus(bus_name, keepalive_interval=0, create=True)
     b.last_id("/x")  # create the segment before the servers attach
     try:
         yield b

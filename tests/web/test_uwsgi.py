@@ -50,7 +50,7 @@ class _Server:
 
 def test_uwsgi_preforked_threaded_workers(procs: Any, bus_name: str, tmp_path: Any) -> None:
     binary = _uwsgi_binary()
-    seed = Bus(bus_name, keepalive_interval=0)
+    seed = Bus(bus_name, keepalive_interval=0, create=True)
     seed.last_id("/x")
     port = free_port()
     log = str(tmp_path / "uwsgi.log")

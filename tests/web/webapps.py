@@ -15,7 +15,7 @@ from shmbus.adapters.asgi import MessageBusMiddleware as AsgiMiddleware
 from shmbus.adapters.asgi_support import lifespan
 from shmbus.adapters.wsgi import MessageBusMiddleware as WsgiMiddleware
 
-bus = Bus(os.environ["SHMBUS_TEST_BUS"], keepalive_interval=0)
+bus = Bus(os.environ["SHMBUS_TEST_BUS"], keepalive_interval=0, create=True)
 OPTS: dict[str, Any] = json.loads(os.environ.get("SHMBUS_TEST_OPTS") or "{}")
 
 

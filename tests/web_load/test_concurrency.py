@@ -32,7 +32,7 @@ CHANNEL = "/load/all"
 
 @pytest.fixture
 def bus(bus_name: str) -> Any:
-    b = Bus(bus_name, keepalive_interval=0)
+    b = Bus(bus_name, keepalive_interval=0, create=True)
     try:
         yield b
     finally:

@@ -74,9 +74,9 @@ def _settings_messages(conf: BusSettings) -> list[Any]:
 
     out: list[Any] = []
     try:
-        # validates without attaching (a Bus attaches at first use, so nothing is created); create=False would
-        # raise already here when the bus does not exist yet, which is no settings error before the first start
-        Bus(conf.bus)
+        # validates without attaching (a Bus attaches at first use, so nothing is created); without create=True it
+        # would raise already here when the bus does not exist yet, which is no settings error before the first start
+        Bus(conf.bus, create=True)
     except (TypeError, ValueError) as exc:
         out.append(_error(f"SHMBUS['BUS']: {exc}", "shmbus.E002"))
         return out

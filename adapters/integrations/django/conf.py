@@ -2,7 +2,7 @@
 
 Keys (all upper case, as in ``DATABASES``; unknown keys are refused so a typo never goes unnoticed):
 
-``BUS`` (required)            the bus name every worker attaches to (``Bus(name)``)
+``BUS`` (required)            the bus every worker attaches to (made at the first start: ``Bus(name, create=True)``)
 ``BUS_OPTIONS``               other :class:`shmbus.Bus` options (``ring_size``, ``path``, ``codec``, ``mode``, ...)
 ``ENGINE``                    ``None`` (one host), or a bridge URL: ``redis://``/``rediss://`` (RedisBridge) or
                               ``postgres://``/``postgresql://`` (PostgresBridge)

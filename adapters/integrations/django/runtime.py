@@ -42,7 +42,8 @@ def get_bus() -> Bus:
         with _lock:
             if _bus is None:
                 conf = bus_settings()
-                _bus = Bus(conf.bus, engine=conf.make_engine(), **conf.bus_options)
+                # the app's own bus (the first start makes it), unless BUS_OPTIONS says create=False
+                _bus = Bus(conf.bus, engine=conf.make_engine(), **{"create": True, **conf.bus_options})
             bus = _bus
     return bus
 

@@ -12,6 +12,10 @@ SECRET_KEY = os.environ.get("CHAT_SECRET_KEY", "example-only-not-secret")
 DEBUG = False
 ALLOWED_HOSTS = ["*"]
 USE_TZ = True
+# Django sets the process's TZ to TIME_ZONE (default America/Chicago) when a worker loads the settings, which
+# gunicorn's master never does: both take TZ from the environment (run.py passes UTC unless TZ is set), so every
+# log line of master and workers reads in one zone
+TIME_ZONE = os.environ.get("TZ") or "UTC"
 ROOT_URLCONF = "chat.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 WSGI_APPLICATION = "chat.wsgi.application"
@@ -27,7 +31,19 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
 ]
-TEMPLATES = [{"BACKEND": "django.template.backends.django.DjangoTemplates", "APP_DIRS": True}]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        # the room page greets {{ request.user }}: without these it read "You are ."
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+            ]
+        },
+    }
+]
 SHMBUS = {"BUS": os.environ.get("CHAT_BUS", "django_chat")}
 
 
