@@ -126,3 +126,42 @@ def test_a_store_that_fails_is_counted_and_tried_again(
     wait_until(lambda: store.saved.get(channel) == mid, what="a save once the store is back")
     assert client.stats.store_errors == 2
     assert sum("saving positions" in r.getMessage() for r in caplog.records) == 2
+
+
+def docs_recipe(name: str) -> dict[str, Any]:
+    """The namespace of the docs' (docs/client.md) python block that defines ``class name``, up to its example."""
+    from tests.docs.test_doc_blocks import ALL
+
+    code = next(c for f, _, lang, c, _ in ALL if f == "docs/client.md" and f"class {name}" in c)
+    namespace: dict[str, Any] = {}
+    exec(code.split("\nbus = ")[0], namespace)
+    return namespace
+
+
+@pytest.mark.slow
+def test_the_documented_redis_store_resumes_a_client(
+    server: Target, make_client: MakeClient, channel: str, redis_url: str, bus_name: str
+) -> None:
+    import redis
+
+    recipe = docs_recipe("RedisPositions")
+    r = redis.Redis.from_url(redis_url)
+    key = f"{bus_name}:positions"
+    try:
+        first = make_client(server.url, position_store=recipe["RedisPositions"](r, key))
+        rec = Recorder()
+        first.subscribe(channel, rec)
+        resolved(first, channel)
+        mid = server.publish(channel, "one")
+        rec.wait(1)
+        first.stop()
+        assert r.hgetall(key) == {channel.encode(): str(mid).encode()}
+        missed = server.publish(channel, "two")
+        second = make_client(server.url, position_store=recipe["RedisPositions"](r, key))
+        rec2 = Recorder()
+        second.subscribe(channel, rec2)
+        rec2.wait(1)
+        assert rec.ids == [mid] and rec2.ids == [missed]
+    finally:
+        r.delete(key)
+        r.close()
