@@ -123,11 +123,11 @@ class AsyncMessageBusClient:
         self.min_retry_after = MIN_RETRY_AFTER
         self._stats = ClientStats()
         self._saver: PositionSaver | None = None
+        interval = _seconds("save_interval", save_interval, 0.001)
         if position_store is not None:
             if not isinstance(position_store, PositionStore):
                 raise TypeError(f"position_store needs load() and save(positions), got {position_store!r}")
             positions = check_positions(position_store.load(), f"{position_store!r}.load()")
-            interval = _seconds("save_interval", save_interval, 0.001)
             self._saver = PositionSaver(position_store, interval, lambda: self.positions, self._stats, positions)
         self._start_positions = dict(positions or {})
         self._http = http_client

@@ -29,7 +29,8 @@ class MessageBusClient:
     """Subscribe to a message_bus server over HTTP from plain (threaded) code.
 
     Same options as :class:`~shmbus.client.AsyncMessageBusClient` (``transport`` is an httpx *async*
-    transport: the core is asyncio). Use it as a context manager, or call :meth:`start` and :meth:`stop`.
+    transport: the core is asyncio). Callbacks, hooks, a ``headers`` callable and a ``decoder`` run on the
+    client's own thread. Use it as a context manager, or call :meth:`start` and :meth:`stop`.
     """
 
     def __init__(self, base_url: str, **options: Any) -> None:
