@@ -1,9 +1,10 @@
-"""The asyncio client: one poll loop and one dispatcher per client, over httpx.
+"""The asyncio client: its options, lifecycle and subscriptions; one poll loop and one dispatcher per client.
 
-The poll loop sends one poll at a time (never two in flight), reads the answer as it streams in, moves the
-subscriptions' positions (:mod:`.positions`) and queues the deliveries; the dispatcher runs the callbacks in
-order, one at a time, so a slow or failing callback never holds up the reading, and a subscribe or unsubscribe
-made from a callback aborts the current poll at once.
+The poll loop (:mod:`.polling`) sends one poll at a time (never two in flight), reads the answer as it streams in,
+moves the subscriptions' positions (:mod:`.positions`) and queues the deliveries; the dispatcher
+(:mod:`.dispatch`) runs the callbacks in order, one at a time, so a slow or failing callback never holds up the
+reading (unless ``max_pending`` asks it to), and a subscribe or unsubscribe made from a callback aborts the
+current poll at once. A position store's saver (:mod:`.store`) is the third task, when there is a store.
 """
 
 from __future__ import annotations
