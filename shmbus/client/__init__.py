@@ -18,16 +18,22 @@ from __future__ import annotations
 from .chunks import AnswerTooLarge, ProtocolViolation
 from .core import AsyncMessageBusClient, ClientStats, PollFailed
 from .message import Message
-from .positions import Subscription
+from .outcomes import HeadersFailed
+from .positions import Reset, Subscription
+from .store import FilePositionStore, PositionStore
 from .sync import MessageBusClient
 
 __all__ = [
     "AnswerTooLarge",
     "AsyncMessageBusClient",
     "ClientStats",
+    "FilePositionStore",
+    "HeadersFailed",
     "Message",
     "MessageBusClient",
     "PollFailed",
+    "PositionStore",
     "ProtocolViolation",
+    "Reset",
     "Subscription",
 ]

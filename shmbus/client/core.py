@@ -1,33 +1,36 @@
-"""The asyncio client: one poll loop and one dispatcher per client, over httpx.
+"""The asyncio client: its options, lifecycle and subscriptions; one poll loop and one dispatcher per client.
 
-The poll loop sends one poll at a time (never two in flight), reads the answer as it streams in, moves the
-subscriptions' positions (:mod:`.positions`) and queues the deliveries; the dispatcher runs the callbacks in
-order, one at a time, so a slow or failing callback never holds up the reading, and a subscribe or unsubscribe
-made from a callback aborts the current poll at once.
+The poll loop (:mod:`.polling`) sends one poll at a time (never two in flight), reads the answer as it streams in,
+moves the subscriptions' positions (:mod:`.positions`) and queues the deliveries; the dispatcher
+(:mod:`.dispatch`) runs the callbacks in order, one at a time, so a slow or failing callback never holds up the
+reading (unless ``max_pending`` asks it to), and a subscribe or unsubscribe made from a callback aborts the
+current poll at once. A position store's saver (:mod:`.store`) is the third task, when there is a store.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import re
 import uuid
-from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
-from .chunks import MAX_BODY_BYTES, AnswerTooLarge, ProtocolViolation
-from .exchange import PollExchange
+from .chunks import MAX_BODY_BYTES
+from .dispatch import Dispatcher, Overflow
+from .exchange import Headers
+from .hooks import Hook, Hooks
 from .message import STATUS_CHANNEL, AsyncCallback, Message
-from .outcomes import ClientStats, NoFirstChunk, PollFailed, RateLimited, Repoll
-from .pacing import MIN_RETRY_AFTER, Backoff, pause_after_poll
-from .positions import Delivery, PollRequest, Subscription, Tracker
+from .outcomes import ClientStats, PollFailed
+from .pacing import MIN_RETRY_AFTER
+from .polling import PollLoop
+from .positions import Subscription, Tracker
+from .store import PositionSaver, PositionStore, check_positions
 
 __all__ = ["AsyncMessageBusClient", "ClientStats", "PollFailed"]
 
@@ -50,14 +53,16 @@ class AsyncMessageBusClient:
     defaults (seconds): ``long_polling`` (else poll with ``?dlp=t`` every ``background_callback_interval``),
     ``chunked`` (ask for a streamed answer), ``min_poll_interval`` (the first backoff step and the least time
     between two polls), ``max_poll_interval`` (the backoff's cap), ``callback_interval`` (a long poll that
-    brought nothing is repeated at most this often), ``headers`` (sent last, so they override), ``client_id``
-    (default: 32 random hex digits), ``timeout`` (every poll's read timeout, an injected client's too: longer
-    than the server's long-poll interval), ``first_chunk_timeout`` (no first chunk by then: a buffering proxy;
-    fall back to non-chunked for ``retry_chunked_after`` polls). ``positions`` (from :attr:`positions`) are
-    where ``subscribe`` starts a channel when no ``last_id`` is given. ``max_body_bytes`` bounds what one answer,
-    or one piece of a streamed answer, may hold (a server that never ends one would fill the memory).
-    ``http_client`` or ``transport`` inject httpx's (auth, proxies, tests); an injected client is not closed by
-    :meth:`stop`.
+    brought nothing is repeated at most this often), ``headers`` (sent last, so they override; a callable is
+    called before each poll: rotating tokens), ``client_id`` (default: 32 random hex digits), ``timeout`` (every
+    poll's read timeout, an injected client's too: longer than the server's long-poll interval),
+    ``first_chunk_timeout`` (no first chunk by then: a buffering proxy; fall back to non-chunked for
+    ``retry_chunked_after`` polls). ``positions`` (from :attr:`positions`), or a ``position_store`` (read now,
+    written every ``save_interval`` and on stop), are where ``subscribe`` starts a channel when no ``last_id`` is
+    given. ``max_body_bytes`` bounds what one answer, or one piece of a streamed answer, may hold. ``decoder``,
+    ``max_pending`` and ``overflow``: see :mod:`.dispatch`; ``on_connect``, ``on_error``, ``on_reset``,
+    ``on_rate_limited``: see :mod:`.hooks`. ``http_client`` or ``transport`` inject httpx's (auth, proxies,
+    tests); an injected client is not closed by :meth:`stop`.
     """
 
     def __init__(
@@ -70,13 +75,22 @@ class AsyncMessageBusClient:
         max_poll_interval: float = 180.0,
         background_callback_interval: float = 60.0,
         callback_interval: float = 15.0,
-        headers: Mapping[str, str] | None = None,
+        headers: Headers | None = None,
         client_id: str | None = None,
         timeout: float = 60.0,
         first_chunk_timeout: float = 3.0,
         retry_chunked_after: int = 30,
         positions: Mapping[str, int] | None = None,
+        position_store: PositionStore | None = None,
+        save_interval: float = 1.0,
         max_body_bytes: int = MAX_BODY_BYTES,
+        decoder: Callable[[Any], Any] | None = None,
+        max_pending: int | None = None,
+        overflow: Overflow = "block",
+        on_connect: Hook | None = None,
+        on_error: Hook | None = None,
+        on_reset: Hook | None = None,
+        on_rate_limited: Hook | None = None,
         http_client: httpx.AsyncClient | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
@@ -87,6 +101,8 @@ class AsyncMessageBusClient:
             raise ValueError(f"client_id must be 1-64 characters of A-Z a-z 0-9 . _ ~ -, got {client_id!r}")
         if http_client is not None and transport is not None:
             raise ValueError("pass http_client or transport, not both")
+        if positions is not None and position_store is not None:
+            raise ValueError("pass positions or position_store, not both (the store's are the positions)")
         self.base_url = base_url if base_url.endswith("/") else base_url + "/"
         self.client_id = client_id or uuid.uuid4().hex
         self.poll_url = f"{self.base_url}message-bus/{self.client_id}/poll"
@@ -102,25 +118,30 @@ class AsyncMessageBusClient:
         if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be an int >= 1024, got {max_body_bytes!r}")
         self.max_body_bytes = max_body_bytes
-        self.headers = dict(headers or {})
+        #: a mapping, or a callable called before each poll (see :data:`.exchange.Headers`)
+        self.headers: Headers = headers if callable(headers) else dict(headers or {})
         #: a 429 is retried no sooner than this (seconds)
         self.min_retry_after = MIN_RETRY_AFTER
+        self._stats = ClientStats()
+        self._saver: PositionSaver | None = None
+        interval = _seconds("save_interval", save_interval, 0.001)
+        if position_store is not None:
+            if not isinstance(position_store, PositionStore):
+                raise TypeError(f"position_store needs load() and save(positions), got {position_store!r}")
+            positions = check_positions(position_store.load(), f"{position_store!r}.load()")
+            self._saver = PositionSaver(position_store, interval, lambda: self.positions, self._stats, positions)
         self._start_positions = dict(positions or {})
         self._http = http_client
         self._own_http = http_client is None
         self._transport = transport
         self._tracker = Tracker()
-        self._backoff = Backoff(self.min_poll_interval, self.max_poll_interval)
-        self._empty_polls = 0  # successful polls in a row that brought nothing (their pause grows)
-        self._stats = ClientStats()
-        self._exchange = PollExchange(self, self._stats, self._take)
-        self._queue: deque[Delivery] = deque()
+        self._hooks = Hooks(
+            self._stats, on_connect=on_connect, on_error=on_error, on_reset=on_reset, on_rate_limited=on_rate_limited
+        )
+        self._dispatcher = Dispatcher(self._stats, decoder, max_pending, overflow)
+        self._loop = PollLoop(self, self._tracker, self._stats, self._hooks, self._dispatcher)
         self._listeners: set[asyncio.Queue[Any]] = set()
         self._state = "new"
-        self._halted = False  # set first by stop(): no callback runs after it, from any thread
-        self._changed: asyncio.Event | None = None
-        self._queued: asyncio.Event | None = None
-        self._resumed: asyncio.Event | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     # ------------------------------------------------------------------------------------------------ lifecycle
@@ -131,31 +152,49 @@ class AsyncMessageBusClient:
         if self._http is None or (self._own_http and self._http.is_closed):
             self._http = httpx.AsyncClient(transport=self._transport)  # each poll carries its timeouts
             self._own_http = True
-        self._changed, self._queued, self._resumed = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        self._loop.open()
+        self._dispatcher.open(paused=self._state == "paused")
         if self._state != "paused":
-            self._resumed.set()
             self._state = "started"
-        self._halted = False
+        name = f"shmbus.client %s {self.client_id}"
         self._tasks = [
-            asyncio.create_task(self._poll_loop(), name=f"shmbus.client poll {self.client_id}"),
-            asyncio.create_task(self._dispatch_loop(), name=f"shmbus.client dispatch {self.client_id}"),
+            asyncio.create_task(self._loop.run(self._http), name=name % "poll"),
+            asyncio.create_task(self._dispatcher.run(), name=name % "dispatch"),
         ]
+        if self._saver is not None:
+            self._tasks.append(asyncio.create_task(self._saver.run(), name=name % "save"))
+
+    def _halt(self) -> None:
+        """No callback runs after this (safe from any thread: the sync client's stop() calls it first)."""
+        self._dispatcher.halted = True
 
     async def stop(self) -> None:
-        """Stop now: the poll in flight is aborted, no callback runs after this returns, ``listen`` loops end."""
-        self._halted = True
+        """Stop now: the poll in flight is aborted, no callback runs after this returns, ``listen`` loops end; the
+        positions are saved to the ``position_store`` (awaited: a slow store makes a slow stop)."""
+        await self._stop(save=True)
+
+    def _save_now(self) -> None:
+        """The ``position_store``'s last save, in the calling thread (the sync client's, after its loop ended)."""
+        if self._saver is not None:
+            self._saver.save_now()
+
+    async def _stop(self, save: bool) -> None:
+        self._halt()
         tasks, self._tasks = self._tasks, []
         me = asyncio.current_task()
         for t in tasks:
             t.cancel()
+        self._hooks.cancel()
         for t in tasks:
             if t is not me:  # stop() awaited in a callback: the dispatcher ends when that callback returns
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
         self._state = "stopped"
-        self._queue.clear()
+        self._dispatcher.clear()
         for q in self._listeners:
             q.put_nowait(_STOP)
+        if save and self._saver is not None:
+            await self._saver.save()
         if self._own_http and self._http is not None:
             await self._http.aclose()
             self._http = None
@@ -168,17 +207,18 @@ class AsyncMessageBusClient:
         await self.stop()
 
     def pause(self) -> None:
-        """Hold callbacks (polling goes on; what arrives is kept and delivered on :meth:`resume`)."""
+        """Hold callbacks (polling goes on, unless ``max_pending`` deliveries wait with ``overflow="block"``;
+        what arrives is kept and delivered on :meth:`resume`)."""
         if self._state == "started":
             self._state = "paused"
-            if self._resumed is not None:
-                self._resumed.clear()
+            if self._dispatcher.resumed is not None:
+                self._dispatcher.resumed.clear()
 
     def resume(self) -> None:
         if self._state == "paused":
             self._state = "started" if self._tasks else "new"
-            if self._resumed is not None:
-                self._resumed.set()
+            if self._dispatcher.resumed is not None:
+                self._dispatcher.resumed.set()
 
     @property
     def status(self) -> str:
@@ -249,153 +289,4 @@ class AsyncMessageBusClient:
             self.remove(sub)
 
     def _poll_again(self) -> None:
-        if self._changed is not None:
-            self._changed.set()
-
-    # ------------------------------------------------------------------------------------------------ dispatch
-    async def _dispatch_loop(self) -> None:
-        queue, queued, resumed = self._queue, self._queued, self._resumed
-        assert queued is not None and resumed is not None
-        while True:
-            if not queue:
-                queued.clear()
-                await queued.wait()
-                continue
-            if not resumed.is_set():
-                await resumed.wait()
-                continue
-            sub, message, position = queue.popleft()
-            if not sub.active or self._halted:
-                continue
-            if message is not None:
-                try:
-                    result = sub.callback(message)
-                    if result is not None and inspect.isawaitable(result):
-                        await result
-                except Exception:
-                    self._stats.callback_errors += 1
-                    log.exception("shmbus.client: callback %r on %s failed", sub.callback, sub.channel)
-            sub.delivered = position
-
-    def _deliver(self, deliveries: list[Delivery]) -> None:
-        if deliveries:
-            self._queue.extend(deliveries)
-            assert self._queued is not None
-            self._queued.set()
-
-    # ------------------------------------------------------------------------------------------------ polling
-    async def _poll_loop(self) -> None:
-        assert self._changed is not None
-        loop = asyncio.get_running_loop()
-        while True:
-            self._changed.clear()
-            request = self._tracker.next_request()
-            if request is None:
-                await self._changed.wait()
-                continue
-            started = loop.time()
-            try:
-                assert self._http is not None
-                got_data, interrupted = await self._until_changed(self._exchange.poll(self._http, request))
-            except RateLimited as exc:
-                self._stats.rate_limited += 1
-                self._stats.last_error = str(exc)
-                await self._wait(exc.seconds, interruptible=False)
-                continue
-            except Repoll:
-                continue
-            except NoFirstChunk:
-                self._exchange.unchunked(self.retry_chunked_after)
-                self._stats.chunked_fallbacks += 1
-                log.warning(
-                    "shmbus.client: no first chunk from %s within %g s (a buffering proxy?): not chunked for the "
-                    "next %d polls",
-                    self.poll_url,
-                    self.first_chunk_timeout,
-                    self.retry_chunked_after,
-                )
-                continue
-            except (httpx.HTTPError, OSError, PollFailed, ProtocolViolation) as exc:
-                self._stats.failures += 1
-                self._stats.consecutive_failures += 1
-                self._tracker.distrust()
-                self._stats.last_error = f"{type(exc).__name__}: {exc}"
-                delay = self._backoff.failure()
-                if isinstance(exc, AnswerTooLarge):  # a broken or hostile server, or a limit too low for it
-                    self._stats.too_large += 1
-                    log.warning("shmbus.client: %s from %s: closed; next in %.2f s", exc, self.poll_url, delay)
-                else:
-                    log.info("shmbus.client: poll failed (%s); next in %.2f s", self._stats.last_error, delay)
-                await self._wait(delay)
-                continue
-            if interrupted or request.resolving:
-                continue
-            self._backoff.success()
-            self._stats.consecutive_failures = 0
-            self._empty_polls = 0 if got_data else self._empty_polls + 1
-            await self._wait(
-                pause_after_poll(
-                    elapsed=loop.time() - started,
-                    got_data=got_data,
-                    long_polling=self.long_polling,
-                    min_poll_interval=self.min_poll_interval,
-                    callback_interval=self.callback_interval,
-                    background_callback_interval=self.background_callback_interval,
-                    empty_in_a_row=self._empty_polls,
-                )
-            )
-
-    async def _wait(self, seconds: float, interruptible: bool = True) -> None:
-        """Sleep ``seconds``; a subscribe or unsubscribe ends the sleep early unless ``interruptible`` is False."""
-        if seconds <= 0:
-            return
-        if not interruptible:
-            await asyncio.sleep(seconds)
-            return
-        assert self._changed is not None
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), seconds)
-
-    async def _until_changed(self, poll: Any) -> tuple[bool, bool]:
-        """Run ``poll`` until it ends or the subscriptions change: (its result, whether it was interrupted)."""
-        assert self._changed is not None
-        task = asyncio.ensure_future(poll)
-        changed = asyncio.ensure_future(self._changed.wait())
-        try:
-            done, _ = await asyncio.wait({task, changed}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for t in (task, changed):
-                t.cancel()
-            for t in (task, changed):  # the poll closes its response before we go on (or stop)
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await t
-        if task in done:
-            return bool(task.result()), False
-        return False, True
-
-    def _take(self, request: PollRequest, items: list[dict[str, Any]]) -> bool:
-        if items and self._backoff.failures:
-            # The server is serving: a stream that then breaks (a restart) backs off from the start again,
-            # instead of adding to the failures of earlier outages until every retry waits max_poll_interval.
-            self._backoff.success()
-            self._stats.consecutive_failures = 0
-        applied = self._tracker.apply(request, items)
-        self._stats.duplicates += applied.duplicates
-        self._stats.messages += applied.messages
-        for r in applied.resets:
-            self._stats.resets += 1
-            what = (
-                f"holds another message under our last id {r.sent}"
-                if r.replaced
-                else f"is at id {r.server}, behind our position {r.sent}"
-            )
-            log.warning(
-                "shmbus.client: %s: the server %s (a restart, a new bus or an expired channel): reading its ids "
-                "again from 0",
-                r.channel,
-                what,
-            )
-        self._deliver(applied.deliveries)
-        if applied.resets:
-            raise Repoll()
-        return bool(items)
+        self._loop.poll_again()

@@ -9,19 +9,20 @@ here, since httpx would inflate each network read whole.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol
+import inspect
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, Protocol, TypeAlias
 from urllib.parse import urlencode
 
 import httpx
 
 from .chunks import AnswerTooLarge, ChunkParser, decode_array, is_streamed
 from .inflate import ACCEPT_ENCODING, Inflater
-from .outcomes import ClientStats, NoFirstChunk, PollFailed, RateLimited
+from .outcomes import ClientStats, HeadersFailed, NoFirstChunk, PollFailed, RateLimited
 from .pacing import retry_after_seconds
 from .positions import PollRequest
 
-__all__ = ["MAX_ERROR_BYTES", "PollExchange", "PollSettings"]
+__all__ = ["MAX_ERROR_BYTES", "Headers", "PollExchange", "PollSettings"]
 
 #: the connect timeout of a poll, at most (seconds; the read timeout is the client's ``timeout``)
 MAX_CONNECT_TIMEOUT = 10.0
@@ -29,6 +30,9 @@ MAX_CONNECT_TIMEOUT = 10.0
 #: the most bytes of an error answer's body read (for the log); the rest is not read: the connection is closed
 MAX_ERROR_BYTES = 4096
 Take = Callable[[PollRequest, list[dict[str, Any]]], bool]
+#: A client's ``headers``: a mapping, or a callable called before each poll that returns one (or an awaitable of
+#: one): a token that rotates, a session cookie (``{"Cookie": ...}``) read from where it is kept fresh.
+Headers: TypeAlias = Mapping[str, str] | Callable[[], Mapping[str, str] | Awaitable[Mapping[str, str]]]
 
 
 class PollSettings(Protocol):
@@ -41,7 +45,7 @@ class PollSettings(Protocol):
     @property
     def chunked(self) -> bool: ...
     @property
-    def headers(self) -> Mapping[str, str]: ...
+    def headers(self) -> Headers: ...
     @property
     def first_chunk_timeout(self) -> float: ...
     @property
@@ -54,13 +58,25 @@ class PollSettings(Protocol):
 
 class PollExchange:
     """Sends one poll and hands every array of the answer to ``take``, as it arrives. Raises
-    :class:`RateLimited` (429), :class:`PollFailed` (another status), :class:`NoFirstChunk` (a streamed answer
-    whose first chunk did not come in time: a buffering proxy; :meth:`unchunked` then asks for whole answers)."""
+    :class:`RateLimited` (429), :class:`PollFailed` (another status, or :class:`HeadersFailed`),
+    :class:`NoFirstChunk` (a streamed answer whose first chunk did not come in time: a buffering proxy;
+    :meth:`unchunked` then asks for whole answers). ``answered()`` is called when a 200 answer's head arrives;
+    ``room()``, when given, is awaited after each piece of the answer is taken (backpressure: it returns when the
+    callbacks have caught up)."""
 
-    def __init__(self, settings: PollSettings, stats: ClientStats, take: Take) -> None:
+    def __init__(
+        self,
+        settings: PollSettings,
+        stats: ClientStats,
+        take: Take,
+        answered: Callable[[], None] = lambda: None,
+        room: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self._settings = settings
         self._stats = stats
         self._take = take
+        self._answered = answered
+        self._room = room
         self._seq = 0
         self._unchunked = 0
 
@@ -68,7 +84,24 @@ class PollExchange:
         """Ask for whole (not streamed) answers for the next ``polls`` polls."""
         self._unchunked = polls
 
-    def _request(self, http: httpx.AsyncClient, request: PollRequest) -> tuple[httpx.Request, bool]:
+    async def _headers(self) -> Mapping[str, str]:
+        """The user's headers for this poll: the mapping, or what the callable gives now."""
+        headers = self._settings.headers
+        if not callable(headers):
+            return headers
+        try:
+            value = headers()
+            if inspect.isawaitable(value):
+                value = await value
+        except Exception as exc:
+            raise HeadersFailed(f"the headers callable {headers!r} raised {type(exc).__name__}: {exc}") from exc
+        if not isinstance(value, Mapping):
+            raise HeadersFailed(f"the headers callable {headers!r} returned {value!r}, not a mapping")
+        return value
+
+    def _request(
+        self, http: httpx.AsyncClient, request: PollRequest, extra: Mapping[str, str]
+    ) -> tuple[httpx.Request, bool]:
         settings = self._settings
         long_poll = settings.long_polling and not request.resolving
         chunked = long_poll and settings.chunked
@@ -83,7 +116,7 @@ class PollExchange:
         }
         if not chunked:
             headers["Dont-Chunk"] = "true"
-        headers.update(settings.headers)
+        headers.update(extra)
         body = urlencode([*request.body.items(), ("__seq", self._seq)])
         url = settings.poll_url if long_poll else settings.poll_url + "?dlp=t"
         # The client's own read timeout on every poll, an injected httpx client's too (httpx's default, 5 s, would
@@ -93,7 +126,7 @@ class PollExchange:
 
     async def poll(self, http: httpx.AsyncClient, request: PollRequest) -> bool:
         """One poll: True if the server sent anything (messages or positions)."""
-        http_request, chunked = self._request(http, request)
+        http_request, chunked = self._request(http, request, await self._headers())
         self._stats.polls += 1
         first_by = self._settings.first_chunk_timeout if chunked else None
         try:
@@ -107,9 +140,13 @@ class PollExchange:
             if response.status_code != 200:
                 body = (await self._read(response, MAX_ERROR_BYTES, truncate=True))[:200].decode(errors="replace")
                 raise PollFailed(f"{response.status_code} from {self._settings.poll_url}: {body!r}")
+            self._answered()
             limit = self._settings.max_body_bytes
             if not is_streamed(response.headers.get("content-type")):
-                return self._take(request, decode_array(await self._read(response, limit)))
+                got = self._take(request, decode_array(await self._read(response, limit)))
+                if self._room is not None:
+                    await self._room()
+                return got
             return await self._read_stream(request, response, first_by, limit)
         finally:
             await response.aclose()  # unread bytes left: httpcore closes the connection
@@ -152,7 +189,14 @@ class PollExchange:
                 return False
             self._stats.bytes += len(first)
             got = self._feed(request, parser, inflater.feed(first))
-        async for raw in raws:
+        room = self._room
+        while True:
+            if room is not None:  # the callbacks catch up before anything more is read
+                await room()
+            try:
+                raw = await raws.__anext__()
+            except StopAsyncIteration:
+                break
             self._stats.bytes += len(raw)
             got = self._feed(request, parser, inflater.feed(raw)) or got
         return self._feed(request, parser, inflater.flush()) or got

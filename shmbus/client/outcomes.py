@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ClientStats", "NoFirstChunk", "PollFailed", "RateLimited", "Repoll"]
+__all__ = ["ClientStats", "HeadersFailed", "NoFirstChunk", "PollFailed", "RateLimited", "Repoll"]
 
 
 class PollFailed(Exception):
@@ -21,6 +21,10 @@ class RateLimited(Exception):
 
 class NoFirstChunk(Exception):
     """A streamed poll sent no first chunk in time (a buffering proxy): fall back to non-chunked polls."""
+
+
+class HeadersFailed(PollFailed):
+    """The ``headers`` callable raised or returned no mapping: the poll is not sent (a failure: backed off)."""
 
 
 class Repoll(Exception):
@@ -44,3 +48,13 @@ class ClientStats:
     bytes: int = 0
     consecutive_failures: int = 0
     last_error: str | None = None
+    #: hooks (``on_connect``, ``on_error``, ...) that raised (each logged; the poll loop went on)
+    hook_errors: int = 0
+    #: messages whose ``decoder`` raised (each logged and not delivered; the position moved past it)
+    decode_errors: int = 0
+    #: saves of the ``position_store`` that raised (each logged; retried at the next ``save_interval``)
+    store_errors: int = 0
+    #: messages dropped unseen by ``overflow="drop_oldest"`` (``max_pending`` were already waiting)
+    dropped: int = 0
+    #: times the poll loop stopped reading until the callbacks caught up (``max_pending``, ``overflow="block"``)
+    backpressure: int = 0

@@ -29,7 +29,8 @@ class MessageBusClient:
     """Subscribe to a message_bus server over HTTP from plain (threaded) code.
 
     Same options as :class:`~shmbus.client.AsyncMessageBusClient` (``transport`` is an httpx *async*
-    transport: the core is asyncio). Use it as a context manager, or call :meth:`start` and :meth:`stop`.
+    transport: the core is asyncio). Callbacks, hooks, a ``headers`` callable and a ``decoder`` run on the
+    client's own thread. Use it as a context manager, or call :meth:`start` and :meth:`stop`.
     """
 
     def __init__(self, base_url: str, **options: Any) -> None:
@@ -68,8 +69,9 @@ class MessageBusClient:
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop polling and the loop thread; no callback runs once this has returned (called from a callback,
-        the rest of the stop happens once that callback returns)."""
-        self._core._halted = True  # before anything else: a callback about to run on the loop thread won't
+        the rest of the stop happens once that callback returns). ``timeout`` bounds the wait for the loop; the
+        last save to a ``position_store`` follows, in this thread, however long the store takes."""
+        self._core._halt()  # before anything else: a callback about to run on the loop thread won't
         with self._lock:
             loop, thread = self._loop, self._thread
             self._loop = self._thread = None
@@ -77,15 +79,17 @@ class MessageBusClient:
             q.put(_STOP)
         if loop is None or thread is None:
             return
-        stopping = asyncio.run_coroutine_threadsafe(self._core.stop(), loop)
+        in_callback = threading.current_thread() is thread
+        stopping = asyncio.run_coroutine_threadsafe(self._core._stop(save=in_callback), loop)
         stopping.add_done_callback(lambda _: loop.call_soon_threadsafe(loop.stop))
-        if threading.current_thread() is thread:
+        if in_callback:
             return
         try:
             stopping.result(timeout)
         except concurrent.futures.TimeoutError:
             loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout)
+        self._core._save_now()  # here, not bounded by ``timeout``: a slow store still gets the last positions
 
     def __enter__(self) -> MessageBusClient:
         self.start()

@@ -1,6 +1,8 @@
 """Fixtures for the client tests: real servers of every kind, and clients stopped (and checked) at teardown.
 
 ``target``      (module, parametrized over servers.KINDS) a running server; cases use their own channels
+``server``      (module) the same over the lean worker and the gem only: the client's own features, which do not
+                depend on the shmbus worker class
 ``new_target``  factory ``new_target(kind, **server options)`` -> a started Target of the test's own
 ``make_client`` factory ``make_client(url, **options)`` -> a started MessageBusClient with test-sized intervals
 """
@@ -25,7 +27,15 @@ FAST = {"min_poll_interval": 0.05, "max_poll_interval": 1.0, "callback_interval"
 
 @pytest.fixture(scope="module", params=KINDS)
 def target(request: pytest.FixtureRequest) -> Iterator[Target]:
-    kind = str(request.param)
+    yield from _module_target(str(request.param))
+
+
+@pytest.fixture(scope="module", params=["lean", "gem"])
+def server(request: pytest.FixtureRequest) -> Iterator[Target]:
+    yield from _module_target(str(request.param))
+
+
+def _module_target(kind: str) -> Iterator[Target]:
     bus = None if kind == "gem" else shared_bus(f"{bus_prefix()}{uuid.uuid4().hex[:10]}")
     t = make_target(kind, bus, lookups_from_headers=True)
     try:

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from shmbus.client import MessageBusClient, core
+from shmbus.client import MessageBusClient, polling
 from shmbus.client.pacing import JITTER, Backoff
 
 from .recorder import Recorder, wait_until
@@ -33,25 +33,25 @@ class Pacing:
         self.decided: list[tuple[float, float]] = []
         self.waited: list[float] = []
         self.backoffs: list[float] = []
-        pause_after_poll, wait, failure = core.pause_after_poll, core.AsyncMessageBusClient._wait, Backoff.failure
+        pause_after_poll, wait, failure = polling.pause_after_poll, polling.PollLoop._wait, Backoff.failure
 
         def recording_pause(**kw: Any) -> float:
             pause = pause_after_poll(**kw)
             self.decided.append((kw["elapsed"], pause))
             return pause
 
-        async def recording_wait(client: Any, seconds: float, interruptible: bool = True) -> None:
+        async def recording_wait(loop: Any, seconds: float, interruptible: bool = True) -> None:
             self.waited.append(seconds)
-            await wait(client, seconds, interruptible)
+            await wait(loop, seconds, interruptible)
 
         def recording_failure(backoff: Backoff) -> float:
             delay = failure(backoff)
             self.backoffs.append(delay)
             return delay
 
-        monkeypatch.setattr(core, "pause_after_poll", recording_pause)
+        monkeypatch.setattr(polling, "pause_after_poll", recording_pause)
         monkeypatch.setattr(Backoff, "failure", recording_failure)
-        monkeypatch.setattr(core.AsyncMessageBusClient, "_wait", recording_wait)
+        monkeypatch.setattr(polling.PollLoop, "_wait", recording_wait)
 
     def starts_apart(self) -> list[float]:
         """Seconds from each poll's start to the next one's, as the client paced them (pauses it really waited)."""
