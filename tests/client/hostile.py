@@ -87,7 +87,15 @@ class Hostile:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        # close() alone does not wake a thread blocked in accept() on Linux: the thread (and its socket) outlived
+        # the test; shutdown() does (accept fails with EINVAL)
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.listener.close()
+        self.thread.join(5)
+        assert not self.thread.is_alive(), "the hostile server's accept thread did not end"
         for c in self.conns:
             c.sock.close()
 
