@@ -136,7 +136,7 @@ def test_destroy_never_follows_nor_removes_a_link(tmp_path: Any, bus_name: str) 
 
 
 def _made(name: str) -> None:
-    bus = shmbus.Bus(name, ring_size=1 << 16, max_channels=16, keepalive_interval=0)
+    bus = shmbus.Bus(name, ring_size=1 << 16, max_channels=16, keepalive_interval=0, create=True)
     bus.publish("/x", 1)  # the segment is made on first use
     bus.close()
 
@@ -146,7 +146,9 @@ def test_destroy_says_what_it_destroyed(tmp_path: Any, bus_name: str) -> None:
     the bus and its segment; JSON carries the path too."""
     seg_file = tmp_path / "bus.seg"
     for args in (["--force"], []):
-        bus = shmbus.Bus(bus_name, path=str(seg_file), ring_size=1 << 16, max_channels=16, keepalive_interval=0)
+        bus = shmbus.Bus(
+            bus_name, path=str(seg_file), ring_size=1 << 16, max_channels=16, keepalive_interval=0, create=True
+        )
         bus.publish("/x", 1)
         bus.close()
         r = _cli("destroy", "--path", str(seg_file), *args)
