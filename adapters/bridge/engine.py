@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -218,8 +219,9 @@ class BridgeEngine(Engine):
             if self.queue is not None and self.queue.offer_if_queueing(chunk):
                 out.extend([None] * len(chunk))
                 continue
-            call = self.status.calls.begin()
-            try:
+            waiting, thread = self.status.calls.started, threading.get_ident()
+            try:  # (the store and the pop inline: see Calls)
+                waiting[thread] = time.monotonic()
                 ack = self.backend.publish(bus, chunk)
             except EngineError:  # refused: nothing stored (PublishOutcomeUnknown is no EngineError: never queued)
                 if self.queue is None:
@@ -228,7 +230,7 @@ class BridgeEngine(Engine):
                 out.extend([None] * len(chunk))
                 continue
             finally:
-                self.status.calls.end(call)
+                waiting.pop(thread, None)
             self._acknowledged(bus, chunk, ack)
             out.extend(m for _, m in ack.ids)
         return out
@@ -254,11 +256,12 @@ class BridgeEngine(Engine):
 
     def _send_queued(self, env: Envelope) -> None:
         bus = self._bus_of(None)
-        call = self.status.calls.begin()
-        try:
+        waiting, thread = self.status.calls.started, threading.get_ident()
+        try:  # (the store and the pop inline: see Calls)
+            waiting[thread] = time.monotonic()
             ack = self.backend.publish(bus, [env])
         finally:
-            self.status.calls.end(call)
+            waiting.pop(thread, None)
         self._acknowledged(bus, [env], ack)
 
     # ------------------------------------------------------------------ reads, health

@@ -3,7 +3,6 @@ metrics (``Engine.relay_figures``), the admin page and ``shmbus top``; nothing r
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import time
@@ -21,28 +20,25 @@ PublishState = Literal["unknown", "ok", "unreachable", "readonly", "error", "sta
 class Calls:
     """The backend calls waiting now, by start time. The last outcome says nothing while a server is frozen (every
     call is still waiting), their age does: ``health()`` says ``stalled`` once the oldest waited ``stall_after``
-    seconds. A token per call (``begin``/``end``): a dict insert and pop on the publish path, nothing else."""
+    seconds.
+
+    ``started`` maps a calling thread's id to its call's start (a thread makes one call at a time). The publish path
+    stores and pops it inline, with no function of ours between: an exception a signal handler raises can land only
+    after a call returns, so with the pop one C call in a ``finally`` no interrupted publish leaves an entry behind
+    (a token handed out by a method could be lost between the method's return and the ``try``, and health would
+    say "stalled" for good)."""
 
     def __init__(self, stall_after: float) -> None:
         self.stall_after = stall_after
-        self._started: dict[int, float] = {}
-        self._tokens = itertools.count()
-
-    def begin(self) -> int:
-        token = next(self._tokens)
-        self._started[token] = time.monotonic()
-        return token
-
-    def end(self, token: int) -> None:
-        self._started.pop(token, None)
+        self.started: dict[int, float] = {}
 
     def waiting(self) -> tuple[int, float]:
         """How many calls wait now, and the oldest one's age in seconds (0.0: none)."""
-        started = list(self._started.values())
+        started = list(self.started.values())
         return len(started), (time.monotonic() - min(started) if started else 0.0)
 
     def clear(self) -> None:
-        self._started = {}
+        self.started = {}
 
 
 #: Seconds a relay that holds the election may go without a step (a doorbell wait, a history page) before its

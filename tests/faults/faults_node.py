@@ -82,7 +82,10 @@ def alarm(spec: dict) -> None:  # type: ignore[type-arg]
     print("ACK alarm:warm", bus.publish(spec["channel"], "alarm:warm"), flush=True)  # connected once (a PostgreSQL
     # connect outlasts most alarms)
     rng = random.Random(spec.get("seed", 0))
+    import faulthandler
+
     for i in range(spec["count"]):
+        faulthandler.dump_traceback_later(8.0, exit=False)  # a publish that stalls shows where, on stderr
         payload = f"alarm:{i}"
         signal.setitimer(signal.ITIMER_REAL, rng.uniform(0.00005, 0.03))
         try:
@@ -99,6 +102,7 @@ def alarm(spec: dict) -> None:  # type: ignore[type-arg]
         else:
             print("ACK", payload, mid, flush=True)
         signal.setitimer(signal.ITIMER_REAL, 0)
+    faulthandler.cancel_dump_traceback_later()
     print("DONE", os.getpid(), flush=True)
     while True:
         time.sleep(1)
