@@ -6,6 +6,7 @@ in the DSN picks it) and its own notify channel, so tests in parallel never see 
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 
 from shmbus import Bus
 from tests import harness
+from tests.harness.services import PostgresServer, find_postgres_bindir
 
 psycopg = harness.require_module("psycopg")  # the postgres extra; skipped (failed under SHMBUS_REQUIRE_ALL) if absent
 from shmbus.adapters.postgres import PostgresBridge  # noqa: E402
@@ -66,3 +68,17 @@ def sql(pg: dict[str, str]) -> Iterator[Any]:
     """An autocommit connection to this test's schema (to look at the table, or write as the gem does)."""
     with psycopg.connect(pg["dsn"], autocommit=True) as conn:
         yield conn
+
+
+@pytest.fixture
+def private_pg() -> Iterator[PostgresServer]:
+    """A PostgreSQL cluster of the test's own, which it may SIGSTOP, restart or reconfigure."""
+    bindir = find_postgres_bindir()
+    if bindir is None:
+        harness.skip_or_fail("no initdb/postgres binaries for a private PostgreSQL")
+    server = PostgresServer(bindir).start()
+    try:
+        yield server
+    finally:
+        server.signal(signal.SIGCONT)  # never leave a stopped cluster behind
+        server.close()

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,7 +21,7 @@ from shmbus import Bus, PayloadTooLarge, PublishOutcomeUnknown
 from shmbus.metrics import read_snapshot
 from tests import harness
 from tests.harness.prom import sample
-from tests.harness.services import PostgresServer, find_postgres_bindir
+from tests.harness.services import PostgresServer
 from tests.harness.wait import wait_for
 
 psycopg = harness.require_module("psycopg")
@@ -37,19 +37,6 @@ GEM_VALUE = '{"data":%s,"user_ids":null,"group_ids":null,"client_ids":null}'
 def wait_relaying(*buses: Bus, timeout: float = 20.0) -> None:
     for bus in buses:
         wait_for(lambda b=bus: b.default.health()["relay_state"] == "relaying", timeout, f"relay of {bus.name}")
-
-
-@pytest.fixture
-def private_pg() -> Iterator[PostgresServer]:
-    bindir = find_postgres_bindir()
-    if bindir is None:
-        harness.skip_or_fail("no initdb/postgres binaries for a private PostgreSQL")
-    server = PostgresServer(bindir).start()
-    try:
-        yield server
-    finally:
-        server.signal(signal.SIGCONT)  # never leave a stopped cluster behind
-        server.close()
 
 
 def test_a_host_down_past_the_trim_counts_the_loss_and_shows_a_gap(

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from shmbus import Bus, PublishOutcomeUnknown
 from tests import harness
-from tests.harness.services import PostgresServer, find_postgres_bindir
+from tests.harness.services import PostgresServer
 from tests.harness.wait import wait_for
 
 psycopg = harness.require_module("psycopg")
@@ -21,19 +21,6 @@ psycopg = harness.require_module("psycopg")
 from .pg_util import dsn_for  # noqa: E402
 
 pytestmark = pytest.mark.postgres
-
-
-@pytest.fixture
-def private_pg() -> Iterator[PostgresServer]:
-    bindir = find_postgres_bindir()
-    if bindir is None:
-        harness.skip_or_fail("no initdb/postgres binaries for a private PostgreSQL")
-    server = PostgresServer(bindir).start()
-    try:
-        yield server
-    finally:
-        server.signal(signal.SIGCONT)  # never leave a stopped cluster behind
-        server.close()
 
 
 def _gone(sql: Any, pid: int) -> bool:
