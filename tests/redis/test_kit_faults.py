@@ -353,7 +353,10 @@ def test_a_new_host_owes_nothing_trimmed_before_it_began(
         wait_relaying(b)
         wait_for(lambda: b.segment.global_id() == 2000, what="b caught up")
         assert b.default.health()["relay_lost"] == 0
-        assert not [r for r in caplog.records if "gone from the backend" in r.getMessage()]
+        # (host a's own relay may fall behind its 2,000-message burst past the 300-message trim on a loaded machine:
+        # that loss is a's, counted and said; the rule under test is b's)
+        said = [r.getMessage() for r in caplog.records if "gone from the backend" in r.getMessage()]
+        assert not [m for m in said if repr(b.name) in m], said
 
 
 def test_a_loss_of_many_single_ids_is_counted_and_logged_once(
