@@ -219,21 +219,28 @@ class BridgeEngine(Engine):
             if self.queue is not None and self.queue.offer_if_queueing(chunk):
                 out.extend([None] * len(chunk))
                 continue
-            waiting, thread = self.status.calls.started, threading.get_ident()
-            try:  # (the store and the pop inline: see Calls)
-                waiting[thread] = time.monotonic()
-                ack = self.backend.publish(bus, chunk)
+            try:
+                ack = self._backend_publish(bus, chunk)
             except EngineError:  # refused: nothing stored (PublishOutcomeUnknown is no EngineError: never queued)
                 if self.queue is None:
                     raise
                 self.queue.put(chunk)
                 out.extend([None] * len(chunk))
                 continue
-            finally:
-                waiting.pop(thread, None)
             self._acknowledged(bus, chunk, ack)
             out.extend(m for _, m in ack.ids)
         return out
+
+    def _backend_publish(self, bus: BusHost, chunk: list[Envelope]) -> Acknowledged:
+        """The backend's publish, counted as a waiting call while it runs (``health()``'s ``stalled``). The start is
+        stored and popped inline, with no function of ours between the store and the ``try``: see ``Calls``."""
+        waiting, thread = self.status.calls.started, threading.get_ident()
+        try:
+            waiting[thread] = time.monotonic()
+            ack = self.backend.publish(bus, chunk)  # (not ``return``: the code after the call stays in the try)
+        finally:
+            waiting.pop(thread, None)
+        return ack
 
     def _acknowledged(self, bus: BusHost, chunk: list[Envelope], ack: Acknowledged) -> None:
         """What follows the backend's ack is bookkeeping: the message is stored and will reach every host, so a
@@ -256,13 +263,7 @@ class BridgeEngine(Engine):
 
     def _send_queued(self, env: Envelope) -> None:
         bus = self._bus_of(None)
-        waiting, thread = self.status.calls.started, threading.get_ident()
-        try:  # (the store and the pop inline: see Calls)
-            waiting[thread] = time.monotonic()
-            ack = self.backend.publish(bus, [env])
-        finally:
-            waiting.pop(thread, None)
-        self._acknowledged(bus, [env], ack)
+        self._acknowledged(bus, [env], self._backend_publish(bus, [env]))
 
     # ------------------------------------------------------------------ reads, health
     def backlog(self, bus: BusHost, gap: BacklogGap) -> Backlog | None:

@@ -58,6 +58,7 @@ def alarm(spec: dict) -> None:  # type: ignore[type-arg]
     """A worker whose request timeout is SIGALRM: an exception (every 5th a KeyboardInterrupt) raised at random
     points of its bridged publishes. Prints ``ACK``/``UNKNOWN``/``ERR <payload> ...`` per publish, then ``DONE``
     and waits (alive: a lock it left held stays held) until killed."""
+    import faulthandler
     import random
     import signal
 
@@ -82,8 +83,6 @@ def alarm(spec: dict) -> None:  # type: ignore[type-arg]
     print("ACK alarm:warm", bus.publish(spec["channel"], "alarm:warm"), flush=True)  # connected once (a PostgreSQL
     # connect outlasts most alarms)
     rng = random.Random(spec.get("seed", 0))
-    import faulthandler
-
     for i in range(spec["count"]):
         faulthandler.dump_traceback_later(8.0, exit=False)  # a publish that stalls shows where, on stderr
         payload = f"alarm:{i}"

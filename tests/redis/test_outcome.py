@@ -137,7 +137,7 @@ def test_a_publish_interrupted_anywhere_leaves_no_call_waiting(
     n, injected = 0, True
     while injected:
         n += 1
-        injected = run_injected(lambda n=n: a.publish("/i", n), n)  # type: ignore[misc]
+        injected = run_injected(lambda n=n: a.publish("/i", n), n)
         assert engine.status.calls.started == {}, (n, engine.status.calls.started)
     assert n > 20, f"only {n} places: the injection reached too little of the publish"
     assert engine.health()["calls_waiting"] == 0 and a.publish("/i", "after") is not None
