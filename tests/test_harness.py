@@ -121,7 +121,7 @@ def test_waits_time_out_or_notice_a_dead_process() -> None:
         start = time.monotonic()
         with pytest.raises(RuntimeError, match="exited with code 0"):
             wait_http(f"http://127.0.0.1:{port}/", timeout=30, proc=dead)
-        assert time.monotonic() - start < 5
+        assert time.monotonic() - start < 15  # half its timeout: it noticed the death, it did not time out
 
 
 WSGI_APP = """

@@ -181,11 +181,13 @@ def test_stop_returns_at_once_and_nothing_runs_after_it(target: Target, channel:
     resolved(client, channel)
     time.sleep(0.3)  # a long poll is parked now
     t0 = time.monotonic()
-    client.stop()
+    client.stop(timeout=30)
     took = time.monotonic() - t0
     target.publish(channel, "after stop")
     time.sleep(1.5)
-    assert took < 1.0, took
+    # not a speed claim: a stop that waited for the parked poll would take its 10 s timeout; one that cancels it
+    # takes a fraction of a second
+    assert took < 5.0, took
     assert rec.messages == [] and client.status == "stopped"
     assert not [t for t in threading.enumerate() if t.name.startswith("shmbus.client")]
 
