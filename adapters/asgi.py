@@ -52,6 +52,7 @@ from .http.protocol import null_lock
 from .http.waiter import Ending
 from .http.wire import CHUNKED_BODY_REFUSED
 from .looptap import LoopTap
+from .probe import PROBE
 
 __all__ = ["MessageBusMiddleware"]
 
@@ -115,14 +116,20 @@ class _LoopFanout:
         self.window = options.batch_window
         self.wait = options.batch_window  # this round's window: batch_window, stretched after a long dispatch
         self.lock = threading.Lock()
+        self.queued_at = 0.0  # when the first batch of the next drain was queued (the probe's ``gather``)
+        if PROBE is not None:
+            PROBE.watch(loop)
 
     def add(self, msgs: list[Message]) -> None:
         """Listener thread: queue a batch; at most one ``call_soon_threadsafe`` is pending at a time."""
+        if PROBE is not None and msgs:
+            PROBE.since_publish("listener", msgs[0].timestamp)
         with self.lock:
             self.batches.append(msgs)
             if self.scheduled:
                 return
             self.scheduled = True
+            self.queued_at = time.perf_counter()
         try:
             self.loop.call_soon_threadsafe(self.drain if self.window <= 0 else self._drain_soon)
         except RuntimeError:  # loop closed
@@ -141,17 +148,29 @@ class _LoopFanout:
             batches, self.batches = self.batches, []
             self.scheduled = False
         started = time.perf_counter()
-        self._wake_slice(self.proto.deliver_batches(batches), 0, started)
+        clients = self.proto.deliver_batches(batches)
+        stamp = 0.0
+        if PROBE is not None:
+            PROBE.note("gather", started - self.queued_at)
+            PROBE.note("dispatch", time.perf_counter() - started)
+            stamp = batches[0][0].timestamp if batches and batches[0] else 0.0
+        self._wake_slice(clients, 0, started, stamp)
 
-    def _wake_slice(self, clients: list[Waiter], start: int, started: float) -> None:
+    def _wake_slice(self, clients: list[Waiter], start: int, started: float, stamp: float = 0.0) -> None:
         """Loop: wake ``clients[start:]``, a slice now and the rest on the next turns; after the last slice the
         window stretches to what the whole fan-out took."""
         end = start + WAKE_SLICE
         wake = self.proto.wake
+        t0 = time.perf_counter() if PROBE is not None else 0.0
         for c in clients[start:end] if start or len(clients) > end else clients:
             wake(c)
+        if PROBE is not None and clients:
+            if len(clients) > 64:
+                PROBE.note("slice", time.perf_counter() - t0)
+            if end >= len(clients):
+                PROBE.since_publish("small" if len(clients) <= 64 else "large", stamp)
         if end < len(clients):
-            self.loop.call_soon(self._wake_slice, clients, end, started)
+            self.loop.call_soon(self._wake_slice, clients, end, started, stamp)
         elif self.window > 0:
             spent = time.perf_counter() - started
             self.wait = min(max(self.window, spent), self.window * WINDOW_STRETCH)
