@@ -8,7 +8,8 @@ writes them to ``PREFIX.<pid>.json`` about once a second (from a 10 ms timer of 
 Stages, each in seconds:
 
 * ``listener``: publish (the message's timestamp) -> its batch queued for a loop (the listener thread);
-* ``gather``: queued -> its drain begins (``batch_window``, stretched after a long fan-out, plus the loop's lag);
+* ``gather`` / ``gather_large``: queued -> its drain begins, for a small / large fan-out (``batch_window``, for a
+  large one stretched after a long fan-out, plus the loop's lag);
 * ``dispatch``: one drain's registry work (per-client pieces): loop time in one piece, never sliced;
 * ``small`` / ``large``: publish -> the last of its clients woken (written, on the lean server), for a fan-out to
   at most ``SMALL_FANOUT`` clients (a chat room) / more (a broadcast);
@@ -165,7 +166,7 @@ def report(prefix: str, since: dict[str, Histogram] | None = None) -> str:
     """One line per stage (ms) of every process under ``prefix``; ``since``: a :func:`load` to subtract."""
     merged = load(prefix)
     lines = []
-    for name in ("listener", "gather", "dispatch", "small", "large", "slice", "lag", "request"):
+    for name in ("listener", "gather", "gather_large", "dispatch", "small", "large", "slice", "lag", "request"):
         h = merged.get(name)
         if h is None:
             continue
@@ -173,7 +174,7 @@ def report(prefix: str, since: dict[str, Histogram] | None = None) -> str:
         if not h.n:
             continue
         lines.append(
-            f"{name:9} n {h.n:8d}  mean {h.total / h.n * 1e3:8.2f}  p50 {h.percentile(50) * 1e3:8.2f}  "
+            f"{name:12} n {h.n:8d}  mean {h.total / h.n * 1e3:8.2f}  p50 {h.percentile(50) * 1e3:8.2f}  "
             f"p99 {h.percentile(99) * 1e3:8.2f}  max {h.max * 1e3:8.2f} ms"
         )
     return "\n".join(lines)
