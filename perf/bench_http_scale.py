@@ -502,7 +502,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--servers", default="shmbus,gem,nchan", help="comma-separated: shmbus, gem, nchan")
         p.add_argument("--knee", action="store_true", help="search the largest N with broadcast p99 <= 1 s")
         p.add_argument("--knee-max", type=int, default=38000, help="stop the knee search there (file limits)")
-        p.add_argument("--probe", action="store_true", help="shmbus: print where messages waited, per stage")
+        p.add_argument(
+            "--probe", action="store_true", help="shmbus: where messages waited, per stage (a 10 ms timer per worker)"
+        )
 
     args = c.parse_args(__doc__.split("\n")[0], argv, extra)
     load.exit_on_sigterm()
