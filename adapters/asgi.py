@@ -17,8 +17,9 @@ relative to ``root_path``.
 Waiting costs no thread: a parked request is its own coroutine plus one future, one ``call_later`` timer and
 one task awaiting ``receive()`` (so a client that disconnects is unregistered at once). The bus listener thread
 queues each batch for the event loop, with at most one ``loop.call_soon_threadsafe`` pending: batches that
-arrive before the loop runs are delivered together. Delivery then runs on the loop, encodes each channel's
-messages once for all recipients and wakes only the clients concerned. Backlog reads are synchronous
+arrive before the loop runs are delivered together. Delivery then runs on the loop (:mod:`.fanout`), encodes each
+channel's messages once for all recipients and wakes only the clients concerned, many in slices of about a
+millisecond so that a message to a few clients overtakes a broadcast under way. Backlog reads are synchronous
 shared-memory reads (microseconds) done on the loop. A streaming client that stops reading (the server's
 ``send`` blocks on flow control) is dropped once ``max_stream_buffer`` bytes are queued for it.
 """
@@ -26,8 +27,6 @@ shared-memory reads (microseconds) done on the loop. A streaming client that sto
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -45,10 +44,10 @@ from .asgi_support import (
     send_whole,
     until_disconnect,
 )
+from .fanout import LoopFanout as _LoopFanout
 from .http import MessageBusProtocol, Options, Poll, ProtocolError, Waiter
 from .http.flow import Flow, ReadBody, RequestHead, advance, request_flow
 from .http.options import bus_or_default
-from .http.protocol import null_lock
 from .http.waiter import Ending
 from .http.wire import CHUNKED_BODY_REFUSED
 from .looptap import LoopTap
@@ -82,79 +81,6 @@ def _expire(c: Waiter) -> None:
     w.expired = True
     if not w.fut.done():
         w.fut.set_result(None)
-
-
-#: The gathering window stretches to the duration of the last dispatch, up to this many ``batch_window``\ s.
-WINDOW_STRETCH = 10
-#: Clients woken per turn of the loop: a fan-out to tens of thousands of streams (a write each, on the lean
-#: server) lets the loop serve other work between slices, so a message published meanwhile to a few clients
-#: does not wait for every write of a broadcast.
-WAKE_SLICE = 1000
-
-
-class _LoopFanout:
-    """One loop's fan-out: its protocol (the clients waiting on this loop) plus the batches the listener thread
-    queued for it.
-
-    Batches that arrive before the loop gets to run are merged: the listener appends to ``batches`` and
-    schedules :meth:`drain` only when none is pending, so per-client work (encoding, waking, writing) happens
-    once per loop iteration instead of once per batch.
-
-    The window adapts to the fan-out: after a dispatch that took longer than ``batch_window`` (many clients),
-    the next batches are gathered for as long as it took (at most ``WINDOW_STRETCH`` windows). Messages that an
-    app publishes one request at a time then travel several to a chunk while fan-out is what the loop spends its
-    time on, and fan-out stays at about half of the loop's time; the latency added is at most the time the last
-    dispatch took, which a message behind it waited anyway. A quiet loop keeps the configured window.
-    """
-
-    def __init__(self, bus: Bus, options: Options, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.proto = MessageBusProtocol(bus, options, null_lock())
-        self.batches: list[list[Message]] = []
-        self.scheduled = False
-        self.window = options.batch_window
-        self.wait = options.batch_window  # this round's window: batch_window, stretched after a long dispatch
-        self.lock = threading.Lock()
-
-    def add(self, msgs: list[Message]) -> None:
-        """Listener thread: queue a batch; at most one ``call_soon_threadsafe`` is pending at a time."""
-        with self.lock:
-            self.batches.append(msgs)
-            if self.scheduled:
-                return
-            self.scheduled = True
-        try:
-            self.loop.call_soon_threadsafe(self.drain if self.window <= 0 else self._drain_soon)
-        except RuntimeError:  # loop closed
-            with self.lock:
-                self.batches = []
-                self.scheduled = False
-
-    def _drain_soon(self) -> None:
-        """Loop: drain after ``batch_window``, so batches arriving meanwhile reach each client as one chunk."""
-        self.loop.call_later(self.wait, self.drain)
-
-    def drain(self) -> None:
-        """Loop: dispatch every queued batch, consecutive batches of one epoch as one; wake the clients
-        ``WAKE_SLICE`` at a time, one slice per turn of the loop."""
-        with self.lock:
-            batches, self.batches = self.batches, []
-            self.scheduled = False
-        started = time.perf_counter()
-        self._wake_slice(self.proto.deliver_batches(batches), 0, started)
-
-    def _wake_slice(self, clients: list[Waiter], start: int, started: float) -> None:
-        """Loop: wake ``clients[start:]``, a slice now and the rest on the next turns; after the last slice the
-        window stretches to what the whole fan-out took."""
-        end = start + WAKE_SLICE
-        wake = self.proto.wake
-        for c in clients[start:end] if start or len(clients) > end else clients:
-            wake(c)
-        if end < len(clients):
-            self.loop.call_soon(self._wake_slice, clients, end, started)
-        elif self.window > 0:
-            spent = time.perf_counter() - started
-            self.wait = min(max(self.window, spent), self.window * WINDOW_STRETCH)
 
 
 def _queue_batch(fanout: _LoopFanout, msgs: list[Message]) -> None:

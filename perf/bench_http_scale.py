@@ -40,6 +40,7 @@ import signal
 import socket
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -49,6 +50,8 @@ import _http_load as load
 import _scale_servers as servers
 
 from shmbus import Bus
+from shmbus.adapters.probe import load as probe_load
+from shmbus.adapters.probe import report as probe_report
 
 QUICK_TIMEOUT = 240
 FULL_TIMEOUT = 3600
@@ -59,6 +62,8 @@ HEAD_END = b"\r\n\r\n"
 SAMPLE = re.compile(rb"@([BC])\d+:(\d+);")
 TICKS = os.sysconf("SC_CLK_TCK")
 LOADERS = 4
+#: ``--probe``: the shmbus workers write their per-stage histograms here (shmbus.adapters.probe)
+PROBE: dict[str, str] = {}
 
 
 # ---------------------------------------------------------------------------------------------- /proc
@@ -318,7 +323,14 @@ def run(kind: str, streams: int, duration: float, sample_every: int, settle: flo
     After the last publish the streams get up to ``settle`` seconds to receive what is still on its way: until
     their total count stops growing for a second (a late message is late, not lost; what never arrives is)."""
     interval = duration + 120  # no stream ends (and re-polls) while we measure
-    server, bus = start(kind, streams, interval)
+    probe = ""
+    if kind == "shmbus" and PROBE:
+        probe = os.path.join(tempfile.mkdtemp(prefix="probe-", dir=PROBE["dir"]), "stage")
+        os.environ["SHMBUS_PROBE"] = probe  # the workers inherit it
+    try:
+        server, bus = start(kind, streams, interval)
+    finally:
+        os.environ.pop("SHMBUS_PROBE", None)
     kids: list[int] = []
     ctls: list[int] = []
     try:
@@ -355,6 +367,7 @@ def run(kind: str, streams: int, duration: float, sample_every: int, settle: flo
                 time.sleep(0.1)
         time.sleep(1.0)
         held_rss = rss_kb(pids)
+        probe_before = probe_load(probe) if probe else None  # the connections' part is not the publishing's
         go_r, go_w = os.pipe()
         pub_r, pub_w = os.pipe()
         loader_pids = list(kids)
@@ -403,7 +416,11 @@ def run(kind: str, streams: int, duration: float, sample_every: int, settle: flo
         def pct(v: list[int], p: float) -> float:
             return c.percentile(v, p) / 1e6 if v else float("nan")
 
+        if probe:
+            time.sleep(1.5)  # the workers write their histograms once a second
+
         return {
+            "probe": probe_report(probe, probe_before) if probe else "",
             "server": kind,
             "streams": streams,
             "parked": parked,
@@ -469,6 +486,7 @@ def describe(r: dict[str, Any]) -> str:
         f"{r['loader_cpu_per_s']:.2f} s/s), "
         f"{r['us_per_delivery']:.1f} us/delivery; RSS {r['rss_mb']:.0f} MB, {r['rss_kb_per_stream']:.2f} KB/stream"
         + (f"; why: {r['why']}" if r["why"] else "")
+        + (f"\nper stage (SHMBUS_PROBE, every worker):\n{r['probe']}" if r.get("probe") else "")
     )
 
 
@@ -484,10 +502,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--servers", default="shmbus,gem,nchan", help="comma-separated: shmbus, gem, nchan")
         p.add_argument("--knee", action="store_true", help="search the largest N with broadcast p99 <= 1 s")
         p.add_argument("--knee-max", type=int, default=38000, help="stop the knee search there (file limits)")
+        p.add_argument(
+            "--probe", action="store_true", help="shmbus: where messages waited, per stage (a 10 ms timer per worker)"
+        )
 
     args = c.parse_args(__doc__.split("\n")[0], argv, extra)
     load.exit_on_sigterm()
     load.raise_nofile(20000)
+    if args.probe:
+        PROBE["dir"] = tempfile.mkdtemp(prefix="shmbus-probe-")
     streams = args.streams or (500 if args.quick else 20000 if args.full else 2000)
     duration = args.duration or (10.0 if args.quick else 60.0 if args.full else 20.0)
     report = c.Report("bench_http_scale", f"{streams:,} chunked streams, 1 broadcast/s + 50 chat msgs/s", args)

@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import time
 from collections.abc import MutableMapping
 from typing import Any, Protocol
 
+from ..probe import PROBE
 from .request import Request
 from .server import Server
 
@@ -67,6 +69,7 @@ class Cycle:
         "left",
         "phase",
         "req",
+        "started",
         "task",
         "waiter",
     )
@@ -86,6 +89,7 @@ class Cycle:
         self.waiter: asyncio.Future[None] | None = None
         self.task: asyncio.Task[None] | None = None
         self.drain_fut: asyncio.Future[None] | None = None  # ``send`` waits on it while writing is paused
+        self.started = time.perf_counter() if PROBE is not None else 0.0
 
     # ------------------------------------------------------------------ driven by the connection
     def notify(self) -> None:
@@ -141,6 +145,8 @@ class Cycle:
         if self.phase is ResponsePhase.FINISHED:
             return
         self.phase = ResponsePhase.FINISHED
+        if PROBE is not None:
+            PROBE.note("request", time.perf_counter() - self.started)
         self.notify()
         self.conn.cycle_done(self, self.keep and self.req.complete and not self.gone)
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from shmbus.adapters import asgi
 from shmbus.adapters.http import MessageBusProtocol, Poll, Waiter
+from shmbus.adapters.http.protocol import null_lock
 from tests.e2e import e2e_app
 
 _entries: dict[int, dict[str, Any]] = {}
@@ -73,7 +74,7 @@ class LoggingProtocol(MessageBusProtocol):
 class _LoggingFanout(asgi._LoopFanout):
     def __init__(self, bus: Any, options: Any, loop: Any) -> None:
         super().__init__(bus, options, loop)
-        self.proto = LoggingProtocol(bus, options, asgi.null_lock())
+        self.proto = LoggingProtocol(bus, options, null_lock())
 
 
 asgi._LoopFanout = _LoggingFanout  # type: ignore[misc]  # this process only (the test server)

@@ -8,8 +8,9 @@ The approach is uvicorn's own protocol tests (a mock transport and a mock loop),
   :meth:`FakeTransport.flush`).
 * :class:`FakeLoop` is what :class:`~shmbus.adapters.server.Server` takes as its loop: a clock that moves only
   when the test says so (:meth:`FakeLoop.advance` fires the timers that fall due, in order: the server's 1 s
-  tick, parked polls' ``long_polling_interval``), while tasks and futures go to the real running loop (the ASGI
-  bridge's cycles and ``drain``), so an app runs for real and is awaited with :meth:`FakeLoop.settle`.
+  tick, parked polls' ``long_polling_interval``; :meth:`FakeLoop.turn` fires those due now, as one turn of a
+  loop), while tasks and futures go to the real running loop (the ASGI bridge's cycles and ``drain``), so an
+  app runs for real and is awaited with :meth:`FakeLoop.settle`.
 * :func:`responses` splits what was written into responses (content-length, chunked, or to the end).
 """
 
@@ -67,6 +68,9 @@ class FakeLoop:
     def call_soon(self, callback: Callable[..., Any], *args: Any) -> FakeTimer:
         return self.call_at(self.now, callback, *args)
 
+    def call_soon_threadsafe(self, callback: Callable[..., Any], *args: Any) -> FakeTimer:
+        return self.call_at(self.now, callback, *args)
+
     def create_task(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
         self.tasks.append(task)
@@ -84,6 +88,15 @@ class FakeLoop:
         """Fire every timer due by now (including ones they schedule for now)."""
         while self._timers and self._timers[0][0] <= self.now:
             _, _, timer = heapq.heappop(self._timers)
+            if not timer.cancelled:
+                timer.callback(*timer.args)
+
+    def turn(self) -> None:
+        """One turn of a loop: fire the timers due now that were scheduled before it (not those they add)."""
+        due = []
+        while self._timers and self._timers[0][0] <= self.now:
+            due.append(heapq.heappop(self._timers))
+        for _, _, timer in due:
             if not timer.cancelled:
                 timer.callback(*timer.args)
 

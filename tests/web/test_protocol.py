@@ -787,63 +787,6 @@ def test_options_validation() -> None:
     assert P.normalize_base_route("//my///base/route") == "/my/base/route/"
 
 
-def test_batch_window_stretches_to_the_last_dispatch_and_back(bus: Bus) -> None:
-    """After a dispatch that took longer than ``batch_window`` the next batches are gathered for as long (at most
-    WINDOW_STRETCH windows); a quick dispatch restores the window; ``batch_window=0`` never waits."""
-    import asyncio
-
-    from shmbus.adapters.asgi import WINDOW_STRETCH, _LoopFanout
-
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        eng = _LoopFanout(bus, P.Options(batch_window=0.002), loop)
-        took = [0.0]
-        eng.proto.deliver_batches = lambda batches: time.sleep(took[0]) or []  # type: ignore[method-assign]
-        assert eng.wait == 0.002
-        took[0] = 0.008
-        eng.drain()
-        assert 0.0075 <= eng.wait <= 0.002 * WINDOW_STRETCH
-        took[0] = 0.05
-        eng.drain()
-        assert eng.wait == 0.002 * WINDOW_STRETCH
-        took[0] = 0.0
-        eng.drain()
-        assert eng.wait < 0.002 * WINDOW_STRETCH  # back to the window (or to what a preempted dispatch took)
-        zero = _LoopFanout(bus, P.Options(batch_window=0), loop)
-        zero.proto.deliver_batches = lambda batches: time.sleep(0.005) or []  # type: ignore[method-assign]
-        zero.drain()
-        assert zero.wait == 0
-
-    asyncio.run(main())
-
-
-def test_a_large_fan_out_wakes_its_clients_a_slice_per_loop_turn(bus: Bus) -> None:
-    """Waking 2,500 clients (a write each on the lean server) takes three turns of the loop, so work queued
-    meanwhile (a chat message's dispatch) runs before the last slice instead of after every write; the window
-    stretches to what the whole fan-out took."""
-    import asyncio
-
-    from shmbus.adapters.asgi import WAKE_SLICE, _LoopFanout
-
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        eng = _LoopFanout(bus, P.Options(batch_window=0.002), loop)
-        events: list[Any] = []
-        clients = list(range(2 * WAKE_SLICE + 500))
-        eng.proto.deliver_batches = lambda batches: clients  # type: ignore[method-assign,assignment,return-value]
-        eng.proto.wake = lambda c: (events.append(c), time.sleep(0.00002))  # type: ignore[method-assign,assignment,func-returns-value]
-        eng.drain()
-        assert events == clients[:WAKE_SLICE]  # one slice now
-        loop.call_soon(events.append, "other work")
-        for _ in range(5):
-            await asyncio.sleep(0)
-        assert [e for e in events if e != "other work"] == clients  # every client woken once, in order
-        assert WAKE_SLICE < events.index("other work") < len(clients)  # between two slices
-        assert eng.wait >= 0.002
-
-    asyncio.run(main())
-
-
 def test_equal_group_sets_are_one_object() -> None:
     """Parked clients with the same groups share one frozenset (memory per stream)."""
     a = P.MessageBusProtocol.lookups(1, [3, 4], None)

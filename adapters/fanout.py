@@ -1,0 +1,202 @@
+"""One event loop's fan-out of live batches to the clients waiting on it (:class:`LoopFanout`): the ASGI
+middleware's, and so the lean server's, where waking a stream is writing to it.
+
+Why slices sized by time: a broadcast to the ~5,000 streams of a worker is ~5,000 writes, tens of milliseconds;
+a chat message published meanwhile to a few clients must not wait for all of them (nor must the read of its
+publish request). A large fan-out wakes its clients in slices of about :data:`SLICE_BUDGET` of the loop's time;
+each next slice is a timer due at once, which asyncio runs after the I/O callbacks of its turn, so between two
+slices the loop accepts, reads and answers what came in, and runs a drain that came due. A small fan-out
+(:data:`SMALL_FANOUT` clients at most) is woken at once, never queued behind a running one.
+
+Order and loss: every dispatch runs whole and in the order its batches were published, appending to each
+client's own queue of pieces (``Waiter.pending``); a wake-up writes all of a client's queue, oldest first. Waking
+clients late or out of turn therefore changes when a client's pieces leave, never their order, and a client
+woken with nothing queued (a chat's wake-up took its broadcast piece too) writes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from shmbus.bus import Bus
+from shmbus.message import Message
+
+from .http import MessageBusProtocol, Options, Waiter
+from .http.protocol import null_lock
+from .probe import PROBE
+
+__all__ = ["SLICE_BUDGET", "SLICE_STEP", "SMALL_FANOUT", "WINDOW_STRETCH", "LoopFanout"]
+
+#: The gathering window stretches to the duration of the last fan-out, up to this many ``batch_window``\ s.
+WINDOW_STRETCH = 10
+#: A large fan-out wakes its clients in slices of about this much of the loop's time (seconds): what a read, a
+#: request or a small fan-out waits behind it at most (plus one step of wake-ups).
+SLICE_BUDGET = 0.001
+#: Wake-ups between two looks at the clock (a look costs ~50 ns; a wake-up on the lean server is a write).
+SLICE_STEP = 8
+#: A fan-out to at most this many clients is small: woken at once, gathered for ``batch_window`` only.
+SMALL_FANOUT = 64
+
+
+class _Run:
+    """A large fan-out in progress: its clients, the next one to wake, when it began, its oldest publish."""
+
+    __slots__ = ("clients", "pos", "stamp", "started")
+
+    def __init__(self, clients: list[Waiter], started: float, stamp: float) -> None:
+        self.clients = clients
+        self.pos = 0
+        self.started = started
+        self.stamp = stamp
+
+
+class LoopFanout:
+    """One loop's fan-out: its protocol (the clients waiting on this loop), the batches the listener thread
+    queued for it, and the large fan-outs in progress.
+
+    Batches that arrive before the loop gets to run are merged: the listener appends to ``batches`` and
+    schedules :meth:`drain` only when none is pending, so per-client work (encoding, waking, writing) happens
+    once per drain instead of once per batch.
+
+    The window adapts to the fan-out: after a fan-out that took longer than ``batch_window`` (many clients),
+    the next batches for many clients are gathered for as long as it took (at most ``WINDOW_STRETCH`` windows).
+    Messages that an app publishes one request at a time then travel several to a chunk while fan-out is what
+    the loop spends its time on; the latency added is at most the time the last fan-out took. Batches for a few
+    clients (a chat room) keep ``batch_window``: they cost little and must not wait for a broadcast's length.
+    """
+
+    def __init__(self, bus: Bus, options: Options, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.proto = MessageBusProtocol(bus, options, null_lock())
+        self.batches: list[list[Message]] = []
+        self.scheduled = False
+        self.window = options.batch_window
+        self.wait = options.batch_window  # batch_window, stretched after a long fan-out
+        self.lock = threading.Lock()
+        self.runs: deque[_Run] = deque()  # large fan-outs in progress, oldest first
+        self.slicing = False  # the next slice is scheduled
+        #: the slices' clock (seconds); tests put a fake one here
+        self.clock: Callable[[], float] = time.perf_counter
+        self.queued_at = 0.0  # when the first batch of the next drain was queued (the probe's ``gather``)
+        if PROBE is not None:
+            PROBE.watch(loop)
+
+    # ------------------------------------------------------------------ the listener thread
+    def add(self, msgs: list[Message]) -> None:
+        """Listener thread: queue a batch; at most one ``call_soon_threadsafe`` is pending at a time."""
+        if PROBE is not None and msgs:
+            PROBE.since_publish("listener", msgs[0].timestamp)
+        with self.lock:
+            self.batches.append(msgs)
+            if self.scheduled:
+                return
+            self.scheduled = True
+            self.queued_at = time.perf_counter()
+        try:
+            self.loop.call_soon_threadsafe(self.drain if self.window <= 0 else self._drain_soon)
+        except RuntimeError:  # loop closed
+            with self.lock:
+                self.batches = []
+                self.scheduled = False
+
+    # ------------------------------------------------------------------ the loop
+    def _drain_soon(self) -> None:
+        """Drain after the window, so batches arriving meanwhile reach each client as one chunk."""
+        wait = self.wait
+        if wait > self.window and self.few_queued():
+            wait = self.window
+        self.loop.call_later(wait, self.drain)
+
+    def few_queued(self) -> bool:
+        """The queued batches' channels have at most ``SMALL_FANOUT`` clients on this loop (a look-up per
+        channel)."""
+        index = self.proto.registry.index
+        with self.lock:
+            batches = self.batches[:]
+        n = 0
+        seen: set[tuple[str | None, str]] = set()
+        for batch in batches:
+            for m in batch:
+                key = (m.site_id, m.channel)
+                if key not in seen:
+                    seen.add(key)
+                    clients = index.get(key)
+                    if clients:
+                        n += len(clients)
+                        if n > SMALL_FANOUT:
+                            return False
+        return True
+
+    def drain(self) -> None:
+        """Dispatch every queued batch, consecutive batches of one epoch as one; wake the clients at once if
+        they are few, else in slices (:meth:`_slice`) after the fan-outs already in progress."""
+        with self.lock:
+            batches, self.batches = self.batches, []
+            self.scheduled = False
+            queued_at = self.queued_at
+        if not batches:
+            return
+        started = self.clock()
+        gathered = time.perf_counter() - queued_at if PROBE is not None else 0.0
+        clients = self.proto.deliver_batches(batches)
+        small = len(clients) <= SMALL_FANOUT
+        stamp = 0.0
+        if PROBE is not None:
+            PROBE.note("gather" if small else "gather_large", gathered)
+            PROBE.note("dispatch", self.clock() - started)
+            stamp = batches[0][0].timestamp if batches[0] else 0.0
+        if small:
+            wake = self.proto.wake
+            for c in clients:
+                wake(c)
+            self._finished(started, stamp, "small")
+            return
+        self.runs.append(_Run(clients, started, stamp))
+        if not self.slicing:
+            self._slice()
+
+    def _slice(self) -> None:
+        """Wake clients of the fan-outs in progress, oldest first, for about ``SLICE_BUDGET``; schedule the next
+        slice behind what the loop has to do meanwhile."""
+        self.slicing = False
+        clock = self.clock
+        begun = clock()
+        deadline = begun + SLICE_BUDGET
+        wake = self.proto.wake
+        runs = self.runs
+        step = SLICE_STEP
+        while runs:
+            run = runs[0]
+            clients = run.clients
+            pos, n = run.pos, len(clients)
+            spent = False
+            while pos < n:
+                for c in clients[pos : pos + step]:
+                    wake(c)
+                pos += step
+                if clock() >= deadline:
+                    spent = True
+                    break
+            run.pos = pos
+            if pos >= n:
+                runs.popleft()
+                self._finished(run.started, run.stamp, "large")
+            if spent:
+                break
+        if PROBE is not None:
+            PROBE.note("slice", clock() - begun)
+        if runs:
+            self.slicing = True
+            self.loop.call_later(0, self._slice)  # a timer: it runs after the I/O callbacks of its turn
+
+    def _finished(self, started: float, stamp: float, kind: str) -> None:
+        """A fan-out woke its last client: the window stretches to what it took (or returns to the window)."""
+        if PROBE is not None:
+            PROBE.since_publish(kind, stamp)
+        if self.window > 0:
+            spent = self.clock() - started
+            self.wait = min(max(self.window, spent), self.window * WINDOW_STRETCH)
