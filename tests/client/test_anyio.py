@@ -63,9 +63,13 @@ async def test_subscribe_receive_and_listen(server: Target, channel: str) -> Non
             listened.append(msg.message_id)
             if len(listened) == 2:
                 break
+        await bus.stop()  # and started again in the same block (its task group)
+        ids.append(server.publish(channel, "while stopped"))
+        await bus.start()
+        await until(lambda: len(got) == 4, "the message published while stopped")
     assert bus.status == "stopped"
-    assert [m.message_id for m in got] == ids and [m.data for m in got] == [0, 1, 2]
-    assert listened == ids[1:]
+    assert [m.message_id for m in got] == ids and [m.data for m in got] == [0, 1, 2, "while stopped"]
+    assert listened == ids[1:3]
 
 
 async def test_stop_ends_a_listen_loop(server: Target, channel: str) -> None:
