@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import math
 import re
-import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
@@ -189,16 +188,18 @@ class AsyncMessageBusClient:
                     if self._saver is not None:
                         group.start_soon(run.member, self._saver.run, name=name % "save")
         finally:
-            with anyio.CancelScope(shield=True):  # the save and the close happen however the run was ended
-                if self._run is None:  # not started again meanwhile (from a callback)
-                    self._dispatcher.clear()
-                if run.save and self._saver is not None:
-                    await self._saver.save()
-                if run.own_http:
-                    await run.http.aclose()
-                    if self._http is run.http:
-                        self._http = None
-            run.finished.set()
+            try:
+                with anyio.CancelScope(shield=True):  # the save and the close happen however the run was ended
+                    if self._run is None:  # not started again meanwhile (from a callback)
+                        self._dispatcher.clear()
+                    if run.save and self._saver is not None:
+                        await self._saver.save()
+                    if run.own_http:
+                        await run.http.aclose()
+                        if self._http is run.http:
+                            self._http = None
+            finally:
+                run.finished.set()
 
     def _halt(self) -> None:
         """No callback runs after this (safe from any thread: the sync client's stop() calls it first)."""
@@ -249,7 +250,7 @@ class AsyncMessageBusClient:
             await self.start()
         except BaseException:
             self._blocks.pop()
-            await group.__aexit__(*sys.exc_info())
+            await group.__aexit__(None, None, None)  # nothing was started in it
             raise
         return self
 
