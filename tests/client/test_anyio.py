@@ -154,8 +154,9 @@ async def test_hooks_plain_and_coroutine_and_one_that_fails(server: Target, chan
     async with client(server.url, on_connect=on_connect, on_reset=on_reset) as bus:
         bus.subscribe(channel, lambda m: got.append(m.message_id), 10_000_000)  # ahead of the server: a reset
         await until(lambda: got == [old], "the message read again from 0")
-        await until(lambda: bus.stats.hook_errors == 1, "the coroutine hook's failure, counted")
-    assert connects == ["connected"] and resets == [channel]
+        await until(lambda: bus.stats.hook_errors >= 1, "the coroutine hook's failure, counted")
+    assert resets == [channel]
+    assert bus.stats.hook_errors == len(connects) >= 1  # once, unless a poll failed and the client reconnected
 
 
 async def test_no_task_is_left_however_the_client_ends(server: Target, channel: str, anyio_backend: str) -> None:
