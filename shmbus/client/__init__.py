@@ -8,7 +8,8 @@
         for msg in bus.listen("/latest"):
             print(msg.message_id, msg.data)
 
-:class:`AsyncMessageBusClient` is the asyncio core; :class:`MessageBusClient` runs it on a thread of its own.
+:class:`AsyncMessageBusClient` is the async core (asyncio or trio, through anyio); :class:`MessageBusClient` runs
+it on an asyncio loop thread of its own.
 It speaks the protocol as the JS client does (``__seq``, ``?dlp=t``, streamed or plain answers by their
 ``Content-Type``); see ``docs/client.md``.
 """

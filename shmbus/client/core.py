@@ -1,25 +1,31 @@
-"""The asyncio client: its options, lifecycle and subscriptions; one poll loop and one dispatcher per client.
+"""The async client: its options, lifecycle and subscriptions; one poll loop and one dispatcher per client.
 
 The poll loop (:mod:`.polling`) sends one poll at a time (never two in flight), reads the answer as it streams in,
 moves the subscriptions' positions (:mod:`.positions`) and queues the deliveries; the dispatcher
 (:mod:`.dispatch`) runs the callbacks in order, one at a time, so a slow or failing callback never holds up the
 reading (unless ``max_pending`` asks it to), and a subscribe or unsubscribe made from a callback aborts the
 current poll at once. A position store's saver (:mod:`.store`) is the third task, when there is a store.
+
+It runs on asyncio and on trio (through anyio): ``async with client:`` runs the tasks in a task group of the
+block's own, on either; ``start()`` / ``stop()`` outside such a block run them in an asyncio task (:mod:`.runs`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
+import math
 import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
+from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
+import anyio
 import httpx
+from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectSendStream
 
 from .chunks import MAX_BODY_BYTES
 from .dispatch import Dispatcher, Overflow
@@ -30,13 +36,13 @@ from .outcomes import ClientStats, PollFailed
 from .pacing import MIN_RETRY_AFTER
 from .polling import PollLoop
 from .positions import Subscription, Tracker
+from .runs import Run, on_asyncio
 from .store import PositionSaver, PositionStore, check_positions
 
 __all__ = ["AsyncMessageBusClient", "ClientStats", "PollFailed"]
 
 log = logging.getLogger("shmbus.client")
 _CLIENT_ID_RE = re.compile(r"[A-Za-z0-9._~-]{1,64}\Z")
-_STOP = object()
 
 
 def _seconds(name: str, value: float, minimum: float = 0.0) -> float:
@@ -46,7 +52,7 @@ def _seconds(name: str, value: float, minimum: float = 0.0) -> float:
 
 
 class AsyncMessageBusClient:
-    """Subscribe to a message_bus server (shmbus or the gem) over HTTP, from asyncio.
+    """Subscribe to a message_bus server (shmbus or the gem) over HTTP, from asyncio or trio.
 
     ``base_url`` is where the server mounts ``message-bus/`` (its path is kept: ``https://host/forum``
     polls ``https://host/forum/message-bus/<client id>/poll``). Options carry the Ruby client's names and
@@ -140,15 +146,23 @@ class AsyncMessageBusClient:
         )
         self._dispatcher = Dispatcher(self._stats, decoder, max_pending, overflow)
         self._loop = PollLoop(self, self._tracker, self._stats, self._hooks, self._dispatcher)
-        self._listeners: set[asyncio.Queue[Any]] = set()
+        self._listeners: set[MemoryObjectSendStream[Message]] = set()
         self._state = "new"
-        self._tasks: list[asyncio.Task[None]] = []
+        self._run: Run | None = None
+        self._blocks: list[TaskGroup | None] = []  # the ``async with client:`` blocks open: the first one's group
 
     # ------------------------------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        """Start polling (and running callbacks). Again after :meth:`stop`: a fresh start from the positions."""
-        if self._tasks:
+        """Start polling (and running callbacks). Again after :meth:`stop`: a fresh start from the positions.
+
+        Inside ``async with client:`` the tasks run in that block's task group; outside one, in an asyncio task of
+        their own (on trio, which has no tasks outliving their block, that is a RuntimeError: use ``async with``).
+        """
+        if self._run is not None:
             return
+        group = self._blocks[0] if self._blocks else None
+        if group is None and not on_asyncio():
+            raise RuntimeError("start() outside `async with client:` runs on asyncio only: use `async with client:`")
         if self._http is None or (self._own_http and self._http.is_closed):
             self._http = httpx.AsyncClient(transport=self._transport)  # each poll carries its timeouts
             self._own_http = True
@@ -156,13 +170,36 @@ class AsyncMessageBusClient:
         self._dispatcher.open(paused=self._state == "paused")
         if self._state != "paused":
             self._state = "started"
+        run = self._run = Run(self._http, self._own_http)
+        if group is not None:
+            group.start_soon(run.member, self._supervise, run, name=f"shmbus.client {self.client_id}")
+        else:
+            run.detach(self._supervise, f"shmbus.client {self.client_id}")
+
+    async def _supervise(self, run: Run) -> None:
+        """The run's task: its poll loop, dispatcher, saver and coroutine hooks in one group, then its end."""
         name = f"shmbus.client %s {self.client_id}"
-        self._tasks = [
-            asyncio.create_task(self._loop.run(self._http), name=name % "poll"),
-            asyncio.create_task(self._dispatcher.run(), name=name % "dispatch"),
-        ]
-        if self._saver is not None:
-            self._tasks.append(asyncio.create_task(self._saver.run(), name=name % "save"))
+        try:
+            with run.scope:
+                async with anyio.create_task_group() as group:
+                    self._hooks.open(lambda fn, *args: group.start_soon(run.member, fn, *args, name=name % "hook"))
+                    group.start_soon(run.member, self._loop.run, run.http, name=name % "poll")
+                    group.start_soon(run.member, self._dispatcher.run, name=name % "dispatch")
+                    if self._saver is not None:
+                        group.start_soon(run.member, self._saver.run, name=name % "save")
+        finally:
+            try:
+                with anyio.CancelScope(shield=True):  # the save and the close happen however the run was ended
+                    if self._run is None:  # not started again meanwhile (from a callback)
+                        self._dispatcher.clear()
+                    if run.save and self._saver is not None:
+                        await self._saver.save()
+                    if run.own_http:
+                        await run.http.aclose()
+                        if self._http is run.http:
+                            self._http = None
+            finally:
+                run.finished.set()
 
     def _halt(self) -> None:
         """No callback runs after this (safe from any thread: the sync client's stop() calls it first)."""
@@ -170,7 +207,8 @@ class AsyncMessageBusClient:
 
     async def stop(self) -> None:
         """Stop now: the poll in flight is aborted, no callback runs after this returns, ``listen`` loops end; the
-        positions are saved to the ``position_store`` (awaited: a slow store makes a slow stop)."""
+        positions are saved to the ``position_store`` (awaited: a slow store makes a slow stop). Awaited in a
+        callback or a hook, it returns at once and the rest happens when that callback or hook returns."""
         await self._stop(save=True)
 
     def _save_now(self) -> None:
@@ -178,33 +216,58 @@ class AsyncMessageBusClient:
         if self._saver is not None:
             self._saver.save_now()
 
-    async def _stop(self, save: bool) -> None:
+    def _end(self, save: bool) -> Run | None:
+        """The part of a stop that does not wait: the run (if any) is cancelled; what it still does is its end."""
         self._halt()
-        tasks, self._tasks = self._tasks, []
-        me = asyncio.current_task()
-        for t in tasks:
-            t.cancel()
-        self._hooks.cancel()
-        for t in tasks:
-            if t is not me:  # stop() awaited in a callback: the dispatcher ends when that callback returns
-                with contextlib.suppress(asyncio.CancelledError):
-                    await t
+        run, self._run = self._run, None
         self._state = "stopped"
         self._dispatcher.clear()
-        for q in self._listeners:
-            q.put_nowait(_STOP)
-        if save and self._saver is not None:
-            await self._saver.save()
-        if self._own_http and self._http is not None:
-            await self._http.aclose()
-            self._http = None
+        for stream in self._listeners:
+            stream.close()
+        if run is not None:
+            run.cancel(save)
+        return run
+
+    async def _stop(self, save: bool) -> None:
+        run = self._end(save)
+        if run is None:  # not running: the positions are still saved
+            if save and self._saver is not None:
+                await self._saver.save()
+        elif not run.is_member():  # a callback or a hook: its own task ends the run once it returns
+            await run.finished.wait()
 
     async def __aenter__(self) -> AsyncMessageBusClient:
-        await self.start()
+        """Start, in a task group of this block's own (on asyncio and on trio). A block entered while the client runs
+        (started by :meth:`start`, or in an outer block) only stops it at its end."""
+        if self._run is not None or self._blocks:
+            self._blocks.append(None)
+            await self.start()
+            return self
+        group = anyio.create_task_group()
+        await group.__aenter__()
+        self._blocks.append(group)
+        try:
+            await self.start()
+        except BaseException:
+            self._blocks.pop()
+            await group.__aexit__(None, None, None)  # nothing was started in it
+            raise
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        group = self._blocks.pop()
+        if group is None:
+            await self.stop()
+            return None
+        self._end(save=True)
+        # The group waits for the run's end. It hears of a cancellation (its own, or one it must let through); the
+        # block's other exceptions are not its business (trio's would come out wrapped in an ExceptionGroup).
+        if isinstance(exc, anyio.get_cancelled_exc_class()):
+            return await group.__aexit__(exc_type, exc, tb)
+        await group.__aexit__(None, None, None)
+        return None
 
     def pause(self) -> None:
         """Hold callbacks (polling goes on, unless ``max_pending`` deliveries wait with ``overflow="block"``;
@@ -216,7 +279,7 @@ class AsyncMessageBusClient:
 
     def resume(self) -> None:
         if self._state == "paused":
-            self._state = "started" if self._tasks else "new"
+            self._state = "started" if self._run is not None else "new"
             if self._dispatcher.resumed is not None:
                 self._dispatcher.resumed.set()
 
@@ -273,19 +336,18 @@ class AsyncMessageBusClient:
 
     async def listen(self, channel: str, last_id: int | None = None) -> AsyncIterator[Message]:
         """``async for msg in client.listen("/chat")``: the channel's messages until the client stops (or the
-        loop is left: the subscription ends with it). Starts the client if needed."""
-        q: asyncio.Queue[Any] = asyncio.Queue()
-        sub = self.subscribe(channel, q.put_nowait, last_id)
-        self._listeners.add(q)
+        loop is left: the subscription ends with it). Starts the client if needed (see :meth:`start`)."""
+        send, receive = anyio.create_memory_object_stream[Message](math.inf)
+        sub = self.subscribe(channel, send.send_nowait, last_id)
+        self._listeners.add(send)
         try:
             await self.start()
-            while True:
-                item = await q.get()
-                if item is _STOP:
-                    return
+            async for item in receive:  # until stop() closes ``send``
                 yield item
         finally:
-            self._listeners.discard(q)
+            self._listeners.discard(send)
+            send.close()
+            receive.close()
             self.remove(sub)
 
     def _poll_again(self) -> None:

@@ -13,7 +13,6 @@ since the same data would fail again).
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import logging
 from collections import deque
@@ -23,6 +22,7 @@ from typing import Any, Literal
 from .message import Message
 from .outcomes import ClientStats
 from .positions import Delivery
+from .runs import Flag
 
 __all__ = ["OVERFLOW_POLICIES", "Dispatcher", "Overflow"]
 
@@ -58,9 +58,9 @@ class Dispatcher:
         #: set by stop() before anything else (from any thread): no callback runs after it
         self.halted = False
         self._warned = False
-        self._queued: asyncio.Event | None = None
-        self._drained: asyncio.Event | None = None
-        self.resumed: asyncio.Event | None = None
+        self._queued: Flag | None = None
+        self._drained: Flag | None = None
+        self.resumed: Flag | None = None
 
     @property
     def blocking(self) -> bool:
@@ -68,8 +68,8 @@ class Dispatcher:
         return self.max_pending is not None and self.overflow == "block"
 
     def open(self, paused: bool) -> None:
-        """Make the events on the running loop (each start)."""
-        self._queued, self._drained, self.resumed = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        """Make the flags on the running loop (each start)."""
+        self._queued, self._drained, self.resumed = Flag(), Flag(), Flag()
         if not paused:
             self.resumed.set()
         self.halted = False

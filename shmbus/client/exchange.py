@@ -8,12 +8,12 @@ here, since httpx would inflate each network read whole.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol, TypeAlias
 from urllib.parse import urlencode
 
+import anyio
 import httpx
 
 from .chunks import AnswerTooLarge, ChunkParser, decode_array, is_streamed
@@ -29,6 +29,8 @@ MAX_CONNECT_TIMEOUT = 10.0
 #: ``take(request, items)``: apply one decoded array of the answer; True if it carried anything.
 #: the most bytes of an error answer's body read (for the log); the rest is not read: the connection is closed
 MAX_ERROR_BYTES = 4096
+#: how long closing a response may take once its poll was aborted or stopped (seconds; it only closes a socket)
+CLOSE_TIMEOUT = 5.0
 Take = Callable[[PollRequest, list[dict[str, Any]]], bool]
 #: A client's ``headers``: a mapping, or a callable called before each poll that returns one (or an awaitable of
 #: one): a token that rotates, a session cookie (``{"Cookie": ...}``) read from where it is kept fresh.
@@ -130,8 +132,9 @@ class PollExchange:
         self._stats.polls += 1
         first_by = self._settings.first_chunk_timeout if chunked else None
         try:
-            response = await asyncio.wait_for(http.send(http_request, stream=True), first_by)
-        except asyncio.TimeoutError:
+            with anyio.fail_after(first_by):
+                response = await http.send(http_request, stream=True)
+        except TimeoutError:
             raise NoFirstChunk() from None
         try:
             if response.status_code == 429:
@@ -148,8 +151,9 @@ class PollExchange:
                     await self._room()
                 return got
             return await self._read_stream(request, response, first_by, limit)
-        finally:
-            await response.aclose()  # unread bytes left: httpcore closes the connection
+        finally:  # unread bytes left: httpcore closes the connection (an aborted poll's too: shielded)
+            with anyio.move_on_after(CLOSE_TIMEOUT, shield=True):
+                await response.aclose()
 
     async def _read(self, response: httpx.Response, limit: int, truncate: bool = False) -> bytes:
         """The whole body, inflated: at most ``limit`` bytes, else :class:`AnswerTooLarge`; with ``truncate``,
@@ -182,8 +186,9 @@ class PollExchange:
         raws = response.aiter_raw().__aiter__()
         if first_by is not None:
             try:
-                first = await asyncio.wait_for(raws.__anext__(), first_by)
-            except asyncio.TimeoutError:
+                with anyio.fail_after(first_by):
+                    first = await raws.__anext__()
+            except TimeoutError:
                 raise NoFirstChunk() from None
             except StopAsyncIteration:
                 return False

@@ -3,17 +3,16 @@ misbehaves is kept from hurting it.
 
 A hook is a plain function or a coroutine function. It runs on the client's event loop (the sync client's
 thread), called by the poll loop: a plain one inline, before the loop goes on (keep it short: it delays the next
-poll, never a callback), a coroutine one as a task of its own that the loop does not wait for (``stop()`` cancels
-those still running). A hook that raises is logged (``shmbus.client``, with its traceback) and counted in
-``stats.hook_errors``; polling goes on as if it had returned.
+poll, never a callback), a coroutine one as a task of its own in the client's task group, that the loop does not
+wait for (``stop()`` cancels those still running). A hook that raises is logged (``shmbus.client``, with its
+traceback) and counted in ``stats.hook_errors``; polling goes on as if it had returned.
 """
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .outcomes import ClientStats
@@ -23,6 +22,8 @@ __all__ = ["Hooks"]
 
 log = logging.getLogger("shmbus.client")
 Hook = Callable[..., Any]
+#: ``spawn(fn, *args)``: run ``fn(*args)`` as a task of the client's run
+Spawn = Callable[..., object]
 
 
 class Hooks:
@@ -54,7 +55,11 @@ class Hooks:
         self._on_error = on_error
         self._on_reset = on_reset
         self._on_rate_limited = on_rate_limited
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._spawn: Spawn | None = None
+
+    def open(self, spawn: Spawn) -> None:
+        """Where coroutine hooks run from now on: ``spawn``'s tasks (the client's task group, each run)."""
+        self._spawn = spawn
 
     def connected(self) -> None:
         self._fire("on_connect", self._on_connect)
@@ -68,29 +73,22 @@ class Hooks:
     def rate_limited(self, retry_after: float) -> None:
         self._fire("on_rate_limited", self._on_rate_limited, retry_after)
 
-    def cancel(self) -> None:
-        """Cancel the coroutine hooks still running (``stop()``)."""
-        for task in self._tasks:
-            task.cancel()
-
     def _fire(self, name: str, hook: Hook | None, *args: Any) -> None:
         if hook is None:
             return
         try:
             result = hook(*args)
             if inspect.isawaitable(result):
-                task = asyncio.ensure_future(result)
-                self._tasks.add(task)
-                task.add_done_callback(lambda t: self._done(name, hook, t))
+                assert self._spawn is not None, "a coroutine hook fired before open()"
+                self._spawn(self._await, name, hook, result)
         except Exception:
             self._failed(name, hook)
 
-    def _done(self, name: str, hook: Hook, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            exc = task.exception()
-            self._stats.hook_errors += 1
-            log.error("shmbus.client: hook %s %r failed", name, hook, exc_info=exc)
+    async def _await(self, name: str, hook: Hook, result: Awaitable[Any]) -> None:
+        try:
+            await result
+        except Exception:
+            self._failed(name, hook)
 
     def _failed(self, name: str, hook: Hook) -> None:
         self._stats.hook_errors += 1

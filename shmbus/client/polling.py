@@ -8,12 +8,11 @@ arrive and its deliveries to the dispatcher; the hooks hear of connections, fail
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+import anyio
 import httpx
 
 from .chunks import AnswerTooLarge, ProtocolViolation
@@ -23,6 +22,7 @@ from .hooks import Hooks
 from .outcomes import ClientStats, NoFirstChunk, PollFailed, RateLimited, Repoll
 from .pacing import Backoff, pause_after_poll
 from .positions import PollRequest, Tracker
+from .runs import Flag
 
 __all__ = ["LoopSettings", "PollLoop"]
 
@@ -60,21 +60,24 @@ class PollLoop:
         self.exchange = PollExchange(settings, stats, self._take, self.answered, room)
         self.empty_polls = 0  # successful polls in a row that brought nothing (their pause grows)
         self.connected = False  # a 200 since the start or the last failure (on_connect is due at the next)
-        self.changed: asyncio.Event | None = None
+        self.changed: Flag | None = None
+        self._poll_scope: anyio.CancelScope | None = None  # the poll in flight's
 
     def open(self) -> None:
-        """Make the loop's event on the running loop (each start)."""
-        self.changed = asyncio.Event()
+        """Make the loop's flag on the running loop (each start)."""
+        self.changed = Flag()
         self.connected = False
 
     def poll_again(self) -> None:
+        """The subscriptions changed: abort the poll in flight, or end the wait for the next one."""
         if self.changed is not None:
             self.changed.set()
+        if self._poll_scope is not None:
+            self._poll_scope.cancel()
 
     async def run(self, http: httpx.AsyncClient) -> None:
         """The poll loop: one poll at a time, until cancelled."""
         assert self.changed is not None
-        loop = asyncio.get_running_loop()
         settings = self._settings
         while True:
             self.changed.clear()
@@ -82,9 +85,9 @@ class PollLoop:
             if request is None:
                 await self.changed.wait()
                 continue
-            started = loop.time()
+            started = anyio.current_time()
             try:
-                got_data, interrupted = await self._until_changed(self.exchange.poll(http, request))
+                got_data, interrupted = await self._until_changed(http, request)
             except RateLimited as exc:
                 self._stats.rate_limited += 1
                 self._stats.last_error = str(exc)
@@ -126,7 +129,7 @@ class PollLoop:
             self.empty_polls = 0 if got_data else self.empty_polls + 1
             await self._wait(
                 pause_after_poll(
-                    elapsed=loop.time() - started,
+                    elapsed=anyio.current_time() - started,
                     got_data=got_data,
                     long_polling=settings.long_polling,
                     min_poll_interval=settings.min_poll_interval,
@@ -141,28 +144,29 @@ class PollLoop:
         if seconds <= 0:
             return
         if not interruptible:
-            await asyncio.sleep(seconds)
+            await anyio.sleep(seconds)
             return
         assert self.changed is not None
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self.changed.wait(), seconds)
+        with anyio.move_on_after(seconds):
+            await self.changed.wait()
 
-    async def _until_changed(self, poll: Any) -> tuple[bool, bool]:
-        """Run ``poll`` until it ends or the subscriptions change: (its result, whether it was interrupted)."""
+    async def _until_changed(self, http: httpx.AsyncClient, request: PollRequest) -> tuple[bool, bool]:
+        """Poll until the answer ends or the subscriptions change (:meth:`poll_again` cancels the poll's scope; the
+        poll closes its response before this returns): (whether it brought anything, whether it was aborted)."""
         assert self.changed is not None
-        task = asyncio.ensure_future(poll)
-        changed = asyncio.ensure_future(self.changed.wait())
-        try:
-            done, _ = await asyncio.wait({task, changed}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for t in (task, changed):
-                t.cancel()
-            for t in (task, changed):  # the poll closes its response before we go on (or stop)
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await t
-        if task in done:
-            return bool(task.result()), False
-        return False, True
+        got: bool | None = None
+        with anyio.CancelScope() as scope:
+            self._poll_scope = scope
+            try:
+                if self.changed.is_set():  # changed while the request was made
+                    scope.cancel()
+                got = await self.exchange.poll(http, request)
+            except Exception:
+                if not scope.cancel_called:
+                    raise  # an aborted poll's failure (a connection closed under it) is no failure
+            finally:
+                self._poll_scope = None
+        return (False, True) if got is None else (got, False)
 
     def answered(self) -> None:
         """A 200 answer's head arrived."""

@@ -8,7 +8,6 @@ do I/O: a file, Redis), so the event loop is never blocked by one; a write that 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -18,6 +17,9 @@ import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Protocol, runtime_checkable
+
+import anyio
+import anyio.to_thread
 
 from .outcomes import ClientStats
 
@@ -109,15 +111,15 @@ class PositionSaver:
 
     async def run(self) -> None:
         while True:
-            await asyncio.sleep(self.interval)
+            await anyio.sleep(self.interval)
             await self.save()
 
     async def save(self) -> None:
         """Save if a position moved (only known ones: a channel still "from now" has none), on a worker thread."""
         change = self._change()
         if change is not None:
-            loop = asyncio.get_running_loop()
-            self._done(change[1], await loop.run_in_executor(None, self._write, *change))
+            written = await anyio.to_thread.run_sync(self._write, *change, abandon_on_cancel=True)
+            self._done(change[1], written)
 
     def save_now(self) -> None:
         """:meth:`save` in the calling thread (the sync client's stop, once its loop has ended)."""
