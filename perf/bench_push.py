@@ -4,8 +4,9 @@
 
 Both encrypt every push (RFC 8291: a fresh key pair per push) and sign VAPID; the connector signs one token per
 push service and keeps connections alive across 4 workers, ``webpush()`` signs and connects per call. The push
-service is the tests' RFC 8030 peer in count-only mode, in its own process, so its CPU is not counted: CPU per
-push is this process's (every thread's) user+system time over the pushes made.
+service is the development push service (``shmbus.adapters.push.devservice``, the tests' RFC 8030 peer) in
+count-only mode, in its own process, so its CPU is not counted: CPU per push is this process's (every thread's)
+user+system time over the pushes made.
 """
 
 from __future__ import annotations
@@ -102,12 +103,10 @@ def main() -> int:
     loop_n = 100 if args.quick else 1_000
     repeats = args.repeats or (1 if args.quick else 3)
     rep = c.Report("bench_push", f"Web Push fan-out to {n:,} devices vs a loop of pywebpush calls", args)
-    tests_dir = os.path.join(c.REPO, "tests")
-    peer = subprocess.Popen(
-        [sys.executable, "-m", "harness.push_service"],
+    peer = subprocess.Popen(  # the development push service, count-only: it prints its origin first
+        [sys.executable, "-m", "shmbus.adapters.push.devservice", "--count-only", "--port", "0"],
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": tests_dir + os.pathsep + os.environ.get("PYTHONPATH", "")},
     )
     bus = Bus(c.unique_name("bench-push"), keepalive_interval=0, ring_size=1 << 22, create=True)
     connector = None

@@ -1,6 +1,7 @@
-"""Fixtures for the Web Push tests: a real RFC 8030 peer (``harness.push_service``), VAPID keys, connectors.
+"""Fixtures for the Web Push tests: a real RFC 8030 peer (the development push service, in-process), VAPID keys,
+connectors.
 
-``push_service``   a started :class:`~harness.push_service.PushService` (stopped at teardown)
+``push_service``   a started :class:`~shmbus.adapters.push.devservice.PushService` (stopped at teardown)
 ``vapid``          fresh VAPID keys
 ``bus``            a fresh bus on ``bus_name`` (destroyed at teardown)
 ``pg_dsn``         a DSN whose ``search_path`` is a schema of this test's own (dropped afterwards)
@@ -22,7 +23,7 @@ from tests import harness
 harness.require_module("pywebpush", "pip install -e '.[push]'")  # the push extra (skipped loudly without it)
 from shmbus import Bus  # noqa: E402
 from shmbus.adapters.push import FileStore, PushConnector, VapidKeys  # noqa: E402
-from tests.harness.push_service import PushService  # noqa: E402
+from shmbus.adapters.push.devservice import PushService  # noqa: E402
 
 from .push_util import LOOPBACK  # noqa: E402
 

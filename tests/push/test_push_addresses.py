@@ -17,8 +17,8 @@ import pytest
 from shmbus import Bus
 from shmbus.adapters.push import DEFAULT_PORTS, FileStore, PushApp, PushConnector, VapidKeys, public_address
 from shmbus.adapters.push.addresses import describe_address, embedded_ipv4, endpoint_port, ports_of
+from shmbus.adapters.push.devservice import PushService
 from shmbus.adapters.push.subscriptions import parse_registration
-from tests.harness.push_service import PushService
 from tests.harness.wait import wait_for
 
 from .push_util import register, wait_leading

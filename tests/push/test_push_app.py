@@ -12,7 +12,7 @@ import pytest
 
 from shmbus import Bus
 from shmbus.adapters.push import MAX_PLAINTEXT, PushApp, PushConnector, PushWSGIApp, VapidKeys, default_endpoint_allowed
-from tests.harness.push_service import PushService
+from shmbus.adapters.push.devservice import PushService
 from tests.harness.wait import wait_for
 
 from .push_util import LOCAL, wait_leading

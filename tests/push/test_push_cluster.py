@@ -21,8 +21,8 @@ from typing import Any
 
 from shmbus import Bus
 from shmbus.adapters.push import FileStore, VapidKeys
+from shmbus.adapters.push.devservice import PushService
 from shmbus.adapters.push.subscriptions import parse_registration
-from tests.harness.push_service import PushService
 from tests.harness.wait import wait_for
 
 from .push_util import LOCAL

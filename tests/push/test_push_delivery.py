@@ -9,8 +9,8 @@ import pytest
 
 from shmbus import Bus
 from shmbus.adapters.push import MAX_PLAINTEXT, PushConnector, PushOptions, VapidKeys, publish_push
+from shmbus.adapters.push.devservice import PushService
 from shmbus.errors import InvalidMessage, PayloadTooLarge
-from tests.harness.push_service import PushService
 from tests.harness.wait import wait_for
 
 from .push_util import register, wait_leading

@@ -11,8 +11,8 @@ import pytest
 
 from shmbus import Bus
 from shmbus.adapters.push import PushConnector, VapidKeys, public_address
+from shmbus.adapters.push.devservice import PushService
 from shmbus.adapters.push.subscriptions import parse_registration
-from tests.harness.push_service import PushService
 from tests.harness.wait import wait_for
 
 from .push_util import register, wait_leading

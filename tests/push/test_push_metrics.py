@@ -12,7 +12,7 @@ from shmbus import Bus
 from shmbus.adapters.admin import AdminWSGIApp
 from shmbus.adapters.metrics import BusCollector, MetricsWSGIApp, render
 from shmbus.adapters.push import PushConnector, VapidKeys
-from tests.harness.push_service import PushService
+from shmbus.adapters.push.devservice import PushService
 from tests.harness.wait import wait_for
 
 from .push_util import register, wait_leading

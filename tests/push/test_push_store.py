@@ -13,8 +13,8 @@ import pytest
 
 from shmbus import Bus
 from shmbus.adapters.push import FileElector, FileStore, StaleSender, VapidKeys, store_for
+from shmbus.adapters.push.devservice import PushService
 from shmbus.adapters.push.subscriptions import parse_registration
-from tests.harness.push_service import PushService
 
 from .push_util import LOCAL
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from shmbus import Bus
 from shmbus.adapters.push import PushConnector, VapidKeys
-from tests.harness.push_service import PushService
+from shmbus.adapters.push.devservice import PushService
 from tests.harness.wait import wait_for
 
 from .push_util import register, wait_leading
