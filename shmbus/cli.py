@@ -1,5 +1,5 @@
-"""``shmbus`` command line: inspect and poke a bus from a shell (stats, tail, publish, list, destroy), and follow
-a remote one over HTTP (listen).
+"""``shmbus`` command line: inspect and poke a bus from a shell (stats, tail, publish, list, destroy), follow
+a remote one over HTTP (listen), talk guble's protocol (guble), run the development push service (push-dev).
 
 Every subcommand attaches to an existing bus only (``publish --create`` may create one), and never counts
 itself among the bus's processes.
@@ -53,6 +53,26 @@ def cmd_listen(args: argparse.Namespace) -> int:
     return int(_client_cli().run(args))
 
 
+def _push_dev_cli() -> Any:
+    """The development push service lives with the push adapter (and needs its extra)."""
+    try:
+        return importlib.import_module("shmbus.adapters.push.devservice")
+    except ImportError as exc:
+        sys.exit(f"shmbus push-dev: needs the push extra (pip install 'shmbus[push]'): {exc}")
+
+
+def cmd_push_dev(args: argparse.Namespace) -> int:
+    """run a development push service (local Web Push stand-in; not for production)
+
+    A local stand-in for the browsers' push services, for development and tests only: it hands out push
+    subscriptions (POST /subscriptions), takes Web Push requests to them as a real push service would (RFC 8030,
+    VAPID, aes128gcm), decrypts them with the subscriptions' keys and shows them (GET /, GET /deliveries). It
+    prints its URL first. Point an app at it as docs/push.md says ('The development push service'); the demo:
+    scripts/demo --push-dev URL. 'shmbus push-dev --help' for its options.
+    """
+    return int(_push_dev_cli().main(args.rest, prog="shmbus push-dev"))
+
+
 Run = Callable[[argparse.Namespace], int]
 Arguments = Callable[[argparse.ArgumentParser], None]
 
@@ -67,6 +87,7 @@ COMMANDS: list[tuple[Run, Arguments | None, str]] = [
     (cmd_destroy, add_destroy_arguments, "common"),
     (cmd_guble, lambda p: _guble_cli().add_arguments(p), ""),
     (cmd_listen, lambda p: _client_cli().add_arguments(p), ""),
+    (cmd_push_dev, None, ""),  # its options are the push adapter's own: main() hands them over unparsed
 ]
 
 
@@ -86,7 +107,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     for run, arguments, parents in COMMANDS:
         summary, _, description = (inspect.getdoc(run) or "").partition("\n\n")
-        name = run.__name__.removeprefix("cmd_")
+        name = run.__name__.removeprefix("cmd_").replace("_", "-")
         cmd = sub.add_parser(name, parents=shared[parents], help=summary, description=" ".join(description.split()))
         if arguments is not None:
             arguments(cmd)
@@ -95,6 +116,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["push-dev"]:  # parsed where they are defined (the push extra is imported for it alone)
+        return cmd_push_dev(argparse.Namespace(rest=argv[1:]))
     args = parser().parse_args(argv)
     try:
         return int(args.fn(args))

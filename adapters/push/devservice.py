@@ -67,8 +67,9 @@ class _Sub:
 @dataclass
 class PushService:
     """Start with :meth:`start`; stop with :meth:`stop` (also releases hung requests). ``host``/``port``: where
-    it listens (port 0: a free one; :attr:`origin` says which), ``keep``: how many deliveries and refusals are
-    kept (None: all, as the tests want), ``on_push(token, status, reason)``: called for every answered push."""
+    it listens (port 0: a free one; :attr:`origin` says which), ``keep``: how many deliveries, refusals and
+    attempts are kept (None: all, as the tests want), ``on_push(token, status, text)``: called for every push
+    answered (``text``: the refusal's reason, or the payload taken as JSON)."""
 
     verify: bool = True
     host: str = "127.0.0.1"
@@ -276,7 +277,8 @@ class PushService:
         if mode == "endless":
             self._endless(req, token)
             return
-        self._answer(req, token, 201, "", {"Location": f"{self.origin}/message/{b64url(os.urandom(6))}"})
+        shown = json.dumps(payload, default=str)[:300]
+        self._answer(req, token, 201, "", {"Location": f"{self.origin}/message/{b64url(os.urandom(6))}"}, shown)
 
     def _keep(self, token: str, payload: Any, req: BaseHTTPRequestHandler) -> None:
         with self._lock:
@@ -303,8 +305,9 @@ class PushService:
             pass
 
     def _answer(self, req: BaseHTTPRequestHandler, token: str, status: int, reason: str,
-                headers: dict[str, str] | None = None) -> None:  # fmt: skip
-        """A push's answer, recorded (benchmarks keep no per-push record)."""
+                headers: dict[str, str] | None = None, shown: str | None = None) -> None:  # fmt: skip
+        """A push's answer, recorded (benchmarks keep no per-push record); ``on_push`` gets the reason, or for a
+        push taken ``shown``: its payload."""
         if self.verify:
             with self._lock:
                 self.attempts.append((token, time.time(), status))
@@ -315,7 +318,7 @@ class PushService:
                 if self.keep is not None and len(self.attempts) > self.keep:
                     del self.attempts[: len(self.attempts) - self.keep]
             if self.on_push is not None:
-                self.on_push(token, status, reason)
+                self.on_push(token, status, reason if shown is None else shown)
         self._reply(req, status, reason.encode(), headers=headers)
 
     @staticmethod
@@ -351,7 +354,8 @@ def run(args: argparse.Namespace) -> int:
         sys.exit("shmbus push-dev: --host must be the address the application server connects to, not a wildcard")
 
     def show(token: str, status: int, reason: str) -> None:
-        print(f"push-dev: {status} for {token}{': ' + reason if reason else ''}", file=sys.stderr, flush=True)
+        print(f"shmbus push-dev: {status} for …{token[-8:]}{': ' + reason if reason else ''}", file=sys.stderr,
+              flush=True)  # fmt: skip
 
     quiet = args.quiet or args.count_only
     service = PushService(verify=not args.count_only, host=args.host, port=args.port, keep=max(args.keep, 1),
@@ -376,9 +380,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m shmbus.adapters.push.devservice", description=(__doc__ or "")
-                                .split("\n\n")[0])  # fmt: skip
+def main(argv: list[str] | None = None, prog: str = "python -m shmbus.adapters.push.devservice") -> int:
+    p = argparse.ArgumentParser(prog=prog, description="A development push service: a local stand-in for the "
+                                "browsers' push services, for development and tests only (docs/push.md).")  # fmt: skip
     add_arguments(p)
     return run(p.parse_args(argv))
 
