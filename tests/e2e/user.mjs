@@ -3,11 +3,14 @@
 //
 //   node tests/e2e/user.mjs --see=URL --say=URL --input=SELECTOR --list=SELECTOR --text=TEXT [--timeout=MS]
 //   node tests/e2e/user.mjs --see=URL --say=URL --click=SELECTOR --list=SELECTOR --text=TEXT [--timeout=MS]
+//   node tests/e2e/user.mjs --say=URL --click=SELECTOR --list=SELECTOR --text=TEXT [--grant=PERMISSION] [--offline=1]
 //
 // Opens the --see page, then the --say page; types TEXT into --input on the --say page and presses Enter (or
-// clicks --click there); waits until TEXT shows inside --list on BOTH pages. Prints one JSON line {see, say}: the text of each
-// list at the end. Exit 0 when both showed it, 3 on timeout, 1 on a browser or page failure. Page errors and
-// failed requests go to stderr. Browser: env SHMBUS_CHROMIUM, else /usr/bin/chromium.
+// clicks --click there); waits until TEXT shows inside --list on BOTH pages (without --see: on the --say page).
+// Prints one JSON line {see, say}: the text of each list at the end. Exit 0 when both showed it, 3 on timeout,
+// 1 on a browser or page failure. Page errors and failed requests go to stderr. Browser: env SHMBUS_CHROMIUM,
+// else /usr/bin/chromium. --grant=notifications: the permission is granted (as a person clicking "Allow");
+// --offline=1: no host name resolves but 127.0.0.1 (as on a machine offline: the browser's own push service too).
 
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -24,7 +27,7 @@ const args = Object.fromEntries(
     return [m[1], m[2]];
   }),
 );
-for (const name of ['see', 'say', 'list', 'text']) {
+for (const name of ['say', 'list', 'text']) {
   if (!args[name]) {
     process.stderr.write(`user: --${name}= is required\n`);
     process.exit(2);
@@ -54,9 +57,17 @@ async function main() {
     context = await chromium.launchPersistentContext(userDataDir, {
       executablePath: process.env.SHMBUS_CHROMIUM || '/usr/bin/chromium',
       headless: true,
-      args: ['--headless', '--no-sandbox', '--disable-gpu', '--no-first-run', '--disable-background-networking'],
+      args: [
+        '--headless',
+        '--no-sandbox',
+        '--disable-gpu',
+        '--no-first-run',
+        '--disable-background-networking',
+        ...(args.offline ? ['--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1'] : []),
+      ],
     });
-    const see = await open(context, args.see);
+    if (args.grant) await context.grantPermissions(args.grant.split(','));
+    const see = args.see ? await open(context, args.see) : null;
     const say = await open(context, args.say);
     if (args.click) {
       await say.click(args.click);
@@ -71,13 +82,13 @@ async function main() {
         { timeout },
       );
     try {
-      await Promise.all([shows(see), shows(say)]);
+      await Promise.all([see ? shows(see) : null, shows(say)]);
       code = 0;
     } catch (err) {
       process.stderr.write(`user: ${err.message}\n`);
       code = 3;
     }
-    const text = (page) => page.$eval(args.list, (el) => el.textContent).catch(() => null);
+    const text = (page) => (page ? page.$eval(args.list, (el) => el.textContent).catch(() => null) : null);
     process.stdout.write(`${JSON.stringify({ see: await text(see), say: await text(say) })}\n`);
   } catch (err) {
     process.stderr.write(`user: ${err.stack || err}\n`);

@@ -113,35 +113,110 @@
 
   // "notify me": Web Push of new chat messages to this browser, as the chat name typed above (the demo has no
   // login). Offered only when the server has the push extra (GET /push/key answers) and the browser can.
+  // A browser subscribes only through its vendor's push service (Chrome: Google's FCM). Offline, or in a build
+  // without it, Chromium's pushManager.subscribe() never settles (no error, no timeout of its own): so the page
+  // waits SUBSCRIBE_WAIT for it, then says so, and uses the development push service if the demo has one.
+  var SUBSCRIBE_WAIT = 10000;  // ms; Chrome answers within a second or two when its push service is reachable
+  var DEV_HOWTO = "To try notifications without one, run the development push service (.venv/bin/shmbus push-dev) " +
+    "and start the demo with scripts/demo --push-dev http://127.0.0.1:8030 (docs/push.md).";
+  var myDevice = null;  // SHA-256 of the registered endpoint, first 16 hex digits: what /demo/push-status names
+  var myService = "";  // where that device's pushes go: "this browser's push service" or the development one
+
+  function notifyStatus(text) { $("notify-status").textContent = text; }
+
   function base64ToBytes(b64) {
     var raw = atob(b64.replace(/-/g, "+").replace(/_/g, "/") + "==".slice(0, (4 - b64.length % 4) % 4));
     return Uint8Array.from(raw, function (c) { return c.charCodeAt(0); });
   }
 
+  function deviceId(endpoint) {
+    return crypto.subtle.digest("SHA-256", new TextEncoder().encode(endpoint)).then(function (hash) {
+      return Array.from(new Uint8Array(hash).slice(0, 8), function (b) {
+        return ("0" + b.toString(16)).slice(-2);
+      }).join("");
+    });
+  }
+
+  function register(subscription, user, service, how) {
+    return fetch("/push/subscriptions", {
+      method: "POST",
+      headers: { "Content-Type": "application/json", "X-Demo-User": user },
+      body: JSON.stringify({ subscription: subscription, topics: ["/chat"] }),
+    }).then(function (r) {
+      if (!r.ok) {
+        return r.text().then(function (t) { throw new Error("/push/subscriptions: HTTP " + r.status + " " + t); });
+      }
+      return deviceId(subscription.endpoint).then(function (id) {
+        myDevice = id;
+        myService = service;
+        notifyStatus("notifications on for new chat messages (as " + user + ")" + how);
+      });
+    });
+  }
+
+  // The browser's push service did not answer (or refused): say so now, then fall back to the dev push service.
+  function noPushService(why, user) {
+    return fetch("/push-dev").then(function (r) { return r.ok ? r.json() : null; }).then(function (dev) {
+      if (!dev) {
+        notifyStatus("No push service reachable: this browser's push service " + why + ". Browsers deliver " +
+          "notifications only through it (Chrome: Google's FCM), so none can arrive here. " + DEV_HOWTO);
+        return;
+      }
+      notifyStatus("No push service reachable: this browser's push service " + why + ". Subscribing through the " +
+        "development push service at " + dev.url + " instead…");
+      return post("/push-dev", {}).then(function (subscription) {
+        return register(subscription, user, "the development push service at " + dev.url, " through the " +
+          "development push service: it takes the pushes in this browser's place (no notification shows here); " +
+          "read them at " + dev.url + "/");
+      });
+    });
+  }
+
+  function subscribeWithin(reg, key) {
+    return new Promise(function (resolve, reject) {
+      var timer = setTimeout(function () {
+        reject({ noService: "did not answer within " + SUBSCRIBE_WAIT / 1000 + " s" });
+      }, SUBSCRIBE_WAIT);
+      reg.pushManager.subscribe({ userVisibleOnly: true, applicationServerKey: base64ToBytes(key) }).then(
+        function (s) { clearTimeout(timer); resolve(s); },
+        function (e) {  // AbortError: "Registration failed - push service error / not available"
+          clearTimeout(timer);
+          reject(e && e.name === "AbortError" ? { noService: "refused: " + e.message } : e);
+        });
+    });
+  }
+
   function notifyMe() {
     var user = $("user").value;
     localStorage.setItem("shmbus-demo-user", user);
+    notifyStatus("asking for permission to notify…");
     return Notification.requestPermission().then(function (perm) {
-      if (perm !== "granted") throw new Error("notifications are blocked for this page");
+      if (perm !== "granted") throw new Error("notifications are blocked for this page (the browser's site settings)");
+      notifyStatus("subscribing with this browser's push service…");
       return Promise.all([navigator.serviceWorker.register("/sw.js"), fetch("/push/key").then(function (r) {
         return r.json();
       })]);
     }).then(function (both) {
       var reg = both[0], key = both[1].publicKey;
-      return navigator.serviceWorker.ready.then(function () {
-        return reg.pushManager.subscribe({ userVisibleOnly: true, applicationServerKey: base64ToBytes(key) });
-      });
-    }).then(function (subscription) {
-      return fetch("/push/subscriptions", {
-        method: "POST",
-        headers: { "Content-Type": "application/json", "X-Demo-User": user },
-        body: JSON.stringify({ subscription: subscription.toJSON(), topics: ["/chat"] }),
-      });
-    }).then(function (r) {
-      if (!r.ok) throw new Error("/push/subscriptions: HTTP " + r.status);
-      $("notify-status").textContent = "notifications on for new chat messages (as " + user + ")";
-    }).catch(function (e) { $("notify-status").textContent = String(e); });
+      return navigator.serviceWorker.ready.then(function () { return subscribeWithin(reg, key); }).then(
+        function (subscription) {
+          return register(subscription.toJSON(), user, "this browser's push service", "");
+        },
+        function (e) {
+          if (e && e.noService) return noPushService(e.noService, user);
+          throw e;
+        });
+    }).catch(function (e) { notifyStatus("notify me failed: " + (e && e.message ? e.message : String(e))); });
   }
+
+  // The server gave up pushing to a device (its push service unreachable, or refusing): the page that registered
+  // it says so, within the sender's retries (the demo's: 3 attempts, 5 s each at most).
+  MB.subscribe("/demo/push-status", function (s) {
+    if (!myDevice || s.device !== myDevice) return;
+    notifyStatus("No push service reachable: the server could not push a chat message (global id " + s.global_id +
+      ") to " + myService + " (" + s.outcome + ": " + s.why + ")." + (myService.indexOf("development") < 0 ?
+      " " + DEV_HOWTO : " Is it still running?"));
+  });
 
   if ("serviceWorker" in navigator && "PushManager" in window) {
     fetch("/push/key").then(function (r) {
