@@ -88,6 +88,7 @@ class PushService:
         self._seq = 0
         self.hanging = 0  # requests held open by "hang" right now
         self._server: ThreadingHTTPServer | None = None
+        self._conns: set[socket.socket] = set()  # open (kept-alive) connections: stop() cuts them
 
     # ------------------------------------------------------------------ control
     def start(self) -> PushService:
@@ -98,6 +99,18 @@ class PushService:
 
             def log_message(self, *args: Any) -> None:
                 pass
+
+            def setup(self) -> None:
+                super().setup()
+                with service._lock:
+                    service._conns.add(self.connection)
+
+            def finish(self) -> None:
+                try:
+                    super().finish()
+                finally:
+                    with service._lock:
+                        service._conns.discard(self.connection)
 
             def do_POST(self) -> None:
                 service._post(self)
@@ -115,10 +128,19 @@ class PushService:
         self._unhang.set()
 
     def stop(self) -> None:
+        """Stop listening and cut the open connections: a stopped service answers nothing more (a kept-alive
+        connection would otherwise go on being served)."""
         self._unhang.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+        with self._lock:
+            conns = list(self._conns)
+        for conn in conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     @property
     def origin(self) -> str:
