@@ -40,11 +40,12 @@ def post_chat(url: str, text: str) -> dict[str, Any]:
         return dict(json.loads(resp.read()))
 
 
-def start_demo(bus_name: str, procs: Any) -> tuple[subprocess.Popen[bytes], int, str]:
-    """``scripts/demo`` on a free port and its own bus, once it answers: ``(process, port, url)``."""
+def start_demo(bus_name: str, procs: Any, *extra: str) -> tuple[subprocess.Popen[bytes], int, str]:
+    """``scripts/demo`` on a free port and its own bus (``extra``: more of its arguments), once it answers:
+    ``(process, port, url)``."""
     port = free_port()
     proc = procs.spawn(
-        [str(REPO_ROOT / "scripts" / "demo"), "--port", str(port), "--bus", bus_name],
+        [str(REPO_ROOT / "scripts" / "demo"), "--port", str(port), "--bus", bus_name, *extra],
         env={"SHMBUS_SKIP_INSTALL": "1"},
         stdout=subprocess.DEVNULL,
         stderr=None,
