@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Delivery", "delivery_json", "index_page"]
+__all__ = ["Delivery", "deliveries_view", "delivery_json", "index_page"]
 
 
 @dataclass
@@ -29,6 +29,21 @@ class Delivery:
 def delivery_json(d: Delivery, origin: str) -> dict[str, Any]:
     return {"seq": d.seq, "endpoint": f"{origin}/push/{d.token}", "payload": d.payload, "ttl": d.ttl,
             "urgency": d.urgency, "topic": d.topic, "at": d.at}  # fmt: skip
+
+
+def deliveries_view(
+    query: dict[str, list[str]], deliveries: Sequence[Delivery], refusals: Sequence[tuple[str, int, str]], origin: str
+) -> dict[str, Any]:
+    """``GET /deliveries``: those of one subscription (``endpoint`` or ``token``) newer than ``after``, and the
+    refusals of that subscription (all of both without them)."""
+    endpoint = (query.get("endpoint") or [""])[-1]
+    token = endpoint.rsplit("/", 1)[-1] if endpoint else (query.get("token") or [""])[-1]
+    after = (query.get("after") or ["0"])[-1]
+    since = int(after) if after.isdigit() else 0
+    return {
+        "deliveries": [delivery_json(d, origin) for d in deliveries if d.seq > since and token in ("", d.token)],
+        "refusals": [{"token": t, "status": s, "reason": why} for t, s, why in refusals if token in ("", t)],
+    }
 
 
 _STYLE = (

@@ -40,7 +40,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from .devchecks import b64url, check_push, decode_payload, unb64url
-from .devpage import Delivery, delivery_json, index_page
+from .devpage import Delivery, deliveries_view, index_page
 
 __all__ = ["DEFAULT_PORT", "Delivery", "PushService", "b64url", "main"]
 
@@ -190,29 +190,15 @@ class PushService:
         if parts.path == "/count":  # a benchmark's count (the service in another process)
             self._reply(req, 200, json.dumps({"accepted": self.accepted}).encode(), "application/json")
         elif parts.path == "/deliveries":
-            self._reply(req, 200, json.dumps(self._view(query), default=str).encode(), "application/json")
+            with self._lock:
+                view = deliveries_view(query, self.deliveries, self.refusals, self.origin)
+            self._reply(req, 200, json.dumps(view, default=str).encode(), "application/json")
         elif parts.path == "/":
             with self._lock:
                 page = index_page(self.origin, len(self._subs), self.deliveries[-100:], self.refusals[-20:])
             self._reply(req, 200, page.encode(), "text/html; charset=utf-8")
         else:
             self._reply(req, 404, b"no such page; see / (pushes go to POST /push/<token>)")
-
-    def _view(self, query: dict[str, list[str]]) -> dict[str, Any]:
-        """``GET /deliveries``: those of one subscription (``endpoint`` or ``token``) newer than ``after``."""
-        token = (query.get("token") or [""])[-1]
-        endpoint = (query.get("endpoint") or [""])[-1]
-        if endpoint:
-            token = self.token_of(endpoint)
-        after = (query.get("after") or ["0"])[-1]
-        since = int(after) if after.isdigit() else 0
-        with self._lock:
-            got = [d for d in self.deliveries if d.seq > since and (not token or d.token == token)]
-            refused = [r for r in self.refusals if not token or r[0] == token]
-        return {
-            "deliveries": [delivery_json(d, self.origin) for d in got],
-            "refusals": [{"token": t, "status": s, "reason": why} for t, s, why in refused],
-        }
 
     def _post(self, req: BaseHTTPRequestHandler) -> None:
         if req.path.startswith("/push/"):

@@ -104,7 +104,9 @@ def test_notify_me_offline_says_no_push_service_is_reachable(bus_name: str, proc
     require_browser()
     proc, _port, url = start_demo(bus_name, procs)
     status = click_notify(url, "No push service reachable")
-    assert "this browser's push service did not answer within 10 s" in status, status
+    # Chromium here never settles subscribe() (the page's own 10 s wait ends it); a build whose GCM fails fast
+    # rejects it with an AbortError ("Registration failed - push service error"): both are "not reachable"
+    assert re.search(r"this browser's push service (did not answer within 10 s|refused: )", status), status
     assert ".venv/bin/shmbus push-dev" in status and "scripts/demo --push-dev http://127.0.0.1:8030" in status
     os.killpg(proc.pid, signal.SIGINT)
     assert_stopped_cleanly(proc, bus_name)
