@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from ..errors import BusLockTimeout, SegmentCorrupt
 from ..figures import ListenerFigures
 from ..perprocess import Birth
+from ..threads import start_without_signals
 from .attachment import Attachment
 from .names import Names
 from .subscriptions import SubscriptionTable
@@ -90,11 +91,11 @@ class Listener:
             self._last_received = time.monotonic()
             t = _listener_thread(self._run, f"shmbus-listener-{self.name}")
             self._thread = t
-            t.start()
+            start_without_signals(t)  # a SIGTERM or Ctrl-C must reach the main thread, never this one
             if self.keepalive_interval and self.keepalive_interval > MIN_KEEPALIVE:
                 w = threading.Thread(target=self._keepalive, name=f"shmbus-keepalive-{self.name}", daemon=True)
                 self._watchdog = w
-                w.start()
+                start_without_signals(w)
 
     def figures(self) -> ListenerFigures:
         return ListenerFigures(self.running, self.position, self.lost, round(time.monotonic() - self._last_received, 3))

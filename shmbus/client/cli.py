@@ -18,6 +18,7 @@ from typing import Any
 
 from shmbus.cli_args import count as _count  # the command line's own validators
 from shmbus.cli_args import seconds as _seconds
+from shmbus.threads import start_without_signals
 
 __all__ = ["add_arguments", "parse_channel", "run"]
 
@@ -88,7 +89,7 @@ def watch_stdout(on_closed: Callable[[], None]) -> threading.Thread | None:
         on_closed()
 
     thread = threading.Thread(target=watch, name="shmbus-listen-stdout", daemon=True)
-    thread.start()
+    start_without_signals(thread)  # Ctrl-C goes to the main thread, which acts on it
     return thread
 
 

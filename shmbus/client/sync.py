@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
+from ..threads import start_without_signals
 from .core import AsyncMessageBusClient, ClientStats
 from .message import Callback, Message
 from .positions import Subscription
@@ -51,7 +52,7 @@ class MessageBusClient:
             thread = threading.Thread(
                 target=self._run, args=(loop, ready), name=f"shmbus.client {self._core.client_id}", daemon=True
             )
-            thread.start()
+            start_without_signals(thread)  # Ctrl-C must reach the caller's main thread, never the loop's
             ready.wait()
             self._loop, self._thread = loop, thread
         self._call(self._core.start())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import signal
 import subprocess
@@ -70,6 +71,33 @@ def test_listen_ends_quietly_on_ctrl_c(procs: Any, target: Target) -> None:
     _, err = ended(proc)
     assert proc.returncode == 0, err
     assert err == ""
+
+
+def blocked_signals(pid: int, tid: int) -> set[int]:
+    """The signals thread ``tid`` of ``pid`` blocks (its SigBlk mask in /proc)."""
+    for line in Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines():
+        if line.startswith("SigBlk:"):
+            mask = int(line.split()[1], 16)
+            return {n for n in range(1, 65) if mask >> (n - 1) & 1}
+    raise AssertionError(f"no SigBlk line for thread {tid}")
+
+
+def test_listens_threads_leave_ctrl_c_to_the_main_thread(procs: Any, target: Target) -> None:
+    """Linux gives a signal sent to the process to any thread not blocking it, and CPython acts on it only in the
+    main thread: a SIGINT landing in the loop or stdout thread left ``listen`` blocked in its queue for good. Every
+    thread but the main one blocks it, so the main thread is the one that gets it."""
+    target.publish("/s", "first")
+    proc = listen(procs, target.url, "/s=0")
+    assert "first" in proc.stdout.readline()  # type: ignore[union-attr]
+    others = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid]
+    assert len(others) >= 2, others  # the client's loop thread and the stdout watcher at least
+    for tid in others:
+        blocked = blocked_signals(proc.pid, tid)
+        assert {signal.SIGINT, signal.SIGTERM} <= blocked, (tid, sorted(blocked))
+    assert signal.SIGINT not in blocked_signals(proc.pid, proc.pid)
+    proc.send_signal(signal.SIGINT)
+    _, err = ended(proc)
+    assert proc.returncode == 0, err
 
 
 def test_listen_ends_quietly_on_a_closed_pipe(procs: Any, target: Target) -> None:
