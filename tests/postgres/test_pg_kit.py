@@ -482,21 +482,24 @@ def test_a_publish_interrupted_mid_reply_closes_its_connection(make_host: Callab
     """A signal while the direct call waits for its reply (KeyboardInterrupt, a worker's timeout) must not leave
     that reply for the connection's next statement to read as its own: the connection is closed, and the next
     publish makes another."""
-    from shmbus.adapters.postgres import direct
+    from psycopg import pq
 
     a = make_host("a", relay=False)
     assert a.publish("/i", 1) == 1
     conn = a.default.backend.conn()
-    real_wait = direct._wait
+    real_poller = conn.poller
 
-    def interrupted(*args: Any, **kwargs: Any) -> None:
-        raise KeyboardInterrupt
+    def interrupted() -> Any:
+        if conn.pgconn.transaction_status == pq.TransactionStatus.ACTIVE:  # the CALL is sent, its reply unread
+            raise KeyboardInterrupt
+        return real_poller()  # the idle check before sending
 
-    monkeypatch.setattr(direct, "_wait", interrupted)
+    # the first thing after the CALL is sent (not the wait for its reply, which a reply already there skips)
+    monkeypatch.setattr(conn, "poller", interrupted)
     with pytest.raises(KeyboardInterrupt):
         a.publish("/i", 2)  # the CALL was sent: it may still commit, as a publish cut off by a signal may
     assert conn.closed
-    monkeypatch.setattr(direct, "_wait", real_wait)
+    monkeypatch.undo()
     new_id = a.publish("/i", 3)
     assert new_id is not None and new_id > 1 and a.default.backend.conn() is not conn
 
