@@ -31,12 +31,12 @@ from shmbus.channels import split_backend_name
 from shmbus.engines import Envelope
 from shmbus.errors import PayloadTooLarge
 
-from ..redis.layout import decode_envelope
 from .backend import Backend, Doorbell, Ring, Row
 from .election import RelayElection
 from .losses import LossBook
 from .seals import Sealer, sealed_rows
 from .status import BridgeStatus
+from .wire import decode_envelope
 
 if TYPE_CHECKING:
     from shmbus.host import BusHost
