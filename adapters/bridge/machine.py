@@ -60,6 +60,7 @@ HISTORY_CHECK_INTERVAL = 1.0  # seconds between history checks while relaying (o
 STALE_CHECK_INTERVAL = 0.1  # at most this often, a notice below the position triggers a history check at once
 IDLE_CHECK = 5.0  # seconds without notices before the doorbell's keepalive and a read (writes without a notice)
 METRICS_INTERVAL = 1.0  # the relay flushes the process's metrics itself (a process may relay without a listener)
+WAIT_RING = WaitRing(RING_WAIT)
 
 
 class RelayMachine(CatchUpRules):
@@ -240,7 +241,7 @@ class RelayMachine(CatchUpRules):
 
     def _wait(self, _: Done | None = None) -> Action:
         self.step = Step.RINGING
-        return WaitRing(RING_WAIT)
+        return WAIT_RING
 
     def _rang(self, event: Rang) -> Action:
         self.tick()

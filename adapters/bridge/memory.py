@@ -16,6 +16,7 @@ still be in flight: ``settle`` says whether the writers that may hold one ended)
 
 from __future__ import annotations
 
+import bisect
 import collections
 import logging
 import secrets
@@ -82,6 +83,7 @@ class MemoryBackend:
         self.key: bytes | None = secrets.token_bytes(32) if sealed else None  #: the seal key (None: no seals)
         self.down = False  #: every call raises :class:`MemoryUnavailable`
         self.rows: dict[int, Row] = {}  #: global id -> message (value None: the id existed, its message is gone)
+        self._ids: list[int] = []  # the keys of ``rows``, ascending
         self.newest = 0  #: the newest id drawn
         self.trimmed = 0  #: the newest id a trim deleted
         self.in_flight: set[int] = set()  #: ids drawn whose writer has not ended (sparse ids only)
@@ -90,6 +92,7 @@ class MemoryBackend:
         self.maintained: list[tuple[int, dict[str, int]]] = []
         self.bells: list[MemoryDoorbell] = []
         self._channel_ids: dict[str, int] = {}
+        self._gone = 0  # what the last read says is gone (Redis: every id up to the newest drawn before it)
 
     # ------------------------------------------------------------------ the faults a test plays
     def begin(self) -> int:
@@ -104,7 +107,7 @@ class MemoryBackend:
         the relay finds it on its next read)."""
         with self.cond:
             self.in_flight.discard(gid)
-            self.rows[gid] = Row(gid, gid, chan, envelope)
+            self._put(Row(gid, gid, chan, envelope))
 
     def rollback(self, gid: int) -> None:
         """The writer of ``gid`` rolled back: the id never was a message."""
@@ -114,8 +117,10 @@ class MemoryBackend:
     def trim(self, upto: int) -> None:
         """Delete every message up to id ``upto`` (a host that had not read them lost them)."""
         with self.cond:
-            for gid in [g for g in self.rows if g <= upto]:
+            cut = bisect.bisect_right(self._ids, upto)
+            for gid in self._ids[:cut]:
                 del self.rows[gid]
+            del self._ids[:cut]
             self.trimmed = max(self.trimmed, upto)
 
     def expire(self, gid: int) -> None:
@@ -129,8 +134,9 @@ class MemoryBackend:
         """Replace the history (a FLUSHDB, a TRUNCATE ... RESTART IDENTITY): no message, ids from 1, a new name."""
         with self.cond:
             self.rows.clear()
+            self._ids.clear()
             self._channel_ids.clear()
-            self.newest = self.trimmed = 0
+            self.newest = self.trimmed = self._gone = 0
             self.history = _random_history()
 
     def notify(self, *lines: bytes, seals: dict[int, tuple[int, bytes]] | None = None) -> None:
@@ -160,7 +166,7 @@ class MemoryBackend:
                 gid = self.newest
                 cid = gid if self.sparse_ids else self._channel_ids.get(chan, 0) + 1
                 self._channel_ids[chan] = cid
-                self.rows[gid] = Row(gid, cid, chan, value)
+                self._put(Row(gid, cid, chan, value))
                 ids.append((gid, cid))
                 lines.append(format_line(gid, cid, chan, value))
             seals = {}
@@ -192,15 +198,19 @@ class MemoryBackend:
             return not changed and self.newest >= mark
 
     def read_after(self, after: int, limit: int) -> Page:
+        """Up to ``limit`` messages after ``after``; what is gone is read with them (as Redis's script does)."""
         with self.cond:
             self._call("read_after")
-            rows = sorted((g, row) for g, row in self.rows.items() if g > after)[:limit]
-            return Page(self.history, [row for _, row in rows])
+            start = bisect.bisect_right(self._ids, after)
+            self._gone = self.newest
+            return Page(self.history, [self.rows[gid] for gid in self._ids[start : start + limit]])
 
     def gone_upto(self) -> int:
+        """Sparse ids: what trims deleted. Else every id up to the newest drawn when the last read ran that it did
+        not return (an id drawn since may be on its way: a later read finds it)."""
         with self.cond:
             self._call("gone_upto")
-            return self.trimmed if self.sparse_ids else self.newest
+            return self.trimmed if self.sparse_ids else self._gone
 
     def settle(self, stop: threading.Event) -> bool:
         """A writer still in flight once :attr:`on_settle` returned counts as having outlived the timeout."""
@@ -228,6 +238,11 @@ class MemoryBackend:
 
     def close(self) -> None:
         return None
+
+    def _put(self, row: Row) -> None:
+        if row.global_id not in self.rows:
+            bisect.insort(self._ids, row.global_id)
+        self.rows[row.global_id] = row
 
     def _up(self) -> None:
         if self.down:

@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from shmbus.channels import split_backend_name
 from shmbus.engines import Envelope
@@ -47,6 +47,7 @@ from .events import (
     Failed,
     GoneUpto,
     HistoryNamed,
+    Maintain,
     Newest,
     PageRead,
     PauseFor,
@@ -138,6 +139,19 @@ class Relay:
             "ask_newest": lambda: Newest(self.backend.newest_id()),
             "keep_alive": self._keepalive,
         }
+        #: how each kind of action is performed
+        self._perform: dict[type, Callable[[Any], Event]] = {
+            Simple: lambda action: self._simple[action.what](),
+            StoreRows: lambda action: self._store(action.rows),
+            WaitRing: self._wait_ring,
+            Read: lambda action: PageRead(self.backend.read_after(action.after, action.limit)),
+            PauseFor: self._pause_for,
+            ConfirmHistory: lambda action: Confirmed(
+                self.backend.history_continues(self.bus.segment, action.changed, action.mark)
+            ),
+            RecordHistory: self._record_history,
+            Maintain: self._maintain,
+        }
 
     # ------------------------------------------------------------------ thread
     def start(self) -> None:
@@ -158,8 +172,12 @@ class Relay:
         action = self.pending
         if action is None:
             raise RuntimeError("the relay is not running (call run(), or pending = machine.start())")
+        kind = type(action)
         try:
-            event = HALTED if _halts(action) and self.stop.is_set() else self.perform(action)
+            if (kind is WaitRing or kind is Read or (kind is Simple and action in HALTING)) and self.stop.is_set():
+                event: Event = HALTED  # a loop's head, and the relay was told to stop
+            else:
+                event = self._perform[kind](action)
         except Exception as exc:
             event = Failed(exc, self.stop.is_set())
         try:
@@ -192,27 +210,25 @@ class Relay:
     # ------------------------------------------------------------------ the actions
     def perform(self, action: Action) -> Event:
         """Do what ``action`` asks (the I/O); the event that answers it (:mod:`.events`)."""
-        if isinstance(action, Simple):
-            return self._simple[action.what]()
-        if isinstance(action, StoreRows):
-            return self._store(action.rows)
-        if isinstance(action, WaitRing):
-            ring = self._doorbell().ring(action.timeout)
-            return Rang(ring, self.backend.seal_key() if ring.seals else None)
-        if isinstance(action, Read):
-            return PageRead(self.backend.read_after(action.after, action.limit))
-        if isinstance(action, PauseFor):
-            if self.pause is not None:
-                self.pause(action.seconds)
-            else:
-                self.stop.wait(action.seconds)
-            return DONE
-        if isinstance(action, ConfirmHistory):
-            return Confirmed(self.backend.history_continues(self.bus.segment, action.changed, action.mark))
-        if isinstance(action, RecordHistory):
-            self.bus.segment.set_history_id(action.history)
-            return DONE
-        self.backend.maintain(self.bus, action.position, action.active)  # Maintain, the last kind
+        return self._perform[type(action)](action)
+
+    def _wait_ring(self, action: WaitRing) -> Rang:
+        ring = self._doorbell().ring(action.timeout)
+        return Rang(ring, self.backend.seal_key() if ring.seals else None)
+
+    def _pause_for(self, action: PauseFor) -> Event:
+        if self.pause is not None:
+            self.pause(action.seconds)
+        else:
+            self.stop.wait(action.seconds)
+        return DONE
+
+    def _record_history(self, action: RecordHistory) -> Event:
+        self.bus.segment.set_history_id(action.history)
+        return DONE
+
+    def _maintain(self, action: Maintain) -> Event:
+        self.backend.maintain(self.bus, action.position, action.active)
         return DONE
 
     def _doorbell(self) -> Doorbell:
@@ -283,9 +299,3 @@ class Relay:
             if stored:
                 relayed += 1
         return Stored(done, relayed)
-
-
-def _halts(action: Action) -> bool:
-    """Is ``action`` a loop's head (the driver first looks whether the relay was told to stop)?"""
-    kind = type(action)
-    return kind is Read or kind is WaitRing or (kind is Simple and action in HALTING)
