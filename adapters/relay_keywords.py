@@ -38,10 +38,10 @@ def relay_options(keywords: RelayKeywords, trim_interval: float = 0.0) -> RelayO
     if unknown:
         raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(unknown))}")
     return RelayOptions(
-        keywords.get("relay", True),
-        keywords.get("election_interval", 0.25),
-        keywords.get("reconnect_max", 1.0),
-        keywords.get("local_wait", 1.0),
-        keywords.get("autostart", True),
-        trim_interval,
+        relay=keywords.get("relay", True),
+        election_interval=keywords.get("election_interval", 0.25),
+        reconnect_max=keywords.get("reconnect_max", 1.0),
+        local_wait=keywords.get("local_wait", 1.0),
+        autostart=keywords.get("autostart", True),
+        trim_interval=trim_interval,
     )

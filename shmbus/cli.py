@@ -8,7 +8,6 @@ itself among the bus's processes.
 from __future__ import annotations
 
 import argparse
-import importlib
 import inspect
 import os
 import sys
@@ -19,12 +18,14 @@ from .cli_buses import add_destroy_arguments, cmd_destroy, cmd_list
 from .cli_messages import add_publish_arguments, add_tail_arguments, cmd_publish, cmd_tail
 from .cli_stats import add_stats_arguments, add_top_arguments, cmd_stats, cmd_top
 from .errors import ShmbusError
+from .providers import TOOLS, provider
 
 
 def _guble_cli() -> Any:
-    """The guble client lives with the guble adapter: loaded by name for that command only (the core imports no
-    adapter, and stays light)."""
-    return importlib.import_module("shmbus.adapters.guble.cli")
+    """The guble client lives with the guble adapter: its module is the ``guble`` tool the installed package
+    provides (:mod:`shmbus.providers`), imported for that command only (the core imports no adapter, and stays
+    light)."""
+    return provider(TOOLS, "guble")
 
 
 def _client_cli() -> Any:
@@ -54,9 +55,10 @@ def cmd_listen(args: argparse.Namespace) -> int:
 
 
 def _push_dev_cli() -> Any:
-    """The development push service lives with the push adapter (and needs its extra)."""
+    """The development push service lives with the push adapter (and needs its extra): its module is the
+    ``push-dev`` tool the installed package provides (:mod:`shmbus.providers`)."""
     try:
-        return importlib.import_module("shmbus.adapters.push.devservice")
+        return provider(TOOLS, "push-dev")
     except ImportError as exc:
         sys.exit(f"shmbus push-dev: needs the push extra (pip install 'shmbus[push]'): {exc}")
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -12,6 +11,7 @@ from typing import Any
 
 from .channels import split_backend_name
 from .cli_args import count, human_size, open_existing, others, seconds
+from .providers import TOOLS, provider
 
 __all__ = ["add_stats_arguments", "add_top_arguments", "cmd_stats", "cmd_top"]
 
@@ -162,14 +162,13 @@ def _stats_once(args: argparse.Namespace) -> int:
     return 0
 
 
-#: Where the view of a bridged bus's Redis lives: a module name (data, not an import: the core imports no adapter).
-REDIS_VIEW = "shmbus.adapters.redis.view"
-
-
 def _redis_view(url: str, seg_path: str, seg_global_id: int, seg_history: int) -> dict[str, Any]:
-    """:func:`shmbus.adapters.redis.view.segment_view`, or why it cannot run."""
+    """The ``redis-view`` tool's ``segment_view`` (the Redis package provides it: :mod:`shmbus.providers`; the core
+    imports no adapter), or why it cannot run."""
     try:
-        view = importlib.import_module(REDIS_VIEW)
+        view = provider(TOOLS, "redis-view")
     except ImportError as exc:
         return {"url": url, "error": f"the redis extra is not installed ({exc})"}
+    except LookupError as exc:
+        return {"url": url, "error": str(exc)}
     return dict(view.segment_view(url, seg_path, seg_global_id, seg_history))

@@ -3,9 +3,9 @@
 A process that attaches a bridged bus and was given no engine (a cron job, ``shmbus publish``) builds the
 workers' engine from a URL (``SHMBUS_ENGINE_URL`` or the segment's record). The core must not import
 ``shmbus.adapters``, so a bridge *registers* its kind here (:func:`register_engine_kind`, called when its package
-is imported). A kind nobody registered yet is looked up in :data:`PROVIDERS`, a table of module *names*
-(data, not imports): importing the named module registers the kind. A third-party engine registers itself the
-same way and may add its module to the table.
+is imported). A kind nobody registered yet is looked up among the installed packages' ``shmbus.engines`` entry
+points (:mod:`shmbus.providers`): importing the module one names registers the kind. A third-party engine
+registers itself the same way and declares its module in its own entry points.
 
 A bridge's package stays light (its client library is imported only when a bridge is built or named):
 :func:`lazy_engine` is the factory it registers, :func:`lazy_attributes` its module ``__getattr__``.
@@ -18,9 +18,9 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any, NamedTuple
 
 from .engines import Engine
+from .providers import ENGINES, provided, provider
 
 __all__ = [
-    "PROVIDERS",
     "EngineFactory",
     "engine_from_url",
     "lazy_attributes",
@@ -30,9 +30,6 @@ __all__ = [
 
 #: ``factory(url, relay, options)``: the engine for ``url`` (``options``: the segment's recorded options).
 EngineFactory = Callable[[str, bool, Mapping[str, str]], Engine]
-
-#: Where each known kind lives: importing the module registers it (see the module doc).
-PROVIDERS: dict[str, str] = {"redis": "shmbus.adapters.redis", "postgres": "shmbus.adapters.postgres"}
 
 
 class _Kind(NamedTuple):
@@ -73,8 +70,8 @@ def lazy_attributes(package: str, module: str, names: Collection[str]) -> Callab
 
 
 def _kind(kind: str) -> _Kind | None:
-    if kind not in _kinds and kind in PROVIDERS:
-        importlib.import_module(PROVIDERS[kind])  # registers the kind (an ImportError names what is missing)
+    if kind not in _kinds and kind in provided(ENGINES):
+        provider(ENGINES, kind)  # importing it registers the kind (an ImportError names what is missing)
     return _kinds.get(kind)
 
 
@@ -84,7 +81,7 @@ def _kind_of(scheme: str) -> str | None:
     for name, kind in list(_kinds.items()):
         if scheme in kind.schemes:
             return name
-    for name in sorted(PROVIDERS.keys() - _kinds.keys()):
+    for name in sorted(provided(ENGINES).keys() - _kinds.keys()):
         try:
             found = _kind(name)
         except ImportError:

@@ -5,12 +5,15 @@
 * :class:`~.backend.Backend` (a ``typing.Protocol``): the backend-specific half (publish, read the history after an
   id, name the history, the doorbell, trims, gap fills); :class:`~.rows.Row`, :class:`~.rows.Ring`,
   :class:`~.backend.Doorbell`; :class:`~.engine.RelayOptions`.
-* :class:`~.relay.Relay`: the election loop and the relay (catch-up with loss accounting, history check and reset,
-  storing lines the backend sealed: :mod:`.seals`).
+* :class:`~.machine.RelayMachine`: the relay's rules and state, sans-IO (catch-up with loss accounting, history
+  check and reset, storing lines the backend sealed: :mod:`.seals`), and :class:`~.relay.Relay`, the thread that
+  performs its actions (the election loop and the relay).
+* :mod:`.wire`: the gem's line and envelope format, every backend's.
 * :class:`~.election.RelayElection`, :class:`~.landing.Landing`, :class:`~.queue.PublishQueue`,
   :class:`~.status.BridgeStatus` (what a bridge reports; ``Engine.relay_figures`` for the metrics).
 
-Nothing here imports a backend client library, so it is importable without the extras.
+Nothing here imports a backend client library, so it is importable without the extras. :mod:`.memory`
+(``MemoryBackend``, ``MemoryBridge``) is a backend in this process's memory, a test double.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from .backend import Backend, Doorbell, Row
 from .election import RelayElection
 from .engine import Batch, BridgeEngine, RelayOptions
 from .landing import Landing
+from .machine import RelayMachine
 from .queue import PublishQueue
 from .relay import Relay
 from .rows import Ring
@@ -34,6 +38,7 @@ __all__ = [
     "PublishQueue",
     "Relay",
     "RelayElection",
+    "RelayMachine",
     "RelayOptions",
     "Ring",
     "Row",

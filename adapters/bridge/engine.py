@@ -81,8 +81,8 @@ class BridgeEngine(Engine):
         self.backend = backend
         self.status = status
         self.log = log
-        self.relay, self.election_interval, self.reconnect_max, self.local_wait, self.autostart = options[:5]
-        self.trim_interval = options.trim_interval
+        self.options = options
+        self.may_relay = options.relay  #: this process may relay (``relay=False``: never, e.g. a cron script)
         self.queue_in_memory = queue_in_memory
         self.queue = PublishQueue(self._send_queued, max_in_memory_publish_backlog, log) if queue_in_memory else None
         self._bus: BusHost | None = None
@@ -91,7 +91,7 @@ class BridgeEngine(Engine):
         self._birth = Birth()
         self._tls = threading.local()
         self.election: RelayElection | None = None
-        self.relayer: Relay | None = None
+        self.relay: Relay | None = None  #: the election loop and relay of this process, once attached
         self.landing: Landing | None = None
 
     # ------------------------------------------------------------------ engine hooks
@@ -104,18 +104,19 @@ class BridgeEngine(Engine):
         seg = bus.segment
         seg.mark_bridged(self.backend.record(), sparse_ids=self.backend.sparse_ids)
         self.election = RelayElection(seg.path)
-        self.landing = Landing(self.election, self.local_wait, self.log)
-        self.relayer = Relay(
+        options = self.options
+        self.landing = Landing(self.election, options.local_wait, self.log)
+        self.relay = Relay(
             bus,
             self.backend,
             self.status,
             self.election,
             self.log,
-            election_interval=self.election_interval,
-            reconnect_max=self.reconnect_max,
-            trim_interval=self.trim_interval,
+            election_interval=options.election_interval,
+            reconnect_max=options.reconnect_max,
+            trim_interval=options.trim_interval,
         )
-        if self.autostart:
+        if options.autostart:
             self.start()
 
     def detached(self, bus: BusHost) -> None:
@@ -134,25 +135,25 @@ class BridgeEngine(Engine):
             self.election.after_fork()
         if self.queue is not None:
             self.queue.after_fork()
-        if self.relayer is not None:
-            self.relayer.after_fork()
+        if self.relay is not None:
+            self.relay.after_fork()
         started, self._started = self._started, False
         if started and not self._closed:
             self.start()
 
     def start(self) -> None:
         """Start this process's election thread (the relay runs in it while this process holds the lock)."""
-        if self._started or not self.relay or self.relayer is None:
+        if self._started or not self.may_relay or self.relay is None:
             return
         self._started = True
-        self.relayer.start()
+        self.relay.start()
 
     def close(self) -> None:
         """Stop relaying and electing, release the relay lock, drop connections. Idempotent."""
         self._closed = True
         mine = self._birth.here
-        if self.relayer is not None:
-            self.relayer.close(join=mine)
+        if self.relay is not None:
+            self.relay.close(join=mine)
         if self.queue is not None:
             self.queue.close()
         if self.election is not None:
@@ -160,8 +161,7 @@ class BridgeEngine(Engine):
         if mine:
             self.backend.close()
         self._started = False
-        self.status.relaying = False
-        self.status.relay_state = "off"
+        self.status.relay.close()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.backend.record().url!r})"

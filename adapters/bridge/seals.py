@@ -24,13 +24,11 @@ from collections.abc import Callable
 from typing import Protocol
 
 from .rows import Ring, Row
+from .wire import parse_id, parse_line
 
-__all__ = ["MAX_ID", "NO_RING", "Sealer", "mac", "parse_id", "parse_line", "seal_of", "sealed_rows"]
+__all__ = ["NO_RING", "Sealer", "mac", "seal_of", "sealed_rows"]
 
 NO_RING = Ring(0, [], {})  #: a wait that brought nothing
-PIPE_ESCAPE = b"$$123$$"  # the gem's escape of a ``|`` in a channel name
-MAX_ID = (1 << 63) - 1  #: the largest id a backend gives (a signed 64-bit column, Redis's INCR)
-_ID_DIGITS = len(str(MAX_ID))  # 19
 _MAC_MAX = 128  # bytes of a seal's mac (sha1: 40 hex digits, sha256: 64); anything longer is no seal
 
 
@@ -91,33 +89,8 @@ class Sealer:
         return outer.hexdigest().encode()
 
 
-def parse_id(text: bytes) -> int | None:
-    """An id as the backends write it in a notice: 1 to 19 ASCII digits, 1 to :data:`MAX_ID`; None for anything
-    else. Notices come from anyone who may notify, and ``int`` takes far more than ids: signs, spaces,
-    underscores, and thousands of digits (quadratic to convert; past 4,300 digits a ``ValueError`` that would
-    end the relay's connection)."""
-    if 0 < len(text) <= _ID_DIGITS and text.isdigit():  # bytes.isdigit: ASCII digits only
-        value = int(text)
-        return value if 0 < value <= MAX_ID else None
-    return None
-
-
-def parse_line(line: bytes) -> Row | None:
-    """The gem's line ``gid|cid|chan|envelope`` as a row; None if it is no such line or carries no envelope (a
-    PostgreSQL notice too long to carry it). One ``split`` (the relay parses every sealed line on its wake-up
-    path: 40% less than three ``index`` calls and four slices)."""
-    try:
-        gid, cid, chan, envelope = line.split(b"|", 3)
-        global_id, message_id = parse_id(gid), parse_id(cid)
-        if global_id is None or message_id is None or not envelope:
-            return None
-        return Row(global_id, message_id, chan.replace(PIPE_ESCAPE, b"|").decode(), envelope)
-    except ValueError:  # too few fields; UnicodeDecodeError is one
-        return None
-
-
 def seal_of(payload: bytes) -> tuple[int, int, bytes] | None:
-    """A seal notice ``first|last|mac`` -> ``(first, last, mac)``; None if malformed (ids as :func:`parse_id`
+    """A seal notice ``first|last|mac`` -> ``(first, last, mac)``; None if malformed (ids as :func:`.wire.parse_id`
     reads them, ``first <= last``, a mac of at most 128 bytes). How many ids the run may name is the ring's to
     say (:func:`sealed_rows`): a seal is anyone's words until it verifies."""
     parts = payload.split(b"|", 2)

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from shmbus.figures import RelayFigures, RelayState
 
+from .lifecycle import RelayLifecycle
+
 __all__ = ["BridgeStatus", "Calls", "PublishState", "RelayState"]
 
 #: The publish side's state, as ``health()`` reports it (``"stalled"``: reported, never stored, see :class:`Calls`).
@@ -41,22 +43,16 @@ class Calls:
         self.started = {}
 
 
-#: Seconds a relay that holds the election may go without a step (a doorbell wait, a history page) before its
-#: state reads "stalled": its longest honest step is a backend call or a wait for writers (5 s each by default).
-STALL_AFTER = 30.0
-
-
 @dataclass
 class BridgeStatus:
-    """A bridge's states and counters. Counters describe the bridge, so they survive fork; ``relaying``,
-    ``position`` and ``backend_newest`` describe this process's relay and are cleared in the child."""
+    """A bridge's publish state, counters and relay (:class:`~.lifecycle.RelayLifecycle`: its state and figures).
+    Counters describe the bridge, so they survive fork; ``relay`` describes this process's relay and is cleared in
+    the child."""
 
     kind: str
     where: str  #: the backend without secrets (for log lines)
     log: logging.Logger = field(repr=False)
     state: PublishState = "unknown"
-    relay_state: RelayState = "standby"
-    relaying: bool = False  #: this process holds the host's relay election
     last_error: str | None = None
     last_error_at: float | None = None
     published: int = 0
@@ -65,41 +61,12 @@ class BridgeStatus:
     unrelayable: int = 0  #: messages read that could not be stored (undecodable)
     resets: int = 0
     takeovers: int = 0
-    position: int = 0  #: the newest global id the relay has handled (stored, skipped, or counted lost)
-    backend_newest: int = 0  #: the backend's newest global id as the relay last read it
-    stall_after: float = STALL_AFTER
-    stepped_at: float = 0.0  #: ``time.monotonic()`` of the relay's last step (0: none yet)
-    _stall_told: float = field(default=0.0, repr=False)  # the step whose stall was logged
-
-    def step(self) -> None:
-        """The relay made a step (called by the relay thread at each one): it is not stalled."""
-        if self._stall_told and self._stall_told == self.stepped_at:
-            self.log.info("shmbus %s bridge %s: relay (pid %d) progresses again", self.kind, self.where, os.getpid())
-        self.stepped_at = time.monotonic()
-
-    def current_relay_state(self, now: float | None = None) -> RelayState:
-        """The relay state as reported: "stalled" when the relay holds the election but its thread made no step for
-        ``stall_after`` s (a stalled thread cannot say so itself: whoever reads health or the figures does)."""
-        state = self.relay_state
-        if state not in ("connecting", "relaying") or not self.relaying or not self.stepped_at:
-            return state
-        now = time.monotonic() if now is None else now
-        if now - self.stepped_at <= self.stall_after:
-            return state
-        if self._stall_told != self.stepped_at:
-            self._stall_told = self.stepped_at
-            self.log.warning(
-                "shmbus %s bridge %s: relay (pid %d) made no progress for %.0f s (state %s -> stalled)",
-                self.kind,
-                self.where,
-                os.getpid(),
-                now - self.stepped_at,
-                state,
-            )
-        return "stalled"
-
     #: publishes waiting for the backend now; the bridge sets ``stall_after`` (half its command timeout)
     calls: Calls = field(default_factory=lambda: Calls(2.5), repr=False)
+    relay: RelayLifecycle = field(init=False, repr=False)  #: this process's relay (set from the fields above)
+
+    def __post_init__(self) -> None:
+        self.relay = RelayLifecycle(self.kind, self.where, self.log)
 
     def set_state(self, state: PublishState, error: BaseException | None = None) -> None:
         self._record(error)
@@ -108,9 +75,10 @@ class BridgeStatus:
             self._log(logging.INFO if state == "ok" else logging.WARNING, "publish", old, state, state != "ok")
 
     def set_relay_state(self, state: RelayState, error: BaseException | None = None) -> None:
+        """Move the relay to ``state`` (:data:`~.lifecycle.MOVES`; an illegal move raises), logging a change."""
         self._record(error)
-        if state != self.relay_state:
-            old, self.relay_state = self.relay_state, state
+        old = self.relay.move(state)
+        if state != old:
             level = logging.WARNING if state == "reconnecting" else logging.INFO
             self._log(level, f"relay (pid {os.getpid()})", old, state, error is not None)
 
@@ -125,13 +93,11 @@ class BridgeStatus:
 
     def figures(self) -> RelayFigures:
         """The relay's part of the host metrics (``Engine.relay_figures``)."""
-        return RelayFigures(self.relaying, self.current_relay_state(), self.backend_newest, self.relay_lost)
+        relay = self.relay
+        return RelayFigures(relay.holding, relay.current(), relay.backend_newest, self.relay_lost)
 
     def after_fork(self) -> None:
-        self.relaying = False
-        self.relay_state = "standby"
-        self.position = self.backend_newest = 0
-        self.stepped_at = 0.0
+        self.relay.after_fork()
         self.calls.clear()  # the parent's threads' calls
 
     def health(self) -> dict[str, Any]:
@@ -149,14 +115,14 @@ class BridgeStatus:
             "error": error,
             "calls_waiting": waiting,
             "oldest_call_seconds": round(oldest, 3),
-            "relay": self.relaying,
-            "relay_state": self.current_relay_state(),
+            "relay": self.relay.holding,
+            "relay_state": self.relay.current(),
             "last_error": self.last_error,
             "last_error_at": self.last_error_at,
             "published": self.published,
             "relayed": self.relayed,
-            "relay_highest_global_id": self.position,
-            "relay_backend_global_id": self.backend_newest,
+            "relay_highest_global_id": self.relay.position,
+            "relay_backend_global_id": self.relay.backend_newest,
             "relay_lost": self.relay_lost,
             "unrelayable": self.unrelayable,
             "resets": self.resets,

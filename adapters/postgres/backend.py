@@ -26,7 +26,7 @@ from shmbus.segment import BridgeRecord
 from ..bridge.backend import Acknowledged, Page, Row
 from ..bridge.outcome import ReplyLost, cause_text, note_unknown, outcome_unknown
 from ..bridge.status import BridgeStatus
-from ..redis.layout import PIPE_ESCAPE, decode_envelope, encode_envelope
+from ..bridge.wire import PIPE_ESCAPE, decode_envelope, encode_envelope
 from . import sql
 from .connection import TimedConnection
 from .direct import call_publish, forget_prepared

@@ -9,14 +9,13 @@ import psycopg
 from psycopg import sql as pgsql
 
 from ..bridge.backend import Ring
-from ..bridge.seals import NO_RING, parse_id, seal_of
-from ..redis.layout import PIPE_ESCAPE
+from ..bridge.seals import NO_RING, seal_of
+from ..bridge.wire import parse_id, unescape_channel
 from . import sql
 from .connection import TimedConnection
 
 __all__ = ["Listener", "PostgresDoorbell"]
 
-_PIPE_ESCAPE = PIPE_ESCAPE.encode()
 _NOTICED_MAX = 10_000  # channels named by notices kept for one trim pass (bounds what forged notices can cost)
 
 
@@ -105,7 +104,7 @@ class PostgresDoorbell:
             top = max(top, gid)
             if len(parts) == 4 and len(noticed) < _NOTICED_MAX:  # a channel to trim: the gem's rule for any
                 try:  # try, not contextlib.suppress: this runs per notice, on the wake-up path
-                    noticed.add(parts[2].replace(_PIPE_ESCAPE, b"|").decode())
+                    noticed.add(unescape_channel(parts[2]))
                 except UnicodeDecodeError:  # a channel that is not UTF-8
                     continue
         return Ring(top, lines, seals) if lines or seals else NO_RING

@@ -8,7 +8,7 @@ from shmbus.bus import Backlog
 from shmbus.channels import backend_name
 from shmbus.message import Message
 
-from ..redis.layout import decode_envelope
+from ..bridge.wire import decode_envelope
 from . import sql
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 procedures shmbus publishes through (they perform the gem's publish statements in one round trip).
 
 No psycopg here, so the format can be read (and tested) alone. The value column holds the gem's envelope
-(``{"data":..,"user_ids":..,"group_ids":..,"client_ids":..}``, the Redis layout's :func:`encode_envelope`), the
+(``{"data":..,"user_ids":..,"group_ids":..,"client_ids":..}``, the bridge kit's ``wire.encode_envelope``), the
 channel column the site-suffixed backend name, and ``pg_notify`` carries the gem's line
 ``<id>|<id>|<channel>|<value>`` (a channel's ``|`` escaped as ``$$123$$``).
 """

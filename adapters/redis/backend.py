@@ -19,7 +19,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from shmbus.bus import Backlog
-from shmbus.channels import backend_name
+from shmbus.channels import backend_name, split_backend_name
 from shmbus.codecs import Codec, get_codec
 from shmbus.message import Message
 from shmbus.perprocess import Birth
@@ -28,6 +28,7 @@ from shmbus.segment import BridgeRecord
 from ..bridge.backend import Acknowledged, Page, Row
 from ..bridge.outcome import ReplyLost, cause_text, note_unknown, outcome_unknown
 from ..bridge.status import BridgeStatus
+from ..bridge.wire import decode_envelope, parse_line, required_line
 from . import layout
 from .commands import DirectCommands
 from .doorbell import RedisDoorbell
@@ -251,8 +252,11 @@ class RedisBackend:
             return True
         if rec.message_id != cid or backend_name(rec.channel.decode(), rec.site.decode() or None) != chan:
             return False
+        line = parse_line(lines[0])
+        if line is None or line.value is None:
+            return True
         try:
-            payload, _ = layout.decode_envelope(self._codec, layout.parse_line(lines[0]).envelope)
+            payload, _ = decode_envelope(self._codec, line.value)
             return bool(self._codec.decode(payload) == self._codec.decode(rec.payload))
         except (ValueError, TypeError):
             return True
@@ -272,10 +276,10 @@ class RedisBackend:
         for i in range(2, len(got), 3):
             gid = int(got[i])
             cid, chan = layout.parse_pointer(got[i + 1])
-            d = layout.parse_line(got[i + 2]) if got[i + 2] else None
+            d = required_line(got[i + 2]) if got[i + 2] else None
             if d is not None and d.global_id != gid:  # the channel's id now names another message (ids restarted)
                 d = None
-            rows.append(Row(gid, cid, chan, bytes(d.envelope) if d is not None else None))
+            rows.append(Row(gid, cid, chan, bytes(d.value) if d is not None and d.value is not None else None))
         self._gone = max(self._newest, rows[-1].global_id) if rows else self._newest
         return Page(history, rows)
 
@@ -313,12 +317,11 @@ class RedisBackend:
         epoch = bus.segment.read_epoch()
         older = []
         for line in lines:
-            d = layout.parse_line(line)
-            payload, meta = layout.decode_envelope(bus.codec, d.envelope)
+            d = required_line(line)
+            payload, meta = decode_envelope(bus.codec, d.value or b"")
+            channel, site = split_backend_name(d.channel)
             older.append(
-                Message(
-                    d.global_id, d.message_id, d.channel, payload, bus.codec, site_id=d.site_id, meta=meta, epoch=epoch
-                )
+                Message(d.global_id, d.message_id, channel, payload, bus.codec, site_id=site, meta=meta, epoch=epoch)
             )
         if not older:
             return None

@@ -17,7 +17,8 @@ from typing import Any
 import redis
 
 from ..bridge.backend import Ring
-from ..bridge.seals import NO_RING, parse_id, seal_of
+from ..bridge.seals import NO_RING, seal_of
+from ..bridge.wire import parse_id
 
 _hiredis: Any
 try:

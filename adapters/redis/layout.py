@@ -1,20 +1,21 @@
-"""The gem's Redis wire format: key names, the ``gid|cid|chan|envelope`` line, the envelope, the Lua script.
+"""The gem's Redis layout: key names, the global backlog's pointers, the Lua scripts.
 
-Kept apart from the bridge so the encoding can be read (and tested) on its own. Everything here follows
-message_bus's Redis backend so a Ruby app and a Python app on one Redis share a bus.
+The line ``gid|cid|chan|envelope`` and the envelope are every bridge's (the kit's ``wire``); what is here is where
+Redis keeps them. Everything follows message_bus's Redis backend so a Ruby app and a Python app on one Redis share
+a bus.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from typing import Any, NamedTuple
+from typing import Any
 
-from shmbus import jsonlib
-from shmbus.channels import backend_name, split_backend_name
+from shmbus.channels import backend_name
 from shmbus.codecs import Codec
 from shmbus.engines import Envelope
-from shmbus.message import decode_meta, encode_meta
+
+from ..bridge.wire import encode_envelope, line_tail
 
 __all__ = [
     "GLOBAL_BACKLOG_KEY",
@@ -22,13 +23,8 @@ __all__ = [
     "PUBLISH_SCRIPT",
     "PUBLISH_SHA",
     "SEAL_KEY",
-    "Decoded",
     "backlog_id_key",
     "backlog_key",
-    "decode_envelope",
-    "encode_envelope",
-    "line_tail",
-    "parse_line",
     "parse_pointer",
     "script_args",
     "seal_channel",
@@ -36,7 +32,6 @@ __all__ = [
 
 GLOBAL_ID_KEY = "__mb_global_id_n"
 GLOBAL_BACKLOG_KEY = "__mb_global_backlog_n"
-PIPE_ESCAPE = "$$123$$"
 
 #: The seal key (shmbus's own: the gem never reads it): a random secret a relay sets when missing (a FLUSHDB
 #: drops it with the history). Whoever may read it can seal notices (see the bridge kit's ``seals``): give
@@ -169,81 +164,12 @@ def many_script_args(single_args: list[list[Any]]) -> list[Any]:
     return [len(keys), *keys, *argv]
 
 
-_NULL_TARGETS = b',"user_ids":null,"group_ids":null,"client_ids":null}'
-_DATA_HEAD = b'{"data":'
-
-
 def backlog_key(chan: str) -> str:
     return f"{BACKLOG_KEY_PREFIX}{chan}"
 
 
 def backlog_id_key(chan: str) -> str:
     return f"__mb_backlog_id_n_{chan}"
-
-
-def encode_envelope(codec: Codec, payload: bytes, meta: bytes) -> bytes:
-    """``{"data","user_ids","group_ids","client_ids"}`` in the bus's codec; JSON splices ``payload`` as is."""
-    if codec.is_json:
-        if not meta:
-            return _DATA_HEAD + payload + _NULL_TARGETS
-        c, u, g = decode_meta(meta)
-        return b"".join(
-            (
-                _DATA_HEAD,
-                payload,
-                b',"user_ids":',
-                jsonlib.dumps(u),
-                b',"group_ids":',
-                jsonlib.dumps(g),
-                b',"client_ids":',
-                jsonlib.dumps(c),
-                b"}",
-            )
-        )
-    c, u, g = decode_meta(meta)
-    return codec.encode({"data": codec.decode(payload), "user_ids": u, "group_ids": g, "client_ids": c})
-
-
-def decode_envelope(codec: Codec, env: bytes) -> tuple[bytes, bytes]:
-    """Envelope bytes -> ``(payload, meta)`` as the segment stores them (inverse of :func:`encode_envelope`).
-
-    A JSON envelope with no targeting is sliced, not parsed: the common case costs no decode.
-    """
-    if codec.is_json:
-        if env.startswith(_DATA_HEAD) and env.endswith(_NULL_TARGETS):
-            return env[len(_DATA_HEAD) : -len(_NULL_TARGETS)], b""
-        obj = jsonlib.loads(env)
-    else:
-        obj = codec.decode(env)
-    if not isinstance(obj, dict) or "data" not in obj:
-        raise ValueError("not a message_bus envelope (no 'data' key)")
-    meta = encode_meta(obj.get("client_ids"), obj.get("user_ids"), obj.get("group_ids"))
-    return codec.encode(obj["data"]), meta
-
-
-def line_tail(chan: str, envelope: bytes) -> bytes:
-    """``chan|envelope`` (the script prepends ``gid|cid|``); a ``|`` in the channel travels as ``$$123$$``."""
-    return chan.replace("|", PIPE_ESCAPE).encode() + b"|" + envelope
-
-
-class Decoded(NamedTuple):
-    global_id: int
-    message_id: int
-    channel: str
-    site_id: str | None
-    envelope: bytes
-
-
-def parse_line(line: bytes) -> Decoded:
-    """``gid|cid|chan|envelope`` -> its parts (the envelope is everything after the third ``|``)."""
-    i1 = line.index(b"|")
-    i2 = line.index(b"|", i1 + 1)
-    i3 = line.index(b"|", i2 + 1)
-    chan = line[i2 + 1 : i3].decode()
-    if PIPE_ESCAPE in chan:
-        chan = chan.replace(PIPE_ESCAPE, "|")
-    channel, site = split_backend_name(chan)
-    return Decoded(int(line[:i1]), int(line[i1 + 1 : i2]), channel, site, line[i3 + 1 :])
 
 
 def parse_pointer(member: bytes) -> tuple[int, str]:

@@ -1,4 +1,5 @@
-"""One client connection of the lean server (:class:`HttpConnection`): reading, pipelining, deadlines, closing.
+"""One client connection of the lean server (:class:`HttpConnection`): reading, pipelining, the request flow (its
+deadlines and closing: :mod:`.lifetime`).
 
 It owns its parts and talks to each through a small interface: a :class:`~.reader.RequestReader` (the parser's
 callbacks, reporting as :class:`~.reader.ReaderOwner`), the server's :class:`~.bus_routes.BusRoutes` (which may
@@ -15,8 +16,9 @@ import socket
 from collections.abc import MutableMapping
 from typing import Any
 
-from .asgi_bridge import Cycle, ResponsePhase
+from .asgi_bridge import Cycle
 from .bus_routes import BusRoutes, ParkedPoll
+from .lifetime import ConnectionLifetime
 from .limits import FEED_STEP, MAX_BUFFERED
 from .reader import RequestReader
 from .request import Request, asgi_scope
@@ -27,31 +29,11 @@ log = logging.getLogger("shmbus.adapters.server")
 _EMPTY_HEADERS: list[tuple[bytes, bytes]] = []
 
 
-class HttpConnection(asyncio.Protocol):
-    """One client connection: the asyncio protocol, the queue of pipelined requests and the timers' state."""
+class HttpConnection(ConnectionLifetime, asyncio.Protocol):
+    """One client connection: the asyncio protocol, the queue of pipelined requests and the timers' state (its
+    deadlines and ends: :class:`~.lifetime.ConnectionLifetime`)."""
 
-    __slots__ = (
-        "buffered",
-        "closing",
-        "cur",
-        "cycle",
-        "deadline",
-        "eof",
-        "feeding",
-        "idle",
-        "inbox",
-        "linger_until",
-        "parked",
-        "paused_r",
-        "paused_w",
-        "phase",
-        "pumping",
-        "queue",
-        "reader",
-        "routes",
-        "srv",
-        "transport",
-    )
+    __slots__ = ("buffered", "feeding", "paused_w", "pumping", "routes")  # and ConnectionLifetime's
 
     def __init__(self, srv: Server, routes: BusRoutes) -> None:
         self.srv = srv
@@ -225,44 +207,6 @@ class HttpConnection(asyncio.Protocol):
         if self.cur is None and self.reader.req is None and not self.queue:  # nothing answered, read or waiting
             self._arm_idle()
 
-    # ------------------------------------------------------------------ the clock: deadlines, idle, linger
-    def _deadline_limit(self) -> float:
-        limits = self.srv.limits
-        return limits.body_timeout if self.phase == "request body" else limits.header_timeout
-
-    def _arm_deadline(self, phase: str) -> None:
-        limits = self.srv.limits  # (no call to _deadline_limit: twice per request)
-        self.phase = phase
-        self.deadline = self.srv.now + (limits.body_timeout if phase == "request body" else limits.header_timeout)
-
-    def tick(self, now: float, idle_cutoff: float) -> None:
-        """The server's clock, once a second: parked polls' ends, idle keep-alive, head and body deadlines,
-        lingering closes."""
-        if self.closing:
-            if self.linger_until and now >= self.linger_until:
-                self.linger_until = 0.0
-                self.transport.abort()  # the client neither read the response nor closed: enough
-            return
-        parked = self.parked
-        if parked is not None and parked.expires and now >= parked.expires:  # see COARSE_EXPIRY
-            parked.expires = 0.0
-            parked.expire()
-            return
-        if self.idle:
-            self._idle_expired(idle_cutoff)
-        elif self.deadline and now >= self.deadline:
-            self.deadline = 0.0
-            self.fail(408, f"{self.phase} not received within {self._deadline_limit():g} s")
-
-    def _arm_idle(self) -> None:
-        if not self.idle:
-            self.idle = self.srv.now  # no timer per request: the server's 1 s tick closes expired idle ones
-
-    def _idle_expired(self, cutoff: float) -> None:
-        if self.idle <= cutoff and self.cur is None and self.reader.req is None and not self.queue and not self.closing:
-            self.closing = True
-            self.transport.close()
-
     # ------------------------------------------------------------------ request flow
     def _pump(self) -> None:
         """Start queued requests one at a time (a request answered synchronously lets the next one start)."""
@@ -350,69 +294,3 @@ class HttpConnection(asyncio.Protocol):
     def scope(self, req: Request) -> MutableMapping[str, Any]:
         """The ASGI scope of ``req`` (for the bridge, and for the middleware's lookups)."""
         return asgi_scope(req, self.transport, self.srv.state)
-
-    # ------------------------------------------------------------------ ends: errors, closes, shutdown
-    def fail(self, status: int, reason: str) -> None:
-        """A request we cannot parse or accept: answer (unless another response is under way) and close."""
-        if self.closing:
-            return
-        self.reader.req = None
-        cur, cycle = self.cur, self.cycle
-        answer = cur is None or cur.refused is not None or (not cur.started and cycle is None)
-        if cycle is not None and cycle.phase is ResponsePhase.NOT_STARTED:
-            answer = True
-            cycle.phase = ResponsePhase.STARTED  # the app's own response, if it still sends one, is discarded
-            cycle.lost()
-        if self.parked is not None:  # a parked poll: unregister it
-            self.parked.abandon()
-            answer = False  # its response head is already out (a stream) or it is mid-wait: just close
-        if answer:
-            self.transport.write(self.srv.error_response(status, reason))
-        self._linger_close()
-
-    def abort(self) -> None:
-        self.closing = True
-        self.transport.abort()
-
-    def _linger_close(self) -> None:
-        """Close after the response: shut the write side, drain (discard) input until the client closes or
-        ``linger`` passes. Closing with unread input would make the kernel send a reset, which can destroy the
-        response before the client reads it."""
-        self.closing = True
-        self.deadline = 0.0
-        self.inbox = bytearray()
-        t = self.transport
-        if t.is_closing():
-            return
-        if self.eof:  # the client already closed its side: nothing left to drain
-            t.close()
-            return
-        if self.paused_r:
-            self.paused_r = False
-            t.resume_reading()
-        try:
-            if not t.can_write_eof():
-                raise OSError("no half-close")
-            t.write_eof()
-        except (OSError, RuntimeError, NotImplementedError):
-            t.close()
-            return
-        self.linger_until = self.srv.now + self.srv.limits.linger
-
-    def stop(self) -> None:
-        """Shutdown begins: a parked poll is answered now (its client re-polls elsewhere); idle: close."""
-        if self.parked is not None:
-            self.parked.expire()
-        elif self.cur is None and self.reader.req is None and not self.closing:
-            self.closing = True
-            self.transport.close()
-
-    @property
-    def responding(self) -> bool:
-        return self.cycle is not None
-
-    def close_now(self) -> None:
-        if self.cycle is not None and self.cycle.task is not None:
-            self.cycle.task.cancel()
-        self.closing = True
-        self.transport.close()

@@ -24,6 +24,7 @@ from shmbus.channels import backend_name
 from shmbus.message import encode_meta
 from shmbus.segment import Segment
 
+from ..bridge.wire import required_line
 from ..redis import layout
 
 __all__ = ["Chunk", "Location", "Reader", "RedisReader", "ShmReader", "open_reader"]
@@ -222,11 +223,11 @@ class RedisReader:
             if not page:
                 break
             for member in page:
-                line = layout.parse_line(member)
+                line = required_line(member)
                 cid = line.message_id
                 if first is None:
                     first = cid
-                envelope = jsonlib.loads(line.envelope)
+                envelope = jsonlib.loads(line.value or b"")
                 out.message_ids.append(cid)
                 out.global_ids.append(line.global_id)
                 ts = envelope.get("timestamp")

@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from shmbus import Bus, Message
-from shmbus.adapters.redis import layout as rl
+from shmbus.adapters.bridge.wire import required_line
 
 from .bridge_util import wait_for, wait_relaying
 
@@ -63,7 +63,7 @@ def test_redis_layout_and_lines_are_the_gems(redis_server: Any, make_host: Calla
     assert r.ttl("__mb_global_id_n") == -1
     published = [wait_for(lambda: ps.get_message(timeout=0.1), what="pub/sub line")["data"] for _ in range(4)]
     assert published[0] == b'1|1|/a|{"data":"a1","user_ids":null,"group_ids":null,"client_ids":null}'
-    assert [rl.parse_line(p).global_id for p in published] == [1, 2, 3, 4]
+    assert [required_line(p).global_id for p in published] == [1, 2, 3, 4]
     ps.close()
 
 

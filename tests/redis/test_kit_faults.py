@@ -313,7 +313,7 @@ def test_a_relay_that_makes_no_progress_says_stalled(
     b = make_host("b", redis_server.url)
     wait_relaying(b)
     status = b.default.status  # type: ignore[union-attr]
-    status.stall_after = 0.2
+    status.relay.stall_after = 0.2
     held, release = threading.Event(), threading.Event()
     ring = RedisDoorbell.ring
 

@@ -17,20 +17,22 @@ def test_a_relay_without_a_step_for_stall_after_reads_stalled_and_is_logged_once
 ) -> None:
     """The stall is judged by whoever reads the status (a stuck relay thread cannot say so), against the relay's
     last step, on the clock passed in: no sleeping."""
-    status = BridgeStatus("redis", "redis://x", logging.getLogger("test.stall"), stall_after=30.0)
-    status.relaying, status.relay_state = True, "relaying"
-    status.step()
-    at = status.stepped_at
-    assert status.current_relay_state(at + 29.0) == "relaying"
+    status = BridgeStatus("redis", "redis://x", logging.getLogger("test.stall"))
+    relay = status.relay
+    relay.stall_after = 30.0
+    relay.holding, relay.state = True, "relaying"
+    relay.step(1000.0)
+    at = relay.stepped_at
+    assert relay.current(at + 29.0) == "relaying"
     with caplog.at_level(logging.INFO, "test.stall"):
-        assert status.current_relay_state(at + 31.0) == "stalled"
-        assert status.current_relay_state(at + 32.0) == "stalled"
-        status.step()
+        assert relay.current(at + 31.0) == "stalled"
+        assert relay.current(at + 32.0) == "stalled"
+        relay.step(at + 33.0)
     assert [r.getMessage().split(": ", 1)[1] for r in caplog.records] == [
         f"relay (pid {os.getpid()}) made no progress for 31 s (state relaying -> stalled)",
         f"relay (pid {os.getpid()}) progresses again",
     ]
-    assert status.current_relay_state(status.stepped_at + 1.0) == "relaying"
-    status.relaying = False  # a process that does not hold the election is never stalled: it is standby
-    assert status.current_relay_state(status.stepped_at + 100.0) == "relaying"
+    assert relay.current(relay.stepped_at + 1.0) == "relaying"
+    relay.holding = False  # a process that does not hold the election is never stalled: it is standby
+    assert relay.current(relay.stepped_at + 100.0) == "relaying"
     assert "stalled" in RELAY_STATES and RELAY_STATES.index("off") == 5  # the slots' old indexes keep their meaning

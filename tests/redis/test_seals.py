@@ -61,7 +61,7 @@ def test_the_relays_hashes_seal_as_hashlib_does(hash_name: str) -> None:
 
 
 def test_parse_line_reads_the_gems_lines_and_refuses_the_rest() -> None:
-    from shmbus.adapters.bridge.seals import parse_line
+    from shmbus.adapters.bridge.wire import parse_line
 
     assert parse_line(b'12|3|/a$$123$$b|{"data":1}') == (12, 3, "/a|b", b'{"data":1}')
     assert parse_line(b"12|3|/a|x|y|") == (12, 3, "/a", b"x|y|")  # the envelope is everything after the third |
@@ -130,7 +130,8 @@ def test_seal_of_takes_only_ids_as_the_backends_write_them(payload: bytes) -> No
 
 
 def test_ids_are_ascii_digits_within_63_bits() -> None:
-    from shmbus.adapters.bridge.seals import MAX_ID, parse_id, parse_line, seal_of
+    from shmbus.adapters.bridge.seals import seal_of
+    from shmbus.adapters.bridge.wire import MAX_ID, parse_id, parse_line
 
     assert parse_id(b"1") == 1 and parse_id(str(MAX_ID).encode()) == MAX_ID
     for bad in (b"", b"0", b"-1", b"+1", b" 1", b"1 ", b"1_0", "٣".encode(), str(MAX_ID + 1).encode(), b"9" * 5000):
