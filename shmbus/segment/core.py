@@ -64,12 +64,13 @@ from .layout import (
 from .locking import Locking
 from .processes import Processes
 from .ring import Ring
+from .writing import Writing
 
 # Struct objects are assigned, not imported by name: see the note on the formats in layout.py.
 _H_STATIC, _U32 = layout._H_STATIC, layout._U32
 
 
-class Segment(Ring, ChannelTable, Processes, Bridging, Locking):
+class Segment(Writing, Ring, ChannelTable, Processes, Bridging, Locking):
     """One attached segment. Create or attach with :meth:`open`; all methods are thread-safe."""
 
     # ------------------------------------------------------------------ lifecycle

@@ -35,7 +35,7 @@ class Words(Protocol):
 class Bytes(Protocol):
     """Byte-range stores into the mapping."""
 
-    def __setitem__(self, index: slice, value: bytes, /) -> None: ...
+    def __setitem__(self, index: slice, value: bytes | bytearray, /) -> None: ...
 
 
 class SegmentState:
