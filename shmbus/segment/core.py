@@ -256,7 +256,7 @@ class Segment(Writing, Ring, ChannelTable, Processes, Bridging, Locking):
         with contextlib.suppress(Exception):
             self._unregister_process()
         self._closed = True
-        self._close_fd(self._fd, self._shm)
+        self._close_fd(*self._handles)
 
     def unlink(self) -> None:
         """Remove the segment's name: processes still attached keep their mapping until they detach."""

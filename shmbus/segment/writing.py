@@ -19,6 +19,7 @@ from . import layout
 from .layout import (
     _BODY,
     _I_FUTEX,
+    _I_SLEEPERS,
     _OFF_FUTEX,
     _OFF_HEAD,
     _OFF_SLOT_COPY,
@@ -111,7 +112,6 @@ class Writing(SegmentState):
         seen_gen = self._table_gen
         slot_offset = self._slot_cache.get(key)
         ring = self.ring_size
-        sleepers = 0
         # Python may raise between any two calls here (a signal handler, an async exception): the lock is taken
         # inside the try, whose finally releases it whatever happened (harmless when this thread does not hold it),
         # and ``stage`` tells the handler what such an exception may have left (see Locking).
@@ -200,7 +200,11 @@ class Writing(SegmentState):
             if counter:
                 u64[counter] = u64[counter] + 1
             word, sleepers = _WAKE.unpack_from(mm, _OFF_FUTEX)
-            self._u32[_I_FUTEX] = (word + 1) & 0xFFFFFFFF
+            u32 = self._u32
+            u32[_I_FUTEX] = (word + 1) & 0xFFFFFFFF
+            if sleepers:  # wake them, then take them off the count, still under the lock (see Processes.wait)
+                _native.futex_wake(self._futex_addr)
+                u32[_I_SLEEPERS] = 0
         except ChannelTableFull:  # raised before the slot search stores anything: nothing to repair
             raise
         except BaseException:
@@ -212,8 +216,6 @@ class Writing(SegmentState):
             raise
         finally:
             _native.mutex_unlock(self._mutex_ptr)
-        if sleepers:
-            _native.futex_wake(self._futex_addr)
         return new_gid, new_mid
 
     def _pad(self, off: int) -> None:
