@@ -15,6 +15,7 @@ shared and own rows of a size back to back, so the machine's load hits both alik
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import resource
@@ -146,7 +147,8 @@ def publisher(name: str, n: int, *, own: bool) -> Job:
 
 
 def subscriber(name: str, n: int) -> Job:
-    """Count ``n`` messages on CHANNEL; the time of the last one, and what the listener lost."""
+    """Count ``n`` messages on CHANNEL; the time of the last one, what the listener lost, and the process's CPU
+    from the start to the last one."""
 
     def job(ready: Callable[[], None]) -> str:
         bus = Bus(name, keepalive_interval=0)
@@ -162,11 +164,14 @@ def subscriber(name: str, n: int) -> Job:
         try:
             bus.subscribe(CHANNEL, on_message)
             ready()
+            u0 = resource.getrusage(resource.RUSAGE_SELF)
             done.wait(60)
+            u1 = resource.getrusage(resource.RUSAGE_SELF)
             lost = bus.figures().listener.lost
         finally:
             bus.close()
-        return f"{count[1]!r} {count[0]} {lost}"
+        cpu = u1.ru_utime + u1.ru_stime - u0.ru_utime - u0.ru_stime
+        return f"{count[1]!r} {count[0]} {lost} {cpu!r}"
 
     return job
 
@@ -257,8 +262,12 @@ def measure_publishers(rep: c.Report, sizes: list[int], n: int, rounds: int) -> 
 
 
 def measure_listeners(rep: c.Report, sizes: list[int], n: int, rounds: int) -> None:
+    """Rates, and the CPU they cost: the publisher's per publish (its wake-up calls), each listener's per delivery
+    (its wake-ups), which the machine's load moves less than rates."""
     published: dict[int, list[float]] = {k: [] for k in sizes}
     delivered: dict[int, list[float]] = {k: [] for k in sizes}
+    pub_cpu: dict[int, list[float]] = {k: [] for k in sizes}
+    sub_cpu: dict[int, list[float]] = {k: [] for k in sizes}
     lost_total = 0
     for _ in range(rounds):
         for k in sizes:
@@ -268,10 +277,12 @@ def measure_listeners(rep: c.Report, sizes: list[int], n: int, rounds: int) -> N
                 lines = race([publisher(name, n, own=False)] + [subscriber(name, n) for _ in range(k)])
             finally:
                 bus.destroy()
-            pub, subs = lines[0][:3], lines[1:]
+            pub, subs = lines[0], lines[1:]
             lost_total += int(sum(x[2] for x in subs)) + sum(n - int(x[1]) for x in subs)
             published[k].append(n / (pub[1] - pub[0]))
             delivered[k].append(k * n / (max(x[0] for x in subs) - pub[0]))
+            pub_cpu[k].append(1e6 * pub[3] / n)
+            sub_cpu[k].append(1e6 * sum(x[3] for x in subs) / (k * n))
     one = sizes[0]
     for k in sizes:
         rep.add(
@@ -286,6 +297,8 @@ def measure_listeners(rep: c.Report, sizes: list[int], n: int, rounds: int) -> N
             "msgs/s",
             baselines=[f"deliveries, {one} listening processes"],
         )
+        rep.add(f"publisher CPU per publish, {k} listening", pub_cpu[k], "us", higher_is_better=False)
+        rep.add(f"listener CPU per delivery, {k} listening", sub_cpu[k], "us", higher_is_better=False)
     rep.note(
         f"listeners, K/{one}: deliveries "
         + ", ".join(
@@ -342,9 +355,9 @@ def sizes_arg(text: str) -> list[int]:
 
 
 def main() -> int:
-    def extra(p: object) -> None:
-        p.add_argument("--publishers", type=sizes_arg, default=None, help="publisher counts, e.g. 1,2,4")  # type: ignore[attr-defined]
-        p.add_argument("--listeners", type=sizes_arg, default=None, help="listener/reader counts, e.g. 1,3")  # type: ignore[attr-defined]
+    def extra(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--publishers", type=sizes_arg, default=None, help="publisher counts, e.g. 1,2,4")
+        p.add_argument("--listeners", type=sizes_arg, default=None, help="listener/reader counts, e.g. 1,3")
 
     args = c.parse_args(__doc__ or "", extra=extra)
     quick = args.quick
