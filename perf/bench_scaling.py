@@ -8,6 +8,10 @@ ceiling one bus keeps), ``N/1`` (does adding publishers add throughput, or take 
 (deliveries should grow with K, the publisher should not slow down) and for backlog readers (lock-free: should
 grow with K up to the cores).
 
+Rates move with the machine's load; the CPU each process spends per publish (or per delivery, for a listener) and
+the publishers' sleeps on the lock per 1,000 publishes (voluntary context switches) move much less, and show what
+contention and wake-ups cost.
+
 Sizes default from ``os.cpu_count()``: 1, 2, 4, ... up to the CPU count (``--quick``: 1 and the CPU count);
 ``--publishers 1,2,4`` and ``--listeners 1,3`` choose others. Each round measures every size of a kind once, the
 shared and own rows of a size back to back, so the machine's load hits both alike; figures are medians over rounds.
@@ -239,14 +243,14 @@ def measure_publishers(rep: c.Report, sizes: list[int], n: int, rounds: int) -> 
             rep.add(f"publish, N={k} {where[kind]}", [aggregate(x) for x in runs], "msgs/s", baselines=bases)
             rep.add(
                 f"CPU per publish, N={k} {where[kind]}",
-                [1e6 * sum(c[3] for c in x) / sum(c[2] for c in x) for x in runs],
+                [1e6 * sum(child[3] for child in x) / sum(child[2] for child in x) for x in runs],
                 "us",
                 higher_is_better=False,
                 baselines=[f"CPU per publish, N={k} a bus each"] if kind == "shared" else [],
             )
             rep.add(
                 f"sleeps per 1k publishes, N={k} {where[kind]}",
-                [1e3 * sum(c[4] for c in x) / sum(c[2] for c in x) for x in runs],
+                [1e3 * sum(child[4] for child in x) / sum(child[2] for child in x) for x in runs],
                 "",
                 higher_is_better=False,
             )
