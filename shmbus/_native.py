@@ -41,17 +41,22 @@ __all__ = [
 ]
 
 
-def _load_libc() -> ctypes.CDLL | None:
+def _load_libc(kind: type[ctypes.CDLL]) -> ctypes.CDLL | None:
     for name in (ctypes.util.find_library("c"), "libc.so.6"):
         if name:
             try:
-                return ctypes.CDLL(name, use_errno=True)
+                return kind(name, use_errno=True)
             except OSError:
                 continue
     return None
 
 
-_libc = _load_libc()
+_libc = _load_libc(ctypes.CDLL)
+#: The same library, called with the GIL held: for the calls that never block (trylock, unlock, a futex wake). A
+#: CDLL call releases the GIL and takes it back on return, and a trylock that took the bus's lock would then wait
+#: for the GIL (up to the switch interval, 5 ms, if another thread of the process runs Python meanwhile) while every
+#: other writer of the bus waits for the lock; the release and retake also cost a fifth of such a call.
+_libc_held = _load_libc(ctypes.PyDLL)
 
 # glibc: sizeof(pthread_mutex_t) is 40 on x86_64; 64 bytes are reserved.
 MUTEX_SIZE = 64
@@ -106,10 +111,11 @@ def require_supported() -> None:
         raise UnsupportedPlatform(problem)
 
 
-def _symbol(name: str) -> Any:
-    """A libc function; where libc lacks it, a stand-in that raises :class:`UnsupportedPlatform` (never reached
-    by a bus, which checks first: it keeps ``import shmbus`` working on every platform)."""
-    fn = getattr(_libc, name, None)
+def _symbol(name: str, *, gil_held: bool = False) -> Any:
+    """A libc function (``gil_held``: called without releasing the GIL, for one that never blocks); where libc lacks
+    it, a stand-in that raises :class:`UnsupportedPlatform` (never reached by a bus, which checks first: it keeps
+    ``import shmbus`` working on every platform)."""
+    fn = getattr(_libc_held if gil_held else _libc, name, None)
     if fn is not None:
         return fn
 
@@ -124,13 +130,15 @@ class _Timespec(ctypes.Structure):
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
 
-_trylock = _symbol("pthread_mutex_trylock")
+_trylock = _symbol("pthread_mutex_trylock", gil_held=True)
 _timedlock = _symbol("pthread_mutex_timedlock")
-_unlock = _symbol("pthread_mutex_unlock")
-_consistent = _symbol("pthread_mutex_consistent")
-_syscall = _symbol("syscall")
-if hasattr(_libc, "syscall"):
-    _syscall.restype = ctypes.c_long
+_unlock = _symbol("pthread_mutex_unlock", gil_held=True)
+_consistent = _symbol("pthread_mutex_consistent", gil_held=True)
+_syscall = _symbol("syscall")  # a futex wait blocks: the GIL is released
+_syscall_held = _symbol("syscall", gil_held=True)  # a futex wake does not
+for _fn in (_syscall, _syscall_held):
+    if hasattr(_fn, "restype"):
+        _fn.restype = ctypes.c_long
 
 
 def mutex_lock(ptr: ctypes.c_void_p, timeout: float) -> bool:
@@ -269,5 +277,5 @@ def futex_wait(address: int, expected: int, timeout: float | None) -> None:
 
 
 def futex_wake(address: int) -> None:
-    """Wake every process sleeping on the word at ``address``."""
-    _syscall(_SYS_FUTEX, ctypes.c_void_p(address), _FUTEX_WAKE, _INT_MAX, None, None, 0)
+    """Wake every process sleeping on the word at ``address`` (without releasing the GIL: it never blocks)."""
+    _syscall_held(_SYS_FUTEX, ctypes.c_void_p(address), _FUTEX_WAKE, _INT_MAX, None, None, 0)

@@ -1,8 +1,8 @@
 """The shared-memory segment: a crash-safe global log of variable-length records plus a channel index.
 
 Modules: ``layout`` (sizes, offsets, formats, attach checks), ``state`` (the mapping and its views), ``locking``
-(the robust mutex and crash repair), ``ring`` (append, lock-free reads), ``channels`` (the channel table and
-chains), ``processes`` (futex wait/wake, the process table), ``core`` (open, close, reset, stats).
+(the robust mutex and crash repair), ``writing`` (the append), ``ring`` (lock-free reads), ``channels`` (the channel
+table and chains), ``processes`` (futex wait/wake, the process table), ``core`` (open, close, reset, stats).
 
 Layout (all integers little-endian, every mutable field naturally aligned)::
 
@@ -14,7 +14,9 @@ Layout (all integers little-endian, every mutable field naturally aligned)::
                          16-byte aligned, never wrapping (a PAD record fills the end of the ring instead)
 
 Positions are absolute byte offsets that only grow (``pos % ring_size`` is the place in the ring), so a reader
-knows it was lapped when ``tail > pos``. Writers hold the robust mutex; readers never lock.
+knows it was lapped when ``tail > pos``. Writers hold the robust mutex; readers never lock. A writer builds its
+record before it takes the mutex (every other writer waits while it is held): under it, the record's ids and its
+predecessor's position are filled in and it is copied into the ring with one store.
 
 Why lock-free reads are safe (x86-64 only; other architectures are refused by :func:`_native.supported`):
 
@@ -39,7 +41,7 @@ Why lock-free reads are safe (x86-64 only; other architectures are refused by :f
 Crash safety: a writer killed after any store leaves a state that is either "committed" (``head`` moved) or "not
 committed"; the next locker gets ``EOWNERDEAD`` and :meth:`Segment._repair` flips back slots that name uncommitted
 records and re-derives ``global_id`` and the channel count. The test suite kills a writer after every single store
-of the append path (:meth:`Segment._kill_after_store`, in :mod:`.ring`) and verifies from a fresh process.
+of the append path (:meth:`Segment._kill_after_store`, in :mod:`.writing`) and verifies from a fresh process.
 
 Per channel, records are chained backwards (``prev``), so reading a channel's backlog costs O(messages returned);
 the walk checks ``tail`` before trusting a record and refuses a chain that does not strictly descend

@@ -64,12 +64,13 @@ from .layout import (
 from .locking import Locking
 from .processes import Processes
 from .ring import Ring
+from .writing import Writing
 
 # Struct objects are assigned, not imported by name: see the note on the formats in layout.py.
 _H_STATIC, _U32 = layout._H_STATIC, layout._U32
 
 
-class Segment(Ring, ChannelTable, Processes, Bridging, Locking):
+class Segment(Writing, Ring, ChannelTable, Processes, Bridging, Locking):
     """One attached segment. Create or attach with :meth:`open`; all methods are thread-safe."""
 
     # ------------------------------------------------------------------ lifecycle
@@ -255,7 +256,7 @@ class Segment(Ring, ChannelTable, Processes, Bridging, Locking):
         with contextlib.suppress(Exception):
             self._unregister_process()
         self._closed = True
-        self._close_fd(self._fd, self._shm)
+        self._close_fd(*self._handles)
 
     def unlink(self) -> None:
         """Remove the segment's name: processes still attached keep their mapping until they detach."""

@@ -127,6 +127,7 @@ _I_CHANNELS = _OFF_CHANNELS >> 2
 # records
 _REC = struct.Struct("<IIQQQdHHII")  # length, kind, global id, message id, prev (pos+1), ts, lengths x4
 REC_HDR = _REC.size  # 52
+_IDS = struct.Struct("<QQQ")  # global id, message id, prev: the fields of _REC an append fills in under the lock
 KIND_MSG = 1
 KIND_PAD = 2
 _PAD = struct.Struct("<II")

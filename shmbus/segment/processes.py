@@ -47,22 +47,29 @@ def _bits_f64(x: int) -> float:
 class Processes(SegmentState):
     # ------------------------------------------------------------------ waiting
     def wait(self, seen_word: int, timeout: float) -> None:
-        """Sleep until a publish after the caller read ``seen_word`` (or ``timeout`` seconds pass)."""
-        try:
-            self._lock()
-            self._u32[_I_SLEEPERS] += 1
-            self._set_proc_sleeping(1)
-        finally:
-            self._unlock()
-        try:
-            _native.futex_wait(self._futex_addr, seen_word, timeout)
-        finally:
+        """Sleep until a publish after the caller read ``seen_word`` (or ``timeout`` seconds pass).
+
+        The sleeper count says whom the writers must wake, and the writers take sleepers off it: a sleeper adds
+        itself under the lock, only while the futex word is still ``seen_word`` (else a publish came since: there
+        is something to read), and the next publish (which bumps the word under the lock) that finds the count
+        non-zero wakes every sleeper, then zeroes it, both before it unlocks. So a woken sleeper takes no lock to
+        leave; publishes call the kernel once per round of sleeps, not each one until every sleeper has taken itself
+        off; a sleeper whose wait timed out stays counted while the word is the same, and waits again without the
+        lock. A count too high (a sleeper that died; a reset or repair, which bump the word without zeroing it)
+        costs the next publish one needless wake-up call. It is never too low: it is zeroed only by a publish that
+        has woken every sleeper, and one stopped before that (killed, or an exception) leaves it for the next.
+        """
+        if self._counted_for != (seen_word, os.getpid()):
             try:
                 self._lock()
-                self._u32[_I_SLEEPERS] = max(self._u32[_I_SLEEPERS] - 1, 0)
-                self._set_proc_sleeping(0)
+                if self._u32[_I_FUTEX] != seen_word:
+                    return
+                self._u32[_I_SLEEPERS] += 1
+                self._set_proc_sleeping(1)  # stays set while attached: a recount never goes below the sleepers
+                self._counted_for = (seen_word, os.getpid())
             finally:
                 self._unlock()
+        _native.futex_wait(self._futex_addr, seen_word, timeout)
 
     def wake_all(self) -> None:
         """Bump the futex word and wake every sleeper (used by reset and shutdown)."""
