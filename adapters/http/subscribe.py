@@ -5,8 +5,9 @@ decided who may read a channel at all, its backlog and its ids included. The app
 once per channel per request (a poll) or per connection (SSE, WebSocket, guble: the verdict is kept for the
 connection's life), with a :class:`RequestInfo`: the request and what the middleware's lookups already returned
 for it, so the hook needs no second session lookup. A refused channel delivers nothing: no message, no backlog,
-no last id, no ``/__status`` entry. How a client is told depends on its transport (docs/protocol.md, "Subscribe
-authorisation"): on a poll the channel is left out of the answer and named in the :data:`REFUSED_HEADER`.
+no last id, no ``/__status`` entry. How a client is told depends on its transport
+(docs/protocol.md, "Subscribe authorisation"): on a poll the channel is left out of the answer and named in the
+:data:`REFUSED_HEADER`; SSE, WebSocket, guble and REST: docs/transports.md.
 """
 
 from __future__ import annotations
