@@ -211,3 +211,15 @@ def test_async_hook_on_asgi_and_never_a_silent_yes_on_wsgi(bus: Bus, driver: Any
 def test_the_hook_must_be_callable() -> None:
     with pytest.raises(TypeError, match="subscribe_allowed"):
         Options(subscribe_allowed="yes")  # type: ignore[arg-type]
+
+
+def test_a_reset_while_parked_names_only_the_allowed_channels(bus: Bus, driver: Any, kind: str) -> None:
+    """The reset answer (a status of 0 per channel) covers the parked request's channels: the allowed ones."""
+    publish_both(bus, 1)
+    d = driver(kind, subscribe_allowed=Gate(), long_polling_interval=20)
+    r = d.poll("c1", {"/open": 1, SECRET: 1})
+    wait_for(lambda: d.parked() == 1, what="parked")
+    bus.reset()
+    bus.publish(SECRET, "new epoch")
+    bus.publish("/open", "new epoch")
+    assert json.loads(r.body()) == [{"global_id": -1, "message_id": -1, "channel": "/__status", "data": {"/open": 0}}]
