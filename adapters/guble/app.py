@@ -158,7 +158,12 @@ class GubleApp(WebSocketApp):
         self.rest: GubleRestPublish | None = None
         if authorize is not None:
             self.rest = GubleRestPublish(
-                app, bus=self.bus, authorize=authorize, prefix=rest_prefix, max_body_size=max_body_size
+                app,
+                bus=self.bus,
+                authorize=authorize,
+                prefix=rest_prefix,
+                max_body_size=max_body_size,
+                subscribe_allowed=self.lookups.subscribe_allowed,
             )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -175,7 +180,8 @@ class GubleApp(WebSocketApp):
         return path == self.path or path.startswith(self.path.rstrip("/") + "/")
 
     async def open_sink(self, identity: Identity, scope: Scope) -> Sink:
-        sink = _GubleSink(self.bus, identity, _encode, max_buffer=self.max_buffer, on_reset=self._on_reset)
+        gate = self.lookups.gate(identity, scope)
+        sink = _GubleSink(self.bus, identity, _encode, max_buffer=self.max_buffer, on_reset=self._on_reset, gate=gate)
         user = identity.lookups.user_id
         sink.user_id = "" if user is None else str(user)
         sink.space = sink.user_id if _has_user_space(sink.user_id) else ""
@@ -218,12 +224,12 @@ class GubleApp(WebSocketApp):
             if isinstance(cmd, SendCmd):
                 await self._send_cmd(sink, scope, cmd)
             elif isinstance(cmd, ReceiveCmd):
-                self._receive_cmd(sink, cmd)
+                await self._receive_cmd(sink, cmd)
             elif isinstance(cmd, Cancel):
                 sink.drop_pattern(cmd.path, "prefix")  # cancelling what was not subscribed is not an error
                 sink.push(notification("canceled", cmd.path))
             elif isinstance(cmd, Replay):
-                self._replay_cmd(sink, cmd)
+                await self._replay_cmd(sink, cmd)
         except BadRequest as exc:
             self._error(sink, str(exc))
         except ProtocolError as exc:
@@ -234,8 +240,19 @@ class GubleApp(WebSocketApp):
             sink.push(notification("error-server-internal", text, {"reason": text}))
 
     # ------------------------------------------------------------------ commands
-    def _receive_cmd(self, sink: _GubleSink, cmd: ReceiveCmd) -> None:
+    async def _readable(self, sink: _GubleSink, path: str) -> bool:
+        """``subscribe_allowed`` on the topic itself (guble's read check); refused: ``!error-subscribed-to``.
+        A subtopic is asked about when its first message comes (the sink's gate)."""
+        if await self.may_read(sink, path):
+            return True
+        reason = f"not allowed to subscribe to {path[:80]}"
+        sink.push(notification("error-subscribed-to", path, {"reason": reason}))
+        return False
+
+    async def _receive_cmd(self, sink: _GubleSink, cmd: ReceiveCmd) -> None:
         path = check_client_channel(cmd.path, "path")
+        if not await self._readable(sink, path):
+            return
         known = (path, "prefix") in sink.patterns
         if cmd.count is None and not known and sink.subscription_count() >= self.max_subscriptions:
             raise BadRequest(f"too many subscriptions (limit {self.max_subscriptions})")
@@ -249,15 +266,17 @@ class GubleApp(WebSocketApp):
             for m in backlog:
                 # sent already (or about to be) by a live subscription of this connection: once is enough
                 if m.global_id <= upto and sink.allowed(m) and not sink.wants(m):
-                    sink.push(_encode(m), count=True)
+                    sink.deliver(m)
         if cmd.count is not None:
             sink.push(notification("fetch-done", path))
             return
         sink.add_pattern(path, "prefix", upto)
         sink.push(notification("ok-subscribed-to", path))
 
-    def _replay_cmd(self, sink: _GubleSink, cmd: Replay) -> None:
+    async def _replay_cmd(self, sink: _GubleSink, cmd: Replay) -> None:
         path = check_client_channel(cmd.path, "path")
+        if not await self._readable(sink, path):
+            return
         site = sink.site or ""
         last = self.bus.last_id(path, site)
         after = max(cmd.after, 0)
@@ -265,7 +284,7 @@ class GubleApp(WebSocketApp):
             after = max(after, self.bus.look_back(path, cmd.count, site))
         for m in self.bus.backlog(path, min(after, last), site):
             if sink.allowed(m):
-                sink.push(_encode(m), count=True)
+                sink.deliver(m)
         sink.push(notification("fetch-done", path))
 
     async def _send_cmd(self, sink: _GubleSink, scope: Scope, cmd: SendCmd) -> None:
@@ -307,7 +326,8 @@ class GubleApp(WebSocketApp):
         if mid is None:
             refuse("the bus is off (publishing disabled)")
             return
-        info["sequenceId"] = str(mid)
+        if await self.may_read(sink, cmd.path):  # else the id would tell how many messages the topic holds
+            info["sequenceId"] = str(mid)
         sink.push(notification("ok-send", cmd.message_id, info))
 
 
@@ -315,7 +335,15 @@ class GubleRestPublish(AsgiRestPublish):
     """guble's ``POST /api/message/<topic>?userId=..&messageId=..``: the body is the message (UTF-8 text),
     ``X-Guble-<Name>`` headers become the header JSON (``{"<Name>": value}``, names in HTTP canonical case)."""
 
-    def answer(self, channel: str, query: str, content_type: str | None, body: bytes, headers: dict[str, str]) -> bytes:
+    def answer(
+        self,
+        channel: str,
+        query: str,
+        content_type: str | None,
+        body: bytes,
+        headers: dict[str, str],
+        show_id: bool = True,
+    ) -> bytes:
         try:
             params = parse_qs(query, keep_blank_values=True, errors="strict", max_num_fields=100)
         except (UnicodeDecodeError, ValueError):
@@ -345,7 +373,12 @@ class GubleRestPublish(AsgiRestPublish):
         owner = user_topic_owner(channel)
         seq = publish_or_refuse(self.bus, channel, data, user_ids=None if owner is None else user_space_ids(owner))
         return json.dumps(
-            {"sequenceId": str(seq), "path": channel, "publisherMessageId": mid, "messagePublishingTime": now}
+            {
+                "sequenceId": str(seq) if show_id else "",
+                "path": channel,
+                "publisherMessageId": mid,
+                "messagePublishingTime": now,
+            }
         ).encode()
 
 

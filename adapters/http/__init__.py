@@ -5,7 +5,8 @@ In the style of h11, this package only turns request data into decisions and byt
 read bodies, call lookups, wait and write. Modules: ``wire`` (limits, headers, framing), ``options`` (options and
 routes), ``request`` (poll parsing), ``waiter`` (a waiting request), ``interning`` (one shared copy of common
 values), ``registry`` (delivery to waiting requests), ``protocol`` (backlog reads and the ends of polls) and
-``flow`` (the one sequence every request follows).
+``flow`` (the one sequence every request follows) and ``subscribe`` (``subscribe_allowed``: who may read a
+channel).
 
 Wire behaviour (written out in docs/protocol.md): ``POST <base_route>message-bus/<client_id>/poll`` with a JSON or
 form body mapping channel -> last seen id plus ``__seq``; ``?dlp=t`` disables long polling; a ``Dont-Chunk``
@@ -40,6 +41,7 @@ from .flow import CallLookup, ReadBody, RequestHead, request_flow
 from .options import Options, Route, match_route, normalize_base_route
 from .protocol import MessageBusProtocol, Poll
 from .request import PollRequest, parse_body, poll_request
+from .subscribe import REFUSED_HEADER, RequestInfo, SubscribeAllowed
 from .waiter import Lookups, Waiter
 from .wire import (
     BASE_HEADERS,
@@ -77,6 +79,9 @@ __all__ = [
     "Options",
     "Poll",
     "PollRequest",
+    "REFUSED_HEADER",
+    "RequestInfo",
+    "SubscribeAllowed",
     "ProtocolError",
     "ReadBody",
     "RequestHead",

@@ -1,6 +1,7 @@
 """The one sequence every message-bus request follows, as a generator the shells drive (the h11 way).
 
-route -> OPTIONS preflight -> (a browser asset) -> body -> broadcast -> poll request -> lookups -> start the poll,
+route -> OPTIONS preflight -> (a browser asset) -> body -> broadcast -> poll request -> lookups -> the channels
+``subscribe_allowed`` refuses left out (:mod:`.subscribe`) -> start the poll,
 and on any error ``on_middleware_error`` -> the 4xx of a :class:`ProtocolError` (anything else propagates to the shell).
 
 The generator never does I/O. It yields a step and the shell answers with ``gen.send(value)``:
@@ -25,6 +26,7 @@ from typing import Any, NamedTuple
 from .assets import asset_response
 from .protocol import MessageBusProtocol, Poll
 from .request import form_params, poll_request
+from .subscribe import SubscribeAllowed, ask, refused_header, request_info, verdict
 from .waiter import Lookups
 from .wire import ProtocolError, Response, triple_response
 
@@ -121,9 +123,28 @@ def request_flow(
         else:
             lookups = _NO_LOOKUPS
         extra = (yield from _extra_headers(proto)) if opts.extra_response_headers_lookup is not None else []
+        if opts.subscribe_allowed is not None and req.channels:
+            refused = yield from _refused(opts.subscribe_allowed, route.client_id, lookups, req.channels)
+            if refused:
+                extra = [*extra, refused_header(refused)]
         return proto.start_poll(req, lookups, extra, can_park=can_park, waker=waker, signal=signal)
     except Exception as exc:
         return Poll("immediate", (yield from _error_response(proto, exc)))
+
+
+def _refused(
+    hook: SubscribeAllowed, client_id: str, lookups: Lookups, channels: dict[str, int | None]
+) -> Generator[CallLookup, Any, list[str]]:
+    """Ask ``hook`` once per channel of the poll and remove the refused ones from ``channels`` (so nothing of
+    them is read, parked on or answered); the refused channels, in the poll's order."""
+    info = yield CallLookup(request_info, (client_id, lookups))
+    refused = []
+    for ch in channels:
+        if not verdict((yield CallLookup(ask, (hook, info, ch)))):
+            refused.append(ch)
+    for ch in refused:
+        del channels[ch]
+    return refused
 
 
 def _extra_headers(proto: MessageBusProtocol) -> Generator[CallLookup, Any, list[tuple[str, str]]]:

@@ -49,6 +49,11 @@ class Options:
     (the way to emit CORS headers; ``set-cookie`` is dropped so polls never re-send session cookies);
     ``on_middleware_error(environ_or_scope, exc)`` -> a response ``(status, headers, body)`` or None (then a
     bad request gets its 4xx and any other exception propagates to the server).
+
+    ``subscribe_allowed(info, channel)`` -> bool (:mod:`.subscribe`): may this request read ``channel``? Asked once
+    per channel per poll, after the lookups, with their results in ``info`` (a :class:`~.subscribe.RequestInfo`);
+    a refused channel is left out of the answer entirely (no message, backlog, last id or ``/__status``). None:
+    every channel may be read (the gem's behaviour).
     """
 
     base_route: str = "/"
@@ -63,6 +68,7 @@ class Options:
     is_admin_lookup: Callable[[Any], Any] | None = None
     extra_response_headers_lookup: Callable[[Any], Any] | None = None
     on_middleware_error: Callable[[Any, BaseException], Any] | None = None
+    subscribe_allowed: Callable[[Any, str], Any] | None = None
     max_body_size: int = MAX_BODY_SIZE
     max_channels_per_poll: int = MAX_CHANNELS_PER_POLL
     max_stream_buffer: int = MAX_STREAM_BUFFER
@@ -110,6 +116,7 @@ class Options:
             "is_admin_lookup",
             "extra_response_headers_lookup",
             "on_middleware_error",
+            "subscribe_allowed",
         ):
             v = getattr(self, name)
             if v is not None and not callable(v):

@@ -9,7 +9,8 @@ A few lines for a user::
     bus = Bus("myapp", create=True)
     api = falcon.App()                 # or falcon.asgi.App()
     api.add_route("/hello", Hello())
-    app = mount(api, bus=bus, user_id_lookup=lambda env: env.get("REMOTE_USER"))
+    app = mount(api, bus=bus, user_id_lookup=lambda env: env.get("REMOTE_USER"),
+                subscribe_allowed=lambda info, channel: not channel.startswith("/admin") or info.user_id == "root")
 
 ``mount`` wraps the Falcon app in :class:`shmbus.adapters.wsgi.MessageBusMiddleware` or
 :class:`shmbus.adapters.asgi.MessageBusMiddleware` (chosen from the app's type): bus routes never go through
@@ -25,6 +26,8 @@ from typing import Any
 
 from shmbus.bus import Bus
 
+from ..http.subscribe import SubscribeAllowed
+
 __all__ = ["is_asgi_app", "mount"]
 
 
@@ -36,12 +39,15 @@ def is_asgi_app(app: Any) -> bool:
     return isinstance(app, falcon.asgi.App)
 
 
-def mount(app: Any, *, bus: Bus | None = None, **options: Any) -> Any:
-    """Return ``app`` wrapped in the WSGI or ASGI message bus middleware (options as in the middleware)."""
+def mount(
+    app: Any, *, bus: Bus | None = None, subscribe_allowed: SubscribeAllowed | None = None, **options: Any
+) -> Any:
+    """Return ``app`` wrapped in the WSGI or ASGI message bus middleware (options as in the middleware;
+    ``subscribe_allowed(info, channel)``: :mod:`shmbus.adapters.http.subscribe`, ``async`` on an ASGI app)."""
     if is_asgi_app(app):
         from ..asgi import MessageBusMiddleware as AsgiMiddleware
 
-        return AsgiMiddleware(app, bus=bus, **options)
+        return AsgiMiddleware(app, bus=bus, subscribe_allowed=subscribe_allowed, **options)
     from ..wsgi import MessageBusMiddleware as WsgiMiddleware
 
-    return WsgiMiddleware(app, bus=bus, **options)
+    return WsgiMiddleware(app, bus=bus, subscribe_allowed=subscribe_allowed, **options)

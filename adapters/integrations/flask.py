@@ -9,13 +9,17 @@ A few lines for a user::
     bus = Bus("myapp", create=True)
     app = Flask(__name__)
     init_app(app, bus=bus,
-             user_id_lookup=with_request_context(app, lambda: flask.session.get("user_id")))
+             user_id_lookup=with_request_context(app, lambda: flask.session.get("user_id")),
+             subscribe_allowed=lambda info, channel: not channel.startswith("/admin") or flask.session.get("admin"))
 
 ``init_app`` wraps ``app.wsgi_app`` in :class:`shmbus.adapters.wsgi.MessageBusMiddleware` (stored as
 ``app.extensions["shmbus"]``), so bus requests never run Flask's request handling: no ``before_request`` hooks,
 and the session is never saved, so polls never re-send the session cookie. Lookups receive the WSGI environ;
 :func:`with_request_context` wraps a zero-argument function so it runs inside a Flask request context built
 from that environ (``flask.session``, ``flask.request``, ``flask_login.current_user`` work; nothing is saved).
+``subscribe_allowed(info, channel) -> bool`` (may this request read ``channel``? :mod:`shmbus.adapters.http.subscribe`)
+runs inside such a request context too, with ``info.request`` the environ and ``info.user_id`` etc. the lookups'
+results.
 See :mod:`shmbus.adapters.wsgi` for server models (threads, gevent, sync workers).
 """
 
@@ -26,14 +30,21 @@ from typing import Any
 
 from shmbus.bus import Bus
 
+from ..http.subscribe import RequestInfo, SubscribeAllowed, check_subscribe_allowed
 from ..wsgi import MessageBusMiddleware
 from ..wsgi_support import Environ
 
 __all__ = ["init_app", "with_request_context"]
 
 
-def init_app(app: Any, *, bus: Bus | None = None, **options: Any) -> MessageBusMiddleware:
-    """Serve ``<base_route>message-bus/`` from ``app``; return the middleware."""
+def init_app(
+    app: Any, *, bus: Bus | None = None, subscribe_allowed: SubscribeAllowed | None = None, **options: Any
+) -> MessageBusMiddleware:
+    """Serve ``<base_route>message-bus/`` from ``app``; return the middleware. ``subscribe_allowed`` is called
+    inside a Flask request context built from the poll's environ."""
+    if subscribe_allowed is not None:
+        check_subscribe_allowed(subscribe_allowed)
+        options["subscribe_allowed"] = _in_request_context(app, subscribe_allowed)
     mw = MessageBusMiddleware(app.wsgi_app, bus=bus, **options)
     app.wsgi_app = mw
     app.extensions["shmbus"] = mw
@@ -48,3 +59,11 @@ def with_request_context(app: Any, fn: Callable[[], Any]) -> Callable[[dict[str,
             return fn()
 
     return lookup
+
+
+def _in_request_context(app: Any, hook: SubscribeAllowed) -> SubscribeAllowed:
+    def subscribe_allowed(info: RequestInfo, channel: str) -> Any:
+        with app.request_context(info.request):
+            return hook(info, channel)
+
+    return subscribe_allowed

@@ -8,7 +8,8 @@ A few lines for a user::
 
     bus = Bus("myapp", create=True)
     app = FastAPI()
-    install(app, bus=bus, user_id_lookup=lambda scope: scope.get("session", {}).get("user_id"))
+    install(app, bus=bus, user_id_lookup=lambda scope: scope.get("session", {}).get("user_id"),
+            subscribe_allowed=lambda info, channel: not channel.startswith("/admin") or info.user_id == 1)
 
 ``install`` adds :class:`shmbus.adapters.asgi.MessageBusMiddleware` with ``app.add_middleware``. Starlette makes
 the most recently added middleware the outermost, so call ``install`` **after** your other ``add_middleware``
@@ -26,10 +27,14 @@ from typing import Any
 from shmbus.bus import Bus
 
 from ..asgi import MessageBusMiddleware
+from ..http.subscribe import SubscribeAllowed
 
 __all__ = ["MessageBusMiddleware", "install"]
 
 
-def install(app: Any, *, bus: Bus | None = None, **options: Any) -> None:
-    """Add the message bus middleware to a Starlette or FastAPI ``app``."""
-    app.add_middleware(MessageBusMiddleware, bus=bus, **options)
+def install(
+    app: Any, *, bus: Bus | None = None, subscribe_allowed: SubscribeAllowed | None = None, **options: Any
+) -> None:
+    """Add the message bus middleware to a Starlette or FastAPI ``app``; ``subscribe_allowed(info, channel)``
+    (plain or ``async``): :mod:`shmbus.adapters.http.subscribe`."""
+    app.add_middleware(MessageBusMiddleware, bus=bus, subscribe_allowed=subscribe_allowed, **options)

@@ -80,6 +80,7 @@ class Server:
                 o.site_id_lookup,
                 o.extra_response_headers_lookup,
                 o.on_middleware_error,
+                o.subscribe_allowed,
             )
             if any(f is not None and _is_async(f) for f in lookups):
                 log.warning("shmbus server: async lookups: message-bus requests go through the ASGI bridge")

@@ -25,6 +25,7 @@ from shmbus.patterns import compile_pattern
 
 from ..http.waiter import filter_allows
 from ..looptap import LoopTap
+from .gate import ChannelGate
 from .identity import Identity
 from .replay import site_matches
 
@@ -40,7 +41,11 @@ class Sink:
     ``channels``/``patterns`` map a subscription to its *floor*: the bus's global id when it was made (its replay
     covered everything up to it), so live messages at or below it are never sent twice. ``encode`` turns an
     allowed message into the bytes/str to send; ``on_reset`` is called once when the bus's epoch changes.
+    ``gate`` (the app's ``subscribe_allowed``, :mod:`.gate`) decides per channel whether a message may be sent at
+    all; while a verdict is awaited, what follows is ``held`` in order (at most ``MAX_HELD`` items).
     """
+
+    MAX_HELD = 10_000
 
     def __init__(
         self,
@@ -50,8 +55,13 @@ class Sink:
         *,
         max_buffer: int = DEFAULT_MAX_BUFFER,
         on_reset: Callable[[Sink, int, int], None] | None = None,
+        gate: ChannelGate | None = None,
     ) -> None:
         self.bus = bus
+        self.gate = gate
+        self.held: deque[tuple[Message | None, Any, bool]] = deque()
+        if gate is not None:
+            gate.on_decided = self.release_held
         self.identity = identity
         self.site = identity.lookups.site_id
         self.encode = encode
@@ -161,7 +171,52 @@ class Sink:
 
     # -- output
     def push(self, piece: Any, count: bool = False) -> None:
-        """Queue a piece; over ``max_buffer`` queued bytes the connection is dropped (memory stays bounded)."""
+        """Queue a piece; over ``max_buffer`` queued bytes the connection is dropped (memory stays bounded).
+        Behind a message whose verdict is awaited, it waits its turn (``held``)."""
+        if self.held:
+            self._hold_back(None, piece, count)
+            return
+        self._queue(piece, count)
+
+    def deliver(self, msg: Message) -> None:
+        """Queue a message this connection wants and may see, if the gate lets its channel through."""
+        gate = self.gate
+        if gate is None:
+            self._queue(self.encode(msg), True)
+        elif self.held:
+            self._hold_back(msg, None, True)
+        else:
+            allowed = gate.known(msg.channel)
+            if allowed is None:
+                self._hold_back(msg, None, True)
+            elif allowed:
+                self._queue(self.encode(msg), True)
+
+    def _hold_back(self, msg: Message | None, piece: Any, count: bool) -> None:
+        if len(self.held) >= self.MAX_HELD:  # a hook that never answers must not cost unbounded memory
+            self.held.clear()
+            self.dropped = True
+            self.wake()
+            return
+        self.held.append((msg, piece, count))
+
+    def release_held(self) -> None:
+        """A verdict arrived: send what was held, in order, up to the next message still waiting for one."""
+        gate, held = self.gate, self.held
+        while held and gate is not None:
+            msg, piece, count = held[0]
+            if msg is not None:
+                allowed = gate.known(msg.channel)
+                if allowed is None:
+                    return
+                held.popleft()
+                if allowed:
+                    self._queue(self.encode(msg), True)
+            else:
+                held.popleft()
+                self._queue(piece, count)
+
+    def _queue(self, piece: Any, count: bool = False) -> None:
         if self.dropped or self.closed:
             return
         self.pending.append(piece)
@@ -185,7 +240,7 @@ class Sink:
         """Queue (encoded, counted) the replayed messages this connection may see."""
         for m in msgs:
             if self.allowed(m):
-                self.push(self.encode(m), count=True)
+                self.deliver(m)
 
     def offer(self, msg: Message) -> None:
         if self.holding:
@@ -195,7 +250,7 @@ class Sink:
                 self.reset_to(msg.epoch)
             return  # the reset replay covered this message (or it belongs to an epoch that is gone)
         if self.wants(msg):
-            self.push(self.encode(msg), count=True)
+            self.deliver(msg)
 
     def check_epoch(self) -> None:
         """Called periodically: notice a reset even when no message of the new epoch arrives."""
@@ -309,6 +364,8 @@ class Hub:
         if sink.index is not None:
             sink.index.remove(sink)
         sink.release_engines()
+        if sink.gate is not None:
+            sink.gate.close()
 
     def connections(self) -> int:
         """Live connections in this process (all loops)."""

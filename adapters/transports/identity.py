@@ -1,6 +1,6 @@
 """Who a transport connection is, for targeting: the middleware's lookups (same names and meaning) resolved once
 per connection, from the ASGI scope (:meth:`LookupOptions.identity`) or the WSGI environ
-(:meth:`LookupOptions.identity_sync`)."""
+(:meth:`LookupOptions.identity_sync`); and what it may read (``subscribe_allowed``: :meth:`LookupOptions.gate`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from typing import Any, TypedDict
 
 from ..asgi_support import Scope, maybe_await
 from ..http import Lookups, MessageBusProtocol, Waiter
+from ..http.subscribe import RequestInfo, SubscribeAllowed, check_subscribe_allowed
+from .gate import ChannelGate
 from .validation import check_client_id
 
 Lookup = Callable[[Any], Any]
@@ -36,22 +38,34 @@ class LookupKeywords(TypedDict, total=False):
     group_ids_lookup: Lookup | None
     site_id_lookup: Lookup | None
     client_id_lookup: Lookup | None
+    subscribe_allowed: SubscribeAllowed | None
 
 
 @dataclass
 class LookupOptions:
-    """The middleware's lookups (same names and meaning), plus ``client_id_lookup`` (default: ``?client_id=``)."""
+    """The middleware's lookups (same names and meaning), plus ``client_id_lookup`` (default: ``?client_id=``),
+    and the middleware's ``subscribe_allowed(info, channel)`` (plain, or ``async`` on ASGI)."""
 
     user_id_lookup: Lookup | None = None
     group_ids_lookup: Lookup | None = None
     site_id_lookup: Lookup | None = None
     client_id_lookup: Lookup | None = None
+    subscribe_allowed: SubscribeAllowed | None = None
 
     def __post_init__(self) -> None:
         for name in ("user_id_lookup", "group_ids_lookup", "site_id_lookup", "client_id_lookup"):
             v = getattr(self, name)
             if v is not None and not callable(v):
                 raise TypeError(f"{name} must be callable, got {v!r}")
+        check_subscribe_allowed(self.subscribe_allowed)
+
+    def gate(self, identity: Identity, request: Any) -> ChannelGate | None:
+        """The connection's :class:`ChannelGate` (None without ``subscribe_allowed``: every channel may be read)."""
+        if self.subscribe_allowed is None:
+            return None
+        lookups = identity.lookups
+        info = RequestInfo(request, identity.client_id, lookups.user_id, lookups.group_ids, lookups.site_id)
+        return ChannelGate(self.subscribe_allowed, info)
 
     async def identity(self, scope: Scope, query: dict[str, list[str]]) -> Identity:
         if self.client_id_lookup is not None:

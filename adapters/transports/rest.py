@@ -12,6 +12,10 @@ coroutine function too. Every refusal is a precise 4xx with a text reason: 404 (
 wrapped app), 405 (not POST), 400 (channel syntax, unknown/invalid query parameter, invalid JSON/UTF-8, a target
 the bus refuses), 403 (not authorised; checked before the body is read), 413 (body over ``max_body_size`` or a
 record the ring cannot hold), 415 (other content types), 503 (the bus is ``off()``).
+
+``subscribe_allowed(info, channel)`` (the middleware's hook; ``info.request`` is the environ or scope, REST has no
+other lookups): when given and it refuses the channel, the answer leaves ``message_id`` out, since the id would
+tell a publisher who may not read the channel how many messages it holds.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from shmbus.errors import InvalidChannel, InvalidMessage, PayloadTooLarge
 
 from ..asgi_support import Receive, Scope, Send, fallback, maybe_await, read_body, relative_path, send_simple
 from ..http import MAX_BODY_SIZE, MAX_CLIENT_ID_LENGTH, ProtocolError
+from ..http.subscribe import RequestInfo, SubscribeAllowed, check_subscribe_allowed, verdict
 from ..wsgi_support import Environ, StartResponse, start_simple
 from .validation import check_client_channel
 
@@ -119,8 +124,9 @@ def parse_publish(channel: str, query: str, content_type: str | None, body: byte
     return req
 
 
-def publish(bus: Bus, req: PublishRequest) -> bytes:
-    """Publish and return the JSON answer; bus refusals become 4xx/503."""
+def publish(bus: Bus, req: PublishRequest, show_id: bool = True) -> bytes:
+    """Publish and return the JSON answer (without the message id unless ``show_id``); bus refusals become
+    4xx/503."""
     mid = publish_or_refuse(
         bus,
         req.channel,
@@ -130,7 +136,7 @@ def publish(bus: Bus, req: PublishRequest) -> bytes:
         client_ids=req.client_ids,
         site_id=req.site_id,
     )
-    return json.dumps({"channel": req.channel, "message_id": mid}).encode()
+    return json.dumps({"channel": req.channel, "message_id": mid} if show_id else {"channel": req.channel}).encode()
 
 
 def publish_or_refuse(bus: Bus, channel: str, data: Any, **options: Any) -> int:
@@ -178,8 +184,11 @@ class _RestPublish:
         authorize: Callable[[Any, str], Any],
         prefix: str = "/message/",
         max_body_size: int = MAX_BODY_SIZE,
+        subscribe_allowed: SubscribeAllowed | None = None,
     ) -> None:
         _check_authorize(authorize)
+        check_subscribe_allowed(subscribe_allowed)
+        self.subscribe_allowed = subscribe_allowed
         self.app = app
         self.bus = bus
         self.authorize = authorize
@@ -202,10 +211,19 @@ class _RestPublish:
         if size > self.max_body_size:
             raise ProtocolError(413, f"request body too large (limit {self.max_body_size} bytes)")
 
-    def answer(self, channel: str, query: str, content_type: str | None, body: bytes, headers: dict[str, str]) -> bytes:
-        """Parse the authorised request and publish: the JSON answer (ProtocolError on refusal). ``headers``
-        (lower-case names) are for subclasses: this protocol takes everything from the query and the body."""
-        return publish(self.bus, parse_publish(channel, query, content_type, body))
+    def answer(
+        self,
+        channel: str,
+        query: str,
+        content_type: str | None,
+        body: bytes,
+        headers: dict[str, str],
+        show_id: bool = True,
+    ) -> bytes:
+        """Parse the authorised request and publish: the JSON answer (ProtocolError on refusal), with the new
+        message's id when ``show_id`` (the caller may read the channel). ``headers`` (lower-case names) are for
+        subclasses: this protocol takes everything from the query and the body."""
+        return publish(self.bus, parse_publish(channel, query, content_type, body), show_id)
 
 
 def _allow(status: int) -> list[tuple[str, str]]:
@@ -235,12 +253,14 @@ class AsgiRestPublish(_RestPublish):
             self.check_length(cl.decode("latin-1") if cl is not None else None)
             body = await read_body(receive, self.check_size)
             ctype = headers.get(b"content-type")
+            hook = self.subscribe_allowed
             answer = self.answer(
                 channel,
                 scope.get("query_string", b"").decode("latin-1"),
                 ctype.decode("latin-1") if ctype is not None else None,
                 body,
                 {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in headers.items()},
+                hook is None or verdict(await maybe_await(hook(RequestInfo(scope), channel))),
             )
         except ProtocolError as exc:
             await send_simple(send, exc.status, exc.reason.encode())
@@ -267,7 +287,11 @@ class WsgiRestPublish(_RestPublish):
             self.check_length(environ.get("CONTENT_LENGTH"))
             body = self._body(environ)
             headers = {k[5:].replace("_", "-").lower(): str(v) for k, v in environ.items() if k.startswith("HTTP_")}
-            answer = self.answer(channel, environ.get("QUERY_STRING", ""), environ.get("CONTENT_TYPE"), body, headers)
+            hook = self.subscribe_allowed
+            show_id = hook is None or verdict(hook(RequestInfo(environ), channel))
+            answer = self.answer(
+                channel, environ.get("QUERY_STRING", ""), environ.get("CONTENT_TYPE"), body, headers, show_id
+            )
             return start_simple(start_response, 200, answer, JSON_TYPE)
         except ProtocolError as exc:
             return start_simple(start_response, exc.status, exc.reason.encode(), extra=_allow(exc.status))

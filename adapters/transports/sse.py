@@ -20,7 +20,9 @@ that is still retained and allowed, then continues live: nothing missed, nothing
 names that never start with ``/`` (channel names must): ``event: reset`` (the id's epoch is not the bus's: the bus
 was reset, the stream restarts from the new epoch's retained backlog), ``event: gap`` (``{"channels": [...]}``:
 messages after the client's position were trimmed/overwritten; conservative, may over-report for channels whose
-retained backlog starts after the client's position). ``: keepalive`` comments keep proxies from timing out.
+retained backlog starts after the client's position), ``event: refused`` (``{"channels": [...]}``, first: the
+channels the app's ``subscribe_allowed`` refused, left out of the stream; a 403 when nothing else was asked for).
+``: keepalive`` comments keep proxies from timing out.
 Targeting (user/group/client ids, sites, client message filters) follows the message_bus middleware exactly; the
 client id is ``?client_id=`` (or ``client_id_lookup(scope)``). A client that stops reading is dropped once
 ``max_buffer`` bytes are queued for it.
@@ -127,6 +129,19 @@ def parse_request(
     if len(events) != 1 or events[0] not in EVENT_NAMING:
         raise ProtocolError(400, "events must be 'channel' (events named after their channel) or 'message'")
     return StreamRequest(channels, patterns, resume, query, named=events[0] == "channel")
+
+
+def refuse_channels(request: StreamRequest, refused: list[str]) -> bytes | None:
+    """Leave the channels ``subscribe_allowed`` refused out of ``request``: the ``refused`` event the stream opens
+    with (None when none was); a 403 when the query asked for nothing else (a stream that could never say
+    anything; a browser's ``EventSource`` does not retry a 403)."""
+    if not refused:
+        return None
+    refused = list(dict.fromkeys(refused))
+    request.channels = [ch for ch in request.channels if ch not in refused]
+    if not request.channels and not request.patterns:
+        raise ProtocolError(403, f"not allowed to subscribe to {', '.join(refused)}"[:300])
+    return format_event("refused", json.dumps({"channels": refused}).encode())
 
 
 def start_open(bus: Bus, sink: Sink, request: StreamRequest) -> int:
@@ -245,9 +260,17 @@ class SSEApp(TransportApp):
             need_channels=self.on_open is None,
         )
         identity = await self.lookups.identity(scope, request.query)
+        gate = self.lookups.gate(identity, scope)
+        refused = None
+        if gate is not None:  # before anything is registered: a refused channel is never subscribed
+            refused = refuse_channels(request, [ch for ch in request.channels if not await gate.decide(ch)])
         bus = self.bus
         # the initial replay is bounded by the backlogs; the buffer limit applies from the first write on
-        sink = Sink(bus, identity, self._encoders[request.named], max_buffer=1 << 62, on_reset=self._on_reset)
+        sink = Sink(
+            bus, identity, self._encoders[request.named], max_buffer=1 << 62, on_reset=self._on_reset, gate=gate
+        )
+        if refused is not None:
+            sink.push(refused)
         # Register first and hold live delivery while opening (see finish_open: nothing twice, nothing lost).
         sink.holding = True
         self.hub.register(sink)

@@ -51,6 +51,7 @@ from .sse import (
     message_encoders,
     on_reset,
     parse_request,
+    refuse_channels,
     start_open,
 )
 from .sse_options import SSEWSGIKeywords, SSEWSGIOptions
@@ -160,12 +161,20 @@ class SSEWSGIApp:
                 need_channels=self.on_open is None,
             )
             identity = self.lookups.identity_sync(environ, request.query)
+            gate = self.lookups.gate(identity, environ)
+            refused = None
+            if gate is not None:  # before anything is registered: a refused channel is never subscribed
+                refused = refuse_channels(request, [ch for ch in request.channels if not gate.decide_sync(ch)])
         except ProtocolError as exc:
             return start_simple(start_response, exc.status, exc.reason.encode())
         bus = self.bus
         event = threading.Event()
         encode = self._encoders[request.named]
-        sink = Sink(bus, identity, encode, max_buffer=1 << 62, on_reset=lambda s, o, n: on_reset(bus, s, o, n))
+        sink = Sink(
+            bus, identity, encode, max_buffer=1 << 62, on_reset=lambda s, o, n: on_reset(bus, s, o, n), gate=gate
+        )
+        if refused is not None:
+            sink.push(refused)
         sink.wake = event.set
         sink.holding = True
         hub.register(sink)

@@ -173,7 +173,8 @@ class WebSocketApp(TransportApp):
 
     async def open_sink(self, identity: Identity, scope: Scope) -> Sink:
         """The new connection's :class:`Sink` (not yet registered)."""
-        return Sink(self.bus, identity, self._encode, max_buffer=self.max_buffer, on_reset=self._on_reset)
+        gate = self.lookups.gate(identity, scope)
+        return Sink(self.bus, identity, self._encode, max_buffer=self.max_buffer, on_reset=self._on_reset, gate=gate)
 
     def refusal(self, reason: str, internal: bool) -> str:
         """The frame explaining why the connection is closed at connect (bad input, or a server failure when
@@ -248,11 +249,11 @@ class WebSocketApp(TransportApp):
             ref = obj.get("ref")
             op = obj.get("op")
             if op == "subscribe":
-                self._subscribe(sink, obj, ref)
+                await self._subscribe(sink, obj, ref)
             elif op == "unsubscribe":
                 self._unsubscribe(sink, obj, ref)
             elif op == "replay":
-                self._replay(sink, obj, ref)
+                await self._replay(sink, obj, ref)
             elif op == "publish":
                 await self._publish(sink, scope, obj, ref)
             elif op == "ping":
@@ -269,11 +270,21 @@ class WebSocketApp(TransportApp):
             log.exception("shmbus: WebSocket command failed")
             self._error(sink, f"internal error ({type(exc).__name__}); see the server log", ref)
 
-    def _subscribe(self, sink: Sink, obj: dict[str, Any], ref: Any) -> None:
+    async def may_read(self, sink: Sink, channel: str) -> bool:
+        """``subscribe_allowed``'s verdict for a channel the client names (True without the hook)."""
+        return sink.gate is None or await sink.gate.decide(channel)
+
+    def _refuse(self, sink: Sink, channel: str, ref: Any) -> None:
+        sink.push(frame(ref, op="error", reason=f"not allowed to subscribe to {channel[:80]!r}", channel=channel))
+
+    async def _subscribe(self, sink: Sink, obj: dict[str, Any], ref: Any) -> None:
         channel, pat = target(obj)
         new = (channel not in sink.channels) if channel is not None else (pat not in sink.patterns)
         if new and sink.subscription_count() >= self.max_subscriptions:
             raise BadInput(f"too many subscriptions (limit {self.max_subscriptions})")
+        if channel is not None and not await self.may_read(sink, channel):
+            self._refuse(sink, channel, ref)
+            return
         bus = self.bus
         upto = bus.segment.global_id()
         site = sink.site or ""
@@ -309,11 +320,14 @@ class WebSocketApp(TransportApp):
         removed = sink.drop_pattern(*pat)
         self._status(sink, "unsubscribed", ref, pattern=pat[0], kind=pat[1], removed=removed)
 
-    def _replay(self, sink: Sink, obj: dict[str, Any], ref: Any) -> None:
+    async def _replay(self, sink: Sink, obj: dict[str, Any], ref: Any) -> None:
         channel = obj.get("channel")
         if channel is None:
             raise BadInput("replay needs a 'channel' (patterns cannot be replayed by message id)")
         channel = check_client_channel(channel)
+        if not await self.may_read(sink, channel):
+            self._refuse(sink, channel, ref)
+            return
         start = int_field(obj, "start_id", default=0)
         count = int_field(obj, "count", default=MAX_REPLAY, lo=1, hi=MAX_REPLAY)
         assert start is not None and count is not None
@@ -326,7 +340,7 @@ class WebSocketApp(TransportApp):
         for m in backlog:
             top = max(top, m.message_id)
             if sink.allowed(m):
-                sink.push(self._encode(m), count=True)
+                sink.deliver(m)
                 sent += 1
         self._status(sink, "replayed", ref, channel=channel, count=sent, last_id=top, gap=backlog.gap)
 
@@ -352,6 +366,9 @@ class WebSocketApp(TransportApp):
             raise BadInput(f"publish refused: {exc}")
         if mid is None:
             raise BadInput("the bus is off (publishing disabled)")
+        if not await self.may_read(sink, channel):  # the id would tell how many messages it holds
+            self._status(sink, "published", ref, channel=channel)
+            return
         self._status(sink, "published", ref, channel=channel, message_id=mid)
 
     def _on_reset(self, sink: Sink, old: int, new: int) -> None:

@@ -130,6 +130,37 @@ def test_polls_need_no_csrf_token_while_views_do(served: tuple[str, dict[str, in
     Bus(bus_name, create=False).destroy()
 
 
+def test_subscribe_allowed_refuses_staff_channels_to_others(served: tuple[str, dict[str, int]], bus_name: str) -> None:
+    """``SUBSCRIBE_ALLOWED`` (djtest/permissions.py) sees the Django request and the lookups' user id: carol (staff)
+    reads ``/staff/board``, alice and an anonymous visitor get nothing of it, not even its last id."""
+    url, _ = served
+    clients = {"carol": login(url, "carol"), "alice": login(url, "alice"), "anonymous": login(url, None)}
+    bus = Bus(bus_name, ring_size=1 << 20, max_channels=256, keepalive_interval=0, create=True)
+    try:
+        bus.publish("/staff/board", "for staff")
+        bus.publish("/lobby", "for all")
+        got = {}
+        for name, client in clients.items():
+            resp = client.post(
+                f"/message-bus/{uuid.uuid4().hex}/poll?dlp=t", data={"/staff/board": "0", "/lobby": "-1"}
+            )
+            assert resp.status_code == 200, resp.text
+            got[name] = (resp.json(), resp.headers.get("shmbus-refused-channels"))
+        assert got["carol"] == (
+            [
+                {"global_id": 1, "message_id": 1, "channel": "/staff/board", "data": "for staff"},
+                {"global_id": -1, "message_id": -1, "channel": "/__status", "data": {"/lobby": 1}},
+            ],
+            None,
+        )
+        refused = ([{"global_id": -1, "message_id": -1, "channel": "/__status", "data": {"/lobby": 1}}], "/staff/board")
+        assert got["alice"] == refused and got["anonymous"] == refused
+    finally:
+        bus.destroy()
+        for c in clients.values():
+            c.close()
+
+
 @pytest.mark.parametrize(
     ("worker_class", "args", "expected"),
     [

@@ -5,6 +5,7 @@ per publish, appended by every worker). ``asgi_app`` (gunicorn ``uvicorn.workers
 ``wsgi_app`` (gunicorn ``gevent``) serve the same routes:
 
 * ``GET /page`` -> ``page.html``; ``GET /assets-page`` -> ``assets_page.html`` (only the middleware's assets);
+  ``GET /refused-page`` -> ``refused_page.html`` (``subscribe_allowed`` refuses every channel under ``/private``);
   ``GET /mb.js`` -> ``message-bus.js`` of the npm package ``scripts/test``
   installed; ``GET /mb-ajax.js`` -> shmbus's XHR adapter;
 * ``POST /publish?ch=C&i=N`` -> publishes ``{"i": N, "pid": <this worker>}`` on ``C``; the reply
@@ -35,6 +36,7 @@ REPO = HERE.parent.parent
 FILES = {
     "/page": (HERE / "page.html", "text/html; charset=utf-8"),
     "/assets-page": (HERE / "assets_page.html", "text/html; charset=utf-8"),
+    "/refused-page": (HERE / "refused_page.html", "text/html; charset=utf-8"),
     "/mb.js": (HERE / "node_modules" / "message-bus-client" / "assets" / "message-bus.js", "text/javascript"),
     "/mb-ajax.js": (REPO / "adapters" / "http" / "static" / "message-bus-ajax.js", "text/javascript"),
 }
@@ -42,6 +44,11 @@ GID_RE = re.compile(rb'"global_id":(\d+)')
 
 bus = Bus(os.environ["SHMBUS_TEST_BUS"], keepalive_interval=0, create=True)
 LOG = os.environ["SHMBUS_E2E_LOG"]
+
+
+def may_subscribe(info: Any, channel: str) -> bool:
+    """The middleware's ``subscribe_allowed``: nobody may read a channel under ``/private``."""
+    return not channel.startswith("/private")
 
 
 def log(entry: dict[str, Any]) -> None:
@@ -111,7 +118,7 @@ async def _asgi_inner(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-_asgi_mb = AsgiMiddleware(_asgi_inner, bus=bus)
+_asgi_mb = AsgiMiddleware(_asgi_inner, bus=bus, subscribe_allowed=may_subscribe)
 
 
 async def asgi_app(scope: Any, receive: Any, send: Any) -> None:
@@ -158,7 +165,7 @@ def _wsgi_inner(environ: dict[str, Any], start_response: Any) -> list[bytes]:
     return [b"not found"]
 
 
-_wsgi_mb = WsgiMiddleware(_wsgi_inner, bus=bus)
+_wsgi_mb = WsgiMiddleware(_wsgi_inner, bus=bus, subscribe_allowed=may_subscribe)
 
 
 def wsgi_app(environ: dict[str, Any], start_response: Any) -> Any:

@@ -122,6 +122,23 @@ def test_flask_chat(start: Callable[..., str], bus_name: str) -> None:
         assert httpx.post(url + "/say", data={"text": " "}, timeout=10, trust_env=False).status_code == 400
         seen = user(url + "/", url + "/", "input=#text", "#log", "hello from chromium")
         assert "hello from chromium" in seen["see"]
+        check_moderators_only(url)
+
+
+def check_moderators_only(url: str) -> None:
+    """``/moderators``: anyone may write, only a moderator's session reads it (``subscribe_allowed``)."""
+    r = httpx.post(url + "/say", data={"text": "for the mods", "to": "moderators"}, timeout=10, trust_env=False)
+    assert r.json() == {"sent": True}, r.text  # no id: it would count the moderators' messages
+    body = {"/moderators": "0", "/chat": "-1"}
+    with httpx.Client(base_url=url, timeout=10, trust_env=False) as anyone:
+        r = anyone.post(f"/message-bus/{uuid.uuid4().hex}/poll?dlp=t", data=body)
+        assert [(m["channel"], list(m["data"])) for m in r.json()] == [("/__status", ["/chat"])], r.text
+        assert r.headers["shmbus-refused-channels"] == "/moderators"
+    with httpx.Client(base_url=url, timeout=10, trust_env=False) as moderator:
+        assert moderator.get("/moderate").status_code == 302
+        r = moderator.post(f"/message-bus/{uuid.uuid4().hex}/poll?dlp=t", data=body)
+        assert [m["data"]["text"] for m in r.json() if m["channel"] == "/moderators"] == ["for the mods"]
+        assert "shmbus-refused-channels" not in r.headers
 
 
 def test_falcon_votes(start: Callable[..., str], bus_name: str) -> None:

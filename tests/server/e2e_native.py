@@ -78,4 +78,4 @@ class _LoggingFanout(asgi._LoopFanout):
 
 
 asgi._LoopFanout = _LoggingFanout  # type: ignore[misc]  # this process only (the test server)
-app = asgi.MessageBusMiddleware(e2e_app._asgi_inner, bus=e2e_app.bus)
+app = asgi.MessageBusMiddleware(e2e_app._asgi_inner, bus=e2e_app.bus, subscribe_allowed=e2e_app.may_subscribe)

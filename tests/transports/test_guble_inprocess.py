@@ -200,9 +200,9 @@ def test_resubscribing_never_skips_a_message_in_flight(bus: Bus) -> None:
     # guble: "+ /g" twice
     app = guble_app(bus)
     sink = asyncio.run(app.open_sink(identity, {"headers": []}))
-    app._receive_cmd(sink, Receive("/g", None, None))  # type: ignore[arg-type]
+    asyncio.run(app._receive_cmd(sink, Receive("/g", None, None)))  # type: ignore[arg-type]
     bus.publish("/g", "in flight")
-    app._receive_cmd(sink, Receive("/g", None, None))  # type: ignore[arg-type]
+    asyncio.run(app._receive_cmd(sink, Receive("/g", None, None)))  # type: ignore[arg-type]
     sink.take()
     sink.offer(_last(bus, "/g"))
     assert bodies(sink.take()) == [("/g", "in flight")]
@@ -211,11 +211,11 @@ def test_resubscribing_never_skips_a_message_in_flight(bus: Bus) -> None:
     ws = WebSocketApp(bus=bus)
     wsink = asyncio.run(ws.open_sink(identity, {}))
     for cmd in ({"channel": "/w"}, {"pattern": "/p", "kind": "prefix"}, {"channel": "/r"}):
-        ws._subscribe(wsink, cmd, None)
+        asyncio.run(ws._subscribe(wsink, cmd, None))
     for ch in ("/w", "/p/x", "/r"):
         bus.publish(ch, f"in flight {ch}")
     for cmd in ({"channel": "/w"}, {"pattern": "/p", "kind": "prefix"}, {"channel": "/r", "last_id": 0}):
-        ws._subscribe(wsink, cmd, None)
+        asyncio.run(ws._subscribe(wsink, cmd, None))
     assert [json.loads(f)["data"] for f in wsink.take() if '"op"' not in f] == ["in flight /r"]  # the replay
     for ch in ("/w", "/p/x", "/r"):
         wsink.offer(_last(bus, ch))

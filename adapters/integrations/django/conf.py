@@ -12,6 +12,9 @@ Keys (all upper case, as in ``DATABASES``; unknown keys are refused so a typo ne
 ``GROUP_IDS_LOOKUP``,         ``user`` set from the session cookie); defaults: the authenticated user's ``pk``,
 ``SITE_ID_LOOKUP``,           that user's group ids; ``None`` turns one off
 ``EXTRA_RESPONSE_HEADERS_LOOKUP``, ``ON_MIDDLEWARE_ERROR`` (``(request, exc)``)
+``SUBSCRIBE_ALLOWED``         dotted path of the permission function ``fn(info, channel) -> bool``: may this request
+                              read ``channel``? ``info`` is the middleware's ``RequestInfo`` with the Django
+                              ``HttpRequest`` as ``info.request``; default ``None``: every channel may be read
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ LOOKUP_KEYS: dict[str, str] = {
     "SITE_ID_LOOKUP": "site_id_lookup",
     "EXTRA_RESPONSE_HEADERS_LOOKUP": "extra_response_headers_lookup",
     "ON_MIDDLEWARE_ERROR": "on_middleware_error",
+    "SUBSCRIBE_ALLOWED": "subscribe_allowed",
 }
 _PKG = "shmbus.adapters.integrations.django.lookups"
 #: What an absent lookup key means (an explicit ``None`` turns the lookup off).

@@ -6,19 +6,30 @@ session saving), so the middleware's lookups receive a WSGI environ or an ASGI s
 by every lookup of that poll), load the session from its cookie with ``SESSION_ENGINE`` and set ``request.user``
 lazily, as ``SessionMiddleware`` and ``AuthenticationMiddleware`` would, but never save the session: a poll
 never sends a ``Set-Cookie`` and never extends a session's expiry. Database connections a lookup opened are
-closed afterwards as Django closes them after a request (``CONN_MAX_AGE``).
+closed afterwards as Django closes them after a request (``CONN_MAX_AGE``). :func:`wsgi_subscribe_check` and
+:func:`asgi_subscribe_check` do the same for the ``SUBSCRIBE_ALLOWED`` permission function, which is called
+``fn(info, channel)`` with the poll's ``RequestInfo`` whose ``request`` is that Django request.
 """
 
 from __future__ import annotations
 
 import io
 from collections.abc import Callable
+from dataclasses import replace
 from importlib import import_module
 from typing import Any
 
 from ...wsgi_support import Environ
 
-__all__ = ["asgi_lookup", "authenticated_user_pk", "django_request", "user_group_ids", "wsgi_lookup"]
+__all__ = [
+    "asgi_lookup",
+    "asgi_subscribe_check",
+    "authenticated_user_pk",
+    "django_request",
+    "user_group_ids",
+    "wsgi_lookup",
+    "wsgi_subscribe_check",
+]
 
 #: Where the Django request built for a poll is kept on its environ or scope.
 REQUEST_KEY = "shmbus.django_request"
@@ -105,3 +116,35 @@ def asgi_lookup(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     lookup.__qualname__ = f"asgi_lookup({getattr(fn, '__qualname__', fn)!s})"
     return lookup
+
+
+def _with_django_request(fn: Callable[..., Any], info: Any) -> Callable[[Any, str], Any]:
+    """``fn(info, channel)`` called as a lookup ``(request, channel)``: ``info.request`` becomes the Django one."""
+
+    def ask(request: Any, channel: str) -> Any:
+        return fn(replace(info, request=request), channel)
+
+    return ask
+
+
+def wsgi_subscribe_check(fn: Callable[..., Any]) -> Callable[[Any, str], Any]:
+    """The middleware's ``subscribe_allowed`` for a permission function ``fn(info, channel)`` (WSGI)."""
+
+    def subscribe_allowed(info: Any, channel: str) -> Any:
+        return _call(_with_django_request(fn, info), info.request, channel)
+
+    subscribe_allowed.__qualname__ = f"wsgi_subscribe_check({getattr(fn, '__qualname__', fn)!s})"
+    return subscribe_allowed
+
+
+def asgi_subscribe_check(fn: Callable[..., Any]) -> Callable[[Any, str], Any]:
+    """:func:`wsgi_subscribe_check` for ASGI: run in a worker thread, as :func:`asgi_lookup`."""
+    from asgiref.sync import sync_to_async
+
+    call = sync_to_async(_call, thread_sensitive=False)
+
+    async def subscribe_allowed(info: Any, channel: str) -> Any:
+        return await call(_with_django_request(fn, info), info.request, channel)
+
+    subscribe_allowed.__qualname__ = f"asgi_subscribe_check({getattr(fn, '__qualname__', fn)!s})"
+    return subscribe_allowed

@@ -18,20 +18,24 @@ from typing import Any
 
 from .checks import gunicorn_worker, startup_checks
 from .conf import LOOKUP_KEYS
-from .lookups import asgi_lookup, wsgi_lookup
+from .lookups import asgi_lookup, asgi_subscribe_check, wsgi_lookup, wsgi_subscribe_check
 from .runtime import bus_settings, get_bus
 
 __all__ = ["get_asgi_application", "get_wsgi_application", "middleware_options"]
 
 
-def middleware_options(wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> dict[str, Any]:
-    """``SHMBUS['MIDDLEWARE']`` plus the lookups, each wrapped by ``wrap`` for its shell."""
+Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def middleware_options(wrap: Wrap, wrap_check: Wrap | None = None) -> dict[str, Any]:
+    """``SHMBUS['MIDDLEWARE']`` plus the lookups, each wrapped by ``wrap`` for its shell (``SUBSCRIBE_ALLOWED`` by
+    ``wrap_check``: it is called ``(info, channel)``, not with the environ or scope)."""
     conf = bus_settings()
     options = dict(conf.middleware)
     for key, option in LOOKUP_KEYS.items():
         fn = conf.lookup(key)
         if fn is not None:
-            options[option] = wrap(fn)
+            options[option] = (wrap_check or wrap)(fn) if option == "subscribe_allowed" else wrap(fn)
     return options
 
 
@@ -44,7 +48,7 @@ def get_wsgi_application(application: Callable[..., Any] | None = None) -> Any:
     worker = gunicorn_worker()
     app = application if application is not None else django_wsgi()
     startup_checks(worker)
-    return MessageBusMiddleware(app, bus=get_bus(), **middleware_options(wsgi_lookup))
+    return MessageBusMiddleware(app, bus=get_bus(), **middleware_options(wsgi_lookup, wsgi_subscribe_check))
 
 
 def get_asgi_application(application: Callable[..., Any] | None = None) -> Any:
@@ -56,4 +60,4 @@ def get_asgi_application(application: Callable[..., Any] | None = None) -> Any:
     worker = gunicorn_worker()
     app = application if application is not None else django_asgi()
     startup_checks(worker)
-    return MessageBusMiddleware(app, bus=get_bus(), **middleware_options(asgi_lookup))
+    return MessageBusMiddleware(app, bus=get_bus(), **middleware_options(asgi_lookup, asgi_subscribe_check))

@@ -30,6 +30,7 @@ SHMBUS = {
     "BUS": os.environ.get("SHMBUS_TEST_BUS", "djtest"),
     "BUS_OPTIONS": {"ring_size": 1 << 20, "max_channels": 256, "keepalive_interval": 0},
     "MIDDLEWARE": {"long_polling_interval": 5},
+    "SUBSCRIBE_ALLOWED": f"{__package__}.permissions.may_subscribe",
 }
 
 
