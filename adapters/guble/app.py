@@ -30,9 +30,9 @@ from shmbus.message import Message
 
 from ..asgi_support import Receive, Scope, Send, fallback, maybe_await, relative_path
 from ..http import MAX_BODY_SIZE, ProtocolError
-from ..transports.hub import DEFAULT_MAX_BUFFER, Sink
 from ..transports.identity import Identity
 from ..transports.rest import AsgiRestPublish, publish_or_refuse
+from ..transports.sink import DEFAULT_MAX_BUFFER, Sink
 from ..transports.validation import MAX_SUBSCRIPTIONS, check_client_channel
 from ..transports.websocket import MAX_FRAME, WebSocketApp
 from .protocol import (

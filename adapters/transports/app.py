@@ -13,8 +13,9 @@ from shmbus.bus import Bus
 from ..asgi_support import Scope, maybe_await
 from ..http.options import bus_or_default
 from .connection import Connection, check_hooks
-from .hub import Hub, Sink, loop_runner
+from .hub import Hub, loop_runner
 from .identity import LookupOptions
+from .sink import Sink
 
 log = logging.getLogger(__name__)
 

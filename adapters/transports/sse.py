@@ -45,8 +45,8 @@ from ..asgi_support import Receive, Scope, Send, fallback, header, relative_path
 from ..http import ProtocolError, encode_message
 from .app import TransportApp
 from .connection import Connection
-from .hub import Sink
 from .replay import replay_since
+from .sink import Sink
 from .sse_options import SSEKeywords, SSEOptions
 from .sse_stream import StreamPace
 from .validation import check_client_channel, check_pattern

@@ -13,8 +13,8 @@ from typing import Any
 from shmbus.bus import Bus
 
 from .connection import Connection, check_hooks
-from .hub import DEFAULT_MAX_BUFFER
 from .identity import LookupKeywords, LookupOptions
+from .sink import DEFAULT_MAX_BUFFER
 from .sse_stream import check_keepalive
 from .validation import MAX_SUBSCRIPTIONS
 

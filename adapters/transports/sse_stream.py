@@ -8,7 +8,7 @@ check that rides on it and the stream's first bytes are decided here once.
 
 from __future__ import annotations
 
-from .hub import Sink
+from .sink import Sink
 
 __all__ = ["KEEPALIVE", "StreamPace", "check_keepalive"]
 

@@ -44,7 +44,8 @@ from ..wsgi_support import (
     start_simple,
 )
 from .connection import Connection
-from .hub import Sink, SinkIndex
+from .hub import SinkIndex
+from .sink import Sink
 from .sse import (
     SSE_HEADERS,
     finish_open,

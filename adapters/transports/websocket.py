@@ -39,9 +39,9 @@ from ..asgi_support import Receive, Scope, Send, fallback, maybe_await, relative
 from ..http import ProtocolError, encode_message
 from .app import TransportApp
 from .connection import Connection
-from .hub import DEFAULT_MAX_BUFFER, Sink
 from .identity import Identity, LookupOptions
 from .replay import replay_since
+from .sink import DEFAULT_MAX_BUFFER, Sink
 from .validation import MAX_SUBSCRIPTIONS, check_client_channel
 from .ws_commands import BadInput, dumps, frame, ids_field, int_field, parse_command, target
 

@@ -11,8 +11,8 @@ from typing import Any
 from shmbus import Bus
 from shmbus.adapters.guble import GubleApp
 from shmbus.adapters.http import MessageBusProtocol
-from shmbus.adapters.transports.hub import Sink
 from shmbus.adapters.transports.identity import Identity
+from shmbus.adapters.transports.sink import Sink
 from shmbus.adapters.transports.sse import SSEApp
 from shmbus.adapters.wsgi import MessageBusMiddleware
 from tests.harness.wait import wait_for

@@ -15,9 +15,9 @@ from shmbus import Bus, InvalidChannel
 from shmbus.adapters.guble import GubleApp
 from shmbus.adapters.http import MessageBusProtocol
 from shmbus.adapters.transports.connection import Connection
-from shmbus.adapters.transports.hub import Sink
 from shmbus.adapters.transports.identity import Identity
 from shmbus.adapters.transports.rest import AsgiRestPublish, WsgiRestPublish
+from shmbus.adapters.transports.sink import Sink
 from shmbus.adapters.transports.sse import SSEApp
 from shmbus.adapters.transports.sse_wsgi import SSEWSGIApp
 from shmbus.adapters.transports.websocket import WebSocketApp

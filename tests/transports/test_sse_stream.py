@@ -6,8 +6,8 @@ import pytest
 
 from shmbus import Bus
 from shmbus.adapters.http import MessageBusProtocol
-from shmbus.adapters.transports.hub import Sink
 from shmbus.adapters.transports.identity import Identity
+from shmbus.adapters.transports.sink import Sink
 from shmbus.adapters.transports.sse_stream import KEEPALIVE, StreamPace, check_keepalive
 
 

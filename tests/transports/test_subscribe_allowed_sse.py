@@ -18,8 +18,8 @@ import pytest
 from shmbus import Bus
 from shmbus.adapters.http import MessageBusProtocol, RequestInfo
 from shmbus.adapters.transports.gate import ChannelGate
-from shmbus.adapters.transports.hub import Sink
 from shmbus.adapters.transports.identity import Identity
+from shmbus.adapters.transports.sink import Sink
 from shmbus.adapters.transports.sse import SSEApp
 from shmbus.adapters.transports.sse_wsgi import SSEWSGIApp
 
