@@ -12,11 +12,18 @@ meanwhile waits, pending, until the starting thread unblocks it.
 
 from __future__ import annotations
 
+import queue
 import signal
 import threading
-from typing import Any
+import time
+from typing import Any, TypeVar
 
-__all__ = ["ASYNC_SIGNALS", "start_without_signals"]
+__all__ = ["ASYNC_SIGNALS", "SIGNAL_CHECK", "interruptible_get", "start_without_signals"]
+
+T = TypeVar("T")
+
+#: The longest a main thread's wait on one of our queues sleeps before Python looks for a signal (seconds).
+SIGNAL_CHECK = 0.5
 
 #: Signals sent to the process as a whole, meant for the program's handlers (never a thread's own fault, like
 #: SIGSEGV or SIGPIPE, which must stay with the thread that caused them).
@@ -43,3 +50,22 @@ def start_without_signals(thread: threading.Thread | Any) -> None:
         thread.start()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def interruptible_get(q: queue.SimpleQueue[T] | queue.Queue[T], timeout: float | None = None) -> T:
+    """``q.get(timeout=timeout)`` that a signal (Ctrl-C) always ends, within :data:`SIGNAL_CHECK`.
+
+    A signal that arrives after Python last looked for one but before the wait is asleep (inside ``get`` itself)
+    has had its C handler run, so the sleep is not interrupted, and an unbounded ``get`` never returns to let Python
+    raise ``KeyboardInterrupt`` (seen: ``shmbus listen`` ignored Ctrl-C under load). Waiting in slices gives Python
+    that chance after each one. ``queue.Empty`` once ``timeout`` has passed.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = SIGNAL_CHECK if deadline is None else min(SIGNAL_CHECK, deadline - time.monotonic())
+        if left <= 0:
+            raise queue.Empty
+        try:
+            return q.get(timeout=left)
+        except queue.Empty:
+            pass

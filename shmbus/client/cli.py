@@ -18,7 +18,7 @@ from typing import Any
 
 from shmbus.cli_args import count as _count  # the command line's own validators
 from shmbus.cli_args import seconds as _seconds
-from shmbus.threads import start_without_signals
+from shmbus.threads import interruptible_get, start_without_signals
 
 __all__ = ["add_arguments", "parse_channel", "run"]
 
@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
             if wait is not None and wait <= 0:
                 break
             try:
-                msg = arrived.get(timeout=wait)
+                msg = interruptible_get(arrived, wait)  # Ctrl-C ends it, whenever it lands
             except queue.Empty:
                 break
             if msg is _STDOUT_CLOSED:  # shmbus.cli.main ends quietly, as for a failed write

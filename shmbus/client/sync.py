@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
-from ..threads import start_without_signals
+from ..threads import interruptible_get, start_without_signals
 from .core import AsyncMessageBusClient, ClientStats
 from .message import Callback, Message
 from .positions import Subscription
@@ -139,7 +139,7 @@ class MessageBusClient:
         try:
             self.start()
             with contextlib.suppress(queue.Empty):  # nothing for ``timeout`` seconds
-                yield from iter(lambda: q.get(timeout=timeout), _STOP)
+                yield from iter(lambda: interruptible_get(q, timeout), _STOP)
         finally:
             self._listeners.discard(q)
             self.remove(sub)
