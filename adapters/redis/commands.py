@@ -7,6 +7,12 @@ in a warm loop 120 against 53 µs. That cost sits between the caller's ``publish
 is cross-host latency too. The connections are made like the client's (same class and keyword arguments: URL, TLS,
 timeouts, auth, RESP2), kept on an idle list (a thread takes one, puts it back; as many as threads ever published
 at once) and never shared mid-command.
+
+Numbers are sent as bytes (:func:`wire_args`): with hiredis installed, redis-py packs a command in C with
+``hiredis.pack_command``, which turns an int or float into text with ``PyObject_Repr``; that call runs a pending
+signal handler first, and when the handler raises (a SIGALRM timeout, Ctrl-C) it returns NULL, which
+``pack_command`` does not check: the process dies of SIGSEGV (seen in the ``signal_in_publish`` fault scenario).
+Bytes and str never reach that call.
 """
 
 from __future__ import annotations
@@ -18,7 +24,14 @@ import redis
 
 from ..bridge.outcome import ReplyLost
 
-__all__ = ["DirectCommands"]
+__all__ = ["DirectCommands", "wire_args"]
+
+
+def wire_args(args: tuple[Any, ...] | list[Any]) -> tuple[Any, ...]:
+    """``args`` with every int and float as its decimal bytes, as Redis reads them (see the module doc)."""
+    return tuple(
+        (b"%d" % a if isinstance(a, int) else repr(a).encode()) if isinstance(a, (int, float)) else a for a in args
+    )
 
 
 class DirectCommands:
@@ -60,9 +73,10 @@ class DirectCommands:
         for the reply, raises :class:`~..bridge.outcome.ReplyLost` (a ``BaseException`` such as
         ``KeyboardInterrupt`` propagates as it is). Either way the connection is closed first: no half-read reply
         is ever left for the next command."""
+        packed = wire_args(args)
         conn = self._take()
         try:
-            conn.send_command(*args)
+            conn.send_command(*packed)
         except redis.exceptions.RedisError:  # the socket refused the bytes: one command, never written whole
             self._drop(conn)
             raise
@@ -79,7 +93,7 @@ class DirectCommands:
         the commands may have run)."""
         conn = self._take()
         try:
-            conn.send_packed_command(conn.pack_commands(commands))
+            conn.send_packed_command(conn.pack_commands([wire_args(c) for c in commands]))
         except BaseException as exc:
             self._drop(conn)
             if isinstance(exc, Exception):

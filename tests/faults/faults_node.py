@@ -76,6 +76,7 @@ def alarm(spec: dict) -> None:  # type: ignore[type-arg]
             fired[0] += 1
             raise KeyboardInterrupt if fired[0] % 5 == 0 else Alarm()
 
+    faulthandler.enable()  # a crash prints every thread's stack on stderr (load run 3: this worker died of SIGSEGV)
     bus = Bus(
         spec["bus"], keepalive_interval=0, engine=make_engine(spec["backend"], relay=False), **spec["bus_options"]
     )
