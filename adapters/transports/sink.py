@@ -7,7 +7,6 @@ message filters; site rules are the middleware's (``/global/`` channels reach ev
 
 from __future__ import annotations
 
-import logging
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
@@ -21,8 +20,6 @@ from ..http.waiter import filter_allows
 from .gate import ChannelGate
 from .identity import Identity
 from .replay import site_matches
-
-log = logging.getLogger(__name__)
 
 #: Default bytes queued for one connection that is not reading before it is dropped.
 DEFAULT_MAX_BUFFER = 1 << 20
