@@ -3,9 +3,9 @@
 Linux delivers a signal sent to a process (Ctrl-C's SIGINT, a supervisor's SIGTERM) to any one of its threads
 that does not block it. CPython runs the Python handler only in the main thread, and a main thread blocked in a
 wait without a timeout (``queue.get()``, ``Event.wait()``, ``signal.pause()``) is woken only if the signal
-interrupts *its* system call: delivered to one of our threads instead, Ctrl-C was noted and never acted upon
-(seen: ``shmbus listen`` still running a minute after SIGINT on a loaded machine). A thread that blocks these
-signals is never chosen, so the main thread gets them. The mask is set by the starting thread around ``start()``
+interrupts *its* system call: delivered to one of our threads instead, Ctrl-C is noted and not acted upon until
+the main thread next runs Python code. A thread that blocks these signals is never chosen, so the main thread gets
+them. The mask is set by the starting thread around ``start()``
 (a new thread inherits it), so no signal can land in the new thread before it is blocked there; one arriving
 meanwhile waits, pending, until the starting thread unblocks it.
 """
@@ -57,8 +57,8 @@ def interruptible_get(q: queue.SimpleQueue[T] | queue.Queue[T], timeout: float |
 
     A signal that arrives after Python last looked for one but before the wait is asleep (inside ``get`` itself)
     has had its C handler run, so the sleep is not interrupted, and an unbounded ``get`` never returns to let Python
-    raise ``KeyboardInterrupt`` (seen: ``shmbus listen`` ignored Ctrl-C under load). Waiting in slices gives Python
-    that chance after each one. ``queue.Empty`` once ``timeout`` has passed.
+    raise ``KeyboardInterrupt``. Waiting in slices gives Python that chance after each one. ``queue.Empty`` once
+    ``timeout`` has passed.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:

@@ -21,9 +21,18 @@ pytestmark = pytest.mark.slow
 NewTarget = Callable[..., Target]
 
 
+def ctrl_c_as_at_a_terminal() -> None:
+    """In the child before exec: SIGINT back to its default. A suite started as a background job of a
+    non-interactive shell (``nohup scripts/test &``) inherits SIGINT *ignored*, which Python then keeps ignoring,
+    and every Ctrl-C test would hang (load runs 2-4 did)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def listen(procs: Any, *args: str) -> subprocess.Popen[str]:
     argv = [sys.executable, "-X", "faulthandler", "-m", "shmbus", "listen", *args]
-    return procs.spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return procs.spawn(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_as_at_a_terminal
+    )
 
 
 def ended(proc: subprocess.Popen[str], timeout: float = 60) -> tuple[str, str]:

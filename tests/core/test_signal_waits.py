@@ -12,8 +12,10 @@ import subprocess
 import sys
 
 CHILD = r"""
-import _thread, queue, sys, threading, time
+import _thread, queue, signal, sys, threading, time
 from shmbus.threads import interruptible_get{extra}
+
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as at a terminal, even if started with SIGINT ignored
 
 q = queue.SimpleQueue()
 rescued = threading.Event()
