@@ -380,7 +380,8 @@ def test_a_loss_of_many_single_ids_is_counted_and_logged_once(
         wait_relaying(b2)
         wait_for(lambda: b2.segment.global_id() == first + 1000, what="b caught up")
     assert b2.default.health()["relay_lost"] == 800
-    gone = [r.getMessage() for r in caplog.records if "gone from the backend" in r.getMessage()]
+    # b2's own lines: host a's relay may report its own loss in this burst (a known race, see docs/faults.md)
+    gone = [r.getMessage() for r in caplog.records if f"bus {b2.name!r} misses" in r.getMessage()]
     assert len(gone) == 1 and "800 message(s)" in gone[0], gone
 
 
