@@ -38,6 +38,22 @@ def normalize_base_route(route: str) -> str:
     return re.sub(r"/+", "/", f"/{route}/")
 
 
+def presence_rule(value: Any) -> bool | tuple[str, ...]:
+    """The ``presence`` option checked: a bool, or the channel prefixes it covers as a tuple."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) or not all(isinstance(p, str) for p in value):
+        raise TypeError(f"presence must be a bool or a sequence of channel prefixes, got {value!r}")
+    return tuple(value)
+
+
+def presence_grace(value: Any) -> float:
+    """The ``presence_grace`` option checked (seconds >= 0)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ValueError(f"presence_grace must be >= 0 seconds, got {value!r}")
+    return float(value)
+
+
 @dataclass
 class Options:
     """Middleware options: the gem's names in snake_case, times in seconds.
@@ -129,22 +145,15 @@ class Options:
                 raise TypeError(f"{name} must be callable, got {v!r}")
 
     def _check_presence(self) -> None:
-        if not isinstance(self.presence, bool):
-            if isinstance(self.presence, str) or not all(isinstance(p, str) for p in self.presence):
-                raise TypeError(f"presence must be a bool or a sequence of channel prefixes, got {self.presence!r}")
-            self.presence = tuple(self.presence)
-        grace = self.presence_grace
-        if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not grace >= 0:
-            raise ValueError(f"presence_grace must be >= 0 seconds, got {grace!r}")
+        self.presence = presence_rule(self.presence)
+        self.presence_grace = presence_grace(self.presence_grace)
 
     def presence_of(self, channels: Iterable[str]) -> list[str]:
         """The channels of a poll that presence records (none when it is off)."""
-        p = self.presence
-        if p is True:
+        rule = self.presence
+        if rule is True:
             return list(channels)
-        if not p:
-            return []
-        return [ch for ch in channels if ch.startswith(p)]
+        return [ch for ch in channels if ch.startswith(rule)] if rule else []
 
     @classmethod
     def from_kwargs(cls, options: Mapping[str, Any]) -> Options:

@@ -82,6 +82,16 @@ class PresenceHub:
         self.table.touch(client_id, user_id, channels, lease, self.clock(), time.time())
         self.announcing = True
 
+    def hold(self, client_id: str, user_id: Any, channels: Iterable[str]) -> list[str]:
+        """A connection (SSE, WebSocket) of ``client_id`` subscribed ``channels``: present until released."""
+        held = self.table.hold(client_id, user_id, channels, self.clock(), time.time())
+        self.announcing = True
+        return held
+
+    def release(self, client_id: str, channels: Iterable[str], grace: float) -> None:
+        """That connection let go of ``channels`` (or ended): present ``grace`` seconds more."""
+        self.table.release(client_id, channels, grace, self.clock())
+
     def members(self, channel: str, wait: float | None = None) -> list[Member]:
         """Clients present on ``channel`` on this host. The first call in a process waits (at most ``wait``
         seconds, by default one heartbeat) until every announcer had a chance to be heard."""

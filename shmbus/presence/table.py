@@ -19,6 +19,8 @@ from typing import Any
 
 __all__ = ["Entry", "Key", "LocalTable", "user_value"]
 
+_FOREVER = float("inf")
+
 #: ``(channel, client_id)``
 Key = tuple[str, str]
 #: ``[channel, client_id, user_id, since]``: one present client as it travels on the presence channel
@@ -48,6 +50,7 @@ class LocalTable:
         #: lease -> key -> [user_id, since (wall clock), expires (monotonic)]
         self._buckets: dict[float, OrderedDict[Key, list[Any]]] = {}
         self._lease_of: dict[Key, float] = {}
+        self._holds: dict[Key, int] = {}  # open connections (SSE, WebSocket) per key: no lease runs out
         self._joined: dict[Key, Entry] = {}
         self._left: set[Key] = set()
 
@@ -66,6 +69,8 @@ class LocalTable:
             expires = now + lease
             for channel in channels:
                 key = (channel, client_id)
+                if key in self._holds:
+                    continue
                 old_lease = self._lease_of.get(key)
                 if old_lease is not None:
                     row = self._buckets[old_lease].pop(key) if old_lease != lease else bucket[key]
@@ -83,6 +88,39 @@ class LocalTable:
                 self._lease_of[key] = lease
                 self._left.discard(key)
                 self._joined[key] = [channel, client_id, user, wall]
+
+    def hold(self, client_id: str, user_id: Any, channels: Iterable[str], now: float, wall: float) -> list[str]:
+        """A connection of ``client_id`` subscribed ``channels``: present until :meth:`release` (counted per
+        connection). Returns the channels it holds (those over ``max_entries`` are not)."""
+        held = []
+        for channel in channels:
+            self.touch(client_id, user_id, (channel,), _FOREVER, now, wall)
+            key = (channel, client_id)
+            with self._lock:
+                if key in self._lease_of:
+                    self._holds[key] = self._holds.get(key, 0) + 1
+                    held.append(channel)
+        return held
+
+    def release(self, client_id: str, channels: Iterable[str], grace: float, now: float) -> None:
+        """A connection of ``client_id`` let go of ``channels`` (held by :meth:`hold`): once no connection holds
+        one, it stays present ``grace`` seconds more."""
+        with self._lock:
+            for channel in channels:
+                key = (channel, client_id)
+                count = self._holds.get(key, 0) - 1
+                if count > 0:
+                    self._holds[key] = count
+                    continue
+                if self._holds.pop(key, None) is None:
+                    continue
+                row = self._buckets[self._lease_of[key]].pop(key)
+                row[2] = now + grace
+                bucket = self._buckets.get(grace)
+                if bucket is None:
+                    bucket = self._buckets[grace] = OrderedDict()
+                bucket[key] = row
+                self._lease_of[key] = grace
 
     def sweep(self, now: float) -> int:
         """Expire the leases run out by ``now``; their leaves become pending. Returns how many expired."""

@@ -81,3 +81,21 @@ def test_the_presence_option() -> None:
         Options(presence="/chat/")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         Options(presence_grace=-1)
+
+
+def test_a_held_key_outlives_any_lease_until_its_last_connection_lets_go() -> None:
+    t = LocalTable()
+    assert t.hold("c1", None, ["/a"], now=0, wall=0) == ["/a"]
+    t.hold("c1", None, ["/a"], now=1, wall=1)  # a second connection of the same client
+    t.touch("c1", None, ["/a"], lease=1, now=2, wall=2)  # a poll does not shorten a hold
+    t.sweep(1000)
+    assert len(t) == 1
+    t.release("c1", ["/a"], grace=5, now=1000)
+    t.sweep(2000)
+    assert len(t) == 1  # one connection still holds it
+    t.release("c1", ["/a"], grace=5, now=2000)
+    t.sweep(2004)
+    assert len(t) == 1
+    t.sweep(2005)
+    assert len(t) == 0 and t.take_changes() == ([], [])  # joined and left within one batch
+    t.release("c1", ["/a"], grace=5, now=2006)  # releasing what is not held is harmless
