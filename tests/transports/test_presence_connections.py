@@ -1,4 +1,4 @@
-"""Presence of WebSocket connections, in-process: a connection is present on the channels it subscribes (not on
+"""Presence of WebSocket and SSE connections, in-process: a connection is present on the channels it subscribes (not on
 one ``subscribe_allowed`` refused, nor on a pattern), and leaves when it unsubscribes or closes. The poll side and
 real gunicorn workers: tests/web/test_presence_servers.py; the sans-IO parts: tests/core/test_presence.py."""
 
@@ -9,6 +9,7 @@ from typing import Any
 
 from shmbus import Bus
 from shmbus.adapters.http import RequestInfo
+from shmbus.adapters.transports.sse_wsgi import SSEWSGIApp
 from shmbus.adapters.transports.websocket import WebSocketApp
 from tests.harness.wait import wait_for
 
@@ -52,3 +53,21 @@ def test_a_websocket_is_present_while_it_holds_a_channel(bus: Bus) -> None:
     # the connection closed: gone (grace 0) at the next announcement
     wait_for(lambda: names(bus, "/open") == [] and names(bus, "/other") == [], 10, "the socket gone")
     app.close()
+
+
+def test_an_sse_stream_is_present_until_it_closes(bus: Bus) -> None:
+    assert bus.presence("/open") == []  # the view is ready
+    app = SSEWSGIApp(bus=bus, keepalive_interval=1, subscribe_allowed=refuses_private, presence=["/open", "/priv"])
+    environ = {
+        "REQUEST_METHOD": "GET",
+        "PATH_INFO": "/sse",
+        "QUERY_STRING": "client_id=tab1&channel=/open&channel=/private/board&channel=/elsewhere",
+        "wsgi.multithread": True,
+    }
+    response = app(environ, lambda status, headers: None)
+    next(iter(response))  # the stream is open
+    wait_for(lambda: names(bus, "/open") == ["tab1"], 10, "the stream present on /open")
+    assert names(bus, "/private/board") == [] and names(bus, "/elsewhere") == []  # refused; not covered
+    response.close()
+    app.close()
+    wait_for(lambda: names(bus, "/open") == [], 30, "the stream gone (after the 5 s grace)")
