@@ -1,8 +1,9 @@
 """Presence with real gunicorn workers: the test process reads the union every worker announces.
 
 A polling client is listed (user id and host included), a channel ``subscribe_allowed`` refuses gets no entry, a
-client that stops polling leaves once its lease runs out, and a worker killed -9 takes its clients with it long
-before their leases would (the waits are bounded, never timed).
+client that stops polling leaves once its lease runs out, a reader that starts late learns the present clients
+from the workers' snapshots, and a worker killed -9 takes its clients with it long before their leases would
+(the waits are bounded, never timed).
 """
 
 from __future__ import annotations
@@ -79,6 +80,11 @@ def test_presence_drops_the_clients_of_a_worker_killed_9(procs: Any, bus_name: s
     dlp_poll(server.port, "bob", {"/room": -1}, user=0)
     wait_for(lambda: present(shared_bus, "/room") == ["bob"], 30, "bob present")
     assert [(e.kind, e.channel, e.member.client_id) for e in events] == [("join", "/room", "bob")]
+    late = Bus(bus_name)  # a reader that starts after the join learns it from the workers' snapshots
+    try:
+        wait_for(lambda: present(late, "/room") == ["bob"], 30, "bob known to a late reader")
+    finally:
+        late.close()
     workers = workers_of(server.proc.pid)
     assert workers, server.log()
     for pid in workers:
