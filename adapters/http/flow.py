@@ -1,7 +1,8 @@
 """The one sequence every message-bus request follows, as a generator the shells drive (the h11 way).
 
 route -> OPTIONS preflight -> (a browser asset) -> body -> broadcast -> poll request -> lookups -> the channels
-``subscribe_allowed`` refuses left out (:mod:`.subscribe`) -> start the poll,
+``subscribe_allowed`` refuses left out (:mod:`.subscribe`) -> presence noted (the ``presence`` option, on the
+channels left) -> start the poll,
 and on any error ``on_middleware_error`` -> the 4xx of a :class:`ProtocolError` (anything else propagates to the shell).
 
 The generator never does I/O. It yields a step and the shell answers with ``gen.send(value)``:
@@ -127,6 +128,8 @@ def request_flow(
             refused = yield from _refused(opts.subscribe_allowed, route.client_id, lookups, req.channels)
             if refused:
                 extra = [*extra, refused_header(refused)]
+        if opts.presence:
+            proto.note_presence(route.client_id, lookups.user_id, req.channels)
         return proto.start_poll(req, lookups, extra, can_park=can_park, waker=waker, signal=signal)
     except Exception as exc:
         return Poll("immediate", (yield from _error_response(proto, exc)))

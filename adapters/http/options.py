@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -38,6 +38,22 @@ def normalize_base_route(route: str) -> str:
     return re.sub(r"/+", "/", f"/{route}/")
 
 
+def presence_rule(value: Any) -> bool | tuple[str, ...]:
+    """The ``presence`` option checked: a bool, or the channel prefixes it covers as a tuple."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) or not all(isinstance(p, str) for p in value):
+        raise TypeError(f"presence must be a bool or a sequence of channel prefixes, got {value!r}")
+    return tuple(value)
+
+
+def presence_grace(value: Any) -> float:
+    """The ``presence_grace`` option checked (seconds >= 0)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ValueError(f"presence_grace must be >= 0 seconds, got {value!r}")
+    return float(value)
+
+
 @dataclass
 class Options:
     """Middleware options: the gem's names in snake_case, times in seconds.
@@ -69,6 +85,11 @@ class Options:
     extra_response_headers_lookup: Callable[[Any], Any] | None = None
     on_middleware_error: Callable[[Any, BaseException], Any] | None = None
     subscribe_allowed: Callable[[Any, str], Any] | None = None
+    #: Presence (docs/presence.md): True records every polled channel's clients, a sequence of prefixes those
+    #: channels starting with one; False (the default) records nothing and costs nothing.
+    presence: bool | tuple[str, ...] = False
+    #: Seconds a client stays present after the long-polling interval that followed its last poll.
+    presence_grace: float = 5.0
     max_body_size: int = MAX_BODY_SIZE
     max_channels_per_poll: int = MAX_CHANNELS_PER_POLL
     max_stream_buffer: int = MAX_STREAM_BUFFER
@@ -105,6 +126,7 @@ class Options:
             or not self.body_timeout > 0
         ):
             raise ValueError(f"body_timeout must be > 0 seconds, got {self.body_timeout!r}")
+        self._check_presence()
         for name in ("max_active_clients", "max_body_size", "max_channels_per_poll", "max_stream_buffer"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -121,6 +143,17 @@ class Options:
             v = getattr(self, name)
             if v is not None and not callable(v):
                 raise TypeError(f"{name} must be callable, got {v!r}")
+
+    def _check_presence(self) -> None:
+        self.presence = presence_rule(self.presence)
+        self.presence_grace = presence_grace(self.presence_grace)
+
+    def presence_of(self, channels: Iterable[str]) -> list[str]:
+        """The channels of a poll that presence records (none when it is off)."""
+        rule = self.presence
+        if rule is True:
+            return list(channels)
+        return [ch for ch in channels if ch.startswith(rule)] if rule else []
 
     @classmethod
     def from_kwargs(cls, options: Mapping[str, Any]) -> Options:

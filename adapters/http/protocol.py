@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from shmbus.bus import Bus
 from shmbus.message import Message
+from shmbus.presence import hub_for
 
 from .interning import intern_bounded
 from .options import Options, Route, match_route
@@ -130,6 +131,14 @@ class MessageBusProtocol:
         return Lookups(user_id, groups, site)
 
     # -- polls
+    def note_presence(self, client_id: str, user_id: Any, channels: Mapping[str, Any]) -> None:
+        """A poll of ``client_id`` begins on ``channels`` (those ``subscribe_allowed`` let through): the ones
+        the ``presence`` option covers are present for one long-polling interval plus the grace."""
+        opts = self.options
+        names = opts.presence_of(channels)
+        if names:
+            hub_for(self.bus).touch(client_id, user_id, names, opts.long_polling_interval + opts.presence_grace)
+
     def start_poll(
         self,
         req: PollRequest,

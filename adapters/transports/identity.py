@@ -5,12 +5,13 @@ per connection, from the ASGI scope (:meth:`LookupOptions.identity`) or the WSGI
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from ..asgi_support import Scope, maybe_await
 from ..http import Lookups, MessageBusProtocol, Waiter
+from ..http.options import presence_grace, presence_rule
 from ..http.subscribe import RequestInfo, SubscribeAllowed, check_subscribe_allowed
 from .gate import ChannelGate
 from .validation import check_client_id
@@ -24,6 +25,8 @@ class Identity:
 
     client_id: str | None
     lookups: Lookups
+    #: the app's ``presence`` rule and ``presence_grace`` (None: presence off), for the sink's SinkPresence
+    presence: tuple[bool | tuple[str, ...], float] | None = None
 
     def checker(self, epoch: int) -> Waiter:
         """A :class:`~shmbus.adapters.http.Waiter` used only for its ``allowed`` check (the middleware's targeting
@@ -39,20 +42,28 @@ class LookupKeywords(TypedDict, total=False):
     site_id_lookup: Lookup | None
     client_id_lookup: Lookup | None
     subscribe_allowed: SubscribeAllowed | None
+    presence: bool | Sequence[str]
+    presence_grace: float
 
 
 @dataclass
 class LookupOptions:
     """The middleware's lookups (same names and meaning), plus ``client_id_lookup`` (default: ``?client_id=``),
-    and the middleware's ``subscribe_allowed(info, channel)`` (plain, or ``async`` on ASGI)."""
+    and the middleware's ``subscribe_allowed(info, channel)`` (plain, or ``async`` on ASGI); ``presence`` and
+    ``presence_grace`` as the middleware's (docs/presence.md): a connection is present on the exact channels it
+    subscribes while it holds them, and ``presence_grace`` seconds after."""
 
     user_id_lookup: Lookup | None = None
     group_ids_lookup: Lookup | None = None
     site_id_lookup: Lookup | None = None
     client_id_lookup: Lookup | None = None
     subscribe_allowed: SubscribeAllowed | None = None
+    presence: bool | Sequence[str] = False
+    presence_grace: float = 5.0
 
     def __post_init__(self) -> None:
+        self.presence = presence_rule(self.presence)
+        self.presence_grace = presence_grace(self.presence_grace)
         for name in ("user_id_lookup", "group_ids_lookup", "site_id_lookup", "client_id_lookup"):
             v = getattr(self, name)
             if v is not None and not callable(v):
@@ -67,6 +78,10 @@ class LookupOptions:
         info = RequestInfo(request, identity.client_id, lookups.user_id, lookups.group_ids, lookups.site_id)
         return ChannelGate(self.subscribe_allowed, info)
 
+    def _presence(self) -> tuple[bool | tuple[str, ...], float] | None:
+        rule = self.presence
+        return (rule if isinstance(rule, (bool, tuple)) else tuple(rule), self.presence_grace) if rule else None
+
     async def identity(self, scope: Scope, query: dict[str, list[str]]) -> Identity:
         if self.client_id_lookup is not None:
             cid = await maybe_await(self.client_id_lookup(scope))
@@ -79,7 +94,7 @@ class LookupOptions:
             await maybe_await(self.group_ids_lookup(scope)) if self.group_ids_lookup else None,
             await maybe_await(self.site_id_lookup(scope)) if self.site_id_lookup else None,
         )
-        return Identity(cid, lookups)
+        return Identity(cid, lookups, self._presence())
 
     def identity_sync(self, environ: Any, query: dict[str, list[str]]) -> Identity:
         """:meth:`identity` for WSGI: the lookups are called with the environ and must be plain functions."""
@@ -103,4 +118,4 @@ class LookupOptions:
         lookups = MessageBusProtocol.lookups(
             call(self.user_id_lookup), call(self.group_ids_lookup), call(self.site_id_lookup)
         )
-        return Identity(cid, lookups)
+        return Identity(cid, lookups, self._presence())

@@ -19,6 +19,7 @@ from shmbus.patterns import compile_pattern
 from ..http.waiter import filter_allows
 from .gate import ChannelGate
 from .identity import Identity
+from .presence import SinkPresence
 from .replay import site_matches
 
 #: Default bytes queued for one connection that is not reading before it is dropped.
@@ -65,6 +66,7 @@ class Sink:
     ) -> None:
         self.bus = bus
         self.gate = gate
+        self.presence = SinkPresence.of(bus, identity, gate)
         self.held: deque[tuple[Message | None, Any, bool]] = deque()
         if gate is not None:
             gate.on_decided = self.release_held
@@ -99,6 +101,8 @@ class Sink:
         self.channels[channel] = floor if old is None or replayed else min(old, floor)
         if old is None:
             self._hold(channel, None, +1)
+            if self.presence is not None and not self.released:
+                self.presence.joined(channel)
         if self.index is not None:
             self.index.add_channel(self, channel)
 
@@ -106,6 +110,8 @@ class Sink:
         found = self.channels.pop(channel, None) is not None
         if found:
             self._hold(channel, None, -1)
+            if self.presence is not None:
+                self.presence.left((channel,))
             if self.index is not None:
                 self.index.remove_channel(self, channel)
         return found
@@ -140,6 +146,8 @@ class Sink:
         if self.released:
             return
         self.released = True
+        if self.presence is not None:
+            self.presence.left(list(self.presence.held))
         for channel in self.channels:
             self.bus.engine_hold(channel, None, -1)
         for pattern, kind in self.patterns:

@@ -27,6 +27,7 @@ from ..host import PublishOptions, StoredIds
 from ..message import Message
 from ..metrics import Metrics
 from ..perprocess import Birth
+from ..presence import Member, PresenceEvent, hub_for
 from ..segment import Segment
 from .attachment import Attachment
 from .engine_table import EngineTable
@@ -263,6 +264,16 @@ class Bus(BusLifecycle):
         """Remove subscriptions on ``channel`` (or pattern): the one given, or all of them (all of ``owner``'s,
         when given). Returns how many."""
         return self.subscriptions.remove(channel, callback, pattern=bool(pattern), owner=owner)
+
+    def presence(self, channel: str, *, wait: float | None = None) -> list[Member]:
+        """The clients present on ``channel`` on this host, as its web workers with the ``presence`` option see
+        them (docs/presence.md); the first call in a process waits up to ``wait`` s (one heartbeat) to hear them."""
+        return hub_for(self).members(channel, wait)
+
+    def follow_presence(self, callback: Callable[[PresenceEvent], Any]) -> Callable[[], None]:
+        """Call ``callback(event)`` (a :class:`~shmbus.presence.PresenceEvent`: join or leave) on this process's
+        presence thread for every change on this host; returns a function that stops it."""
+        return hub_for(self).follow(callback)
 
     def tap(self, listener: BatchListener, linger: float = 0.0) -> None:
         """Call ``listener(messages)`` on the listener thread with every batch of new messages (all channels,

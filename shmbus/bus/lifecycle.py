@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..metrics import Metrics
 from ..perprocess import Birth
+from ..presence import stop_hub
 from .attachment import Attachment
 from .engine_table import EngineTable
 from .listener import Listener
@@ -75,6 +76,7 @@ class BusLifecycle:
         Afterwards every operation that needs the segment raises :class:`~shmbus.errors.BusClosed` (it used to
         re-attach silently) until :meth:`on` is called.
         """
+        stop_hub(self)
         self._attachment.closed = True
         self.listener.stop()
         self.metrics.flush()  # the last figures stay in the slot (host totals count them)

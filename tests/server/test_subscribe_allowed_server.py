@@ -1,6 +1,6 @@
 """``subscribe_allowed`` on the lean server, in-process (tests/server/rig.py): a plain hook runs on the native
 path, an ``async`` one sends the bus routes through the ASGI bridge; either way a refused channel delivers
-nothing (backlog, ``/__status``, live) and the allowed one works. The shells' own tests:
+nothing (backlog, ``/__status``, live, presence) and the allowed one works. The shells' own tests:
 tests/web/test_subscribe_allowed.py."""
 
 from __future__ import annotations
@@ -77,3 +77,20 @@ async def test_a_parked_poll_hears_only_the_allowed_channel(gated_mw: MessageBus
     await delivered(lambda: bool(r.t.out))
     [got] = r.answers()
     assert [(m["channel"], m["data"]) for m in json.loads(got.body)] == [("/open", "open live")]
+
+
+@in_loop
+async def test_presence_lists_the_poller_on_the_allowed_channel_only(shared_bus: Bus) -> None:
+    """Presence (docs/presence.md) on both lean-server paths: the native flow and the ASGI bridge (async hook)."""
+    assert shared_bus.presence("/open") == []  # the view is ready (its first call waits one heartbeat)
+    for gate in (plain_gate, async_gate):
+        m = MessageBusMiddleware(EchoApp(), bus=shared_bus, subscribe_allowed=gate, presence=True)
+        try:
+            r = make_rig(m)
+            cid = gate.__name__.replace("_", "-")
+            r.send(poll(cid, {"/open": -1, SECRET: -1}, dlp=True))
+            await delivered(lambda r=r: b"HTTP/1.1 200" in bytes(r.t.out))
+            await delivered(lambda c=cid: c in [p.client_id for p in shared_bus.presence("/open")])
+            assert shared_bus.presence(SECRET) == []
+        finally:
+            m.close()

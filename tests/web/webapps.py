@@ -1,7 +1,8 @@
 """Apps served by real gunicorn/uvicorn processes in the smoke tests.
 
 Environment: SHMBUS_TEST_BUS (bus name, required), SHMBUS_TEST_OPTS (JSON middleware options; with
-``"lookups_from_headers": true`` the user and group ids come from the X-User-Id and X-Group-Ids headers).
+``"lookups_from_headers": true`` the user and group ids come from the X-User-Id and X-Group-Ids headers; with
+``"refuse_prefix": "/x"`` subscribe_allowed refuses the channels starting with ``/x``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ def _header(env: Any, name: str) -> str | None:
 if OPTS.pop("lookups_from_headers", False):  # who is asking: X-User-Id and X-Group-Ids (comma-separated)
     OPTS["user_id_lookup"] = lambda env: int(_header(env, "x-user-id") or 0) or None
     OPTS["group_ids_lookup"] = lambda env: [int(g) for g in (_header(env, "x-group-ids") or "").split(",") if g]
+
+
+_REFUSE = OPTS.pop("refuse_prefix", None)
+if _REFUSE:  # subscribe_allowed refuses the channels starting with it
+    OPTS["subscribe_allowed"] = lambda info, channel: not channel.startswith(_REFUSE)
 
 
 def _headers_lookup(env: Any) -> dict[str, str]:
