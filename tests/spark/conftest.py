@@ -15,7 +15,11 @@ from typing import Any
 import pytest
 
 from tests.harness import skip_or_fail
-from tests.harness.spark import spark_problem
+from tests.harness.spark import TEST_SUBMIT_ARGS, spark_problem
+
+# Every JVM of these tests (this session's, and the jobs the tests start: they inherit the environment) starts
+# with the test flags (see TEST_SUBMIT_ARGS); set before any JVM starts, and a PYSPARK_SUBMIT_ARGS of your own wins.
+os.environ.setdefault("PYSPARK_SUBMIT_ARGS", TEST_SUBMIT_ARGS)
 
 
 @pytest.fixture(scope="session")

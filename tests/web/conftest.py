@@ -115,6 +115,7 @@ class Call:
 class Driver:
     kind = ""
     mw: Any
+    calls: list[Call]  # every request made, in order
 
     def request(
         self,
@@ -180,6 +181,13 @@ class Driver:
     def close(self) -> None:
         pass
 
+    def hang_up(self) -> None:
+        """Disconnect every request still in flight, as its client going away: a test's parked poll ends now
+        instead of at the end of its long-poll interval (up to 5 s a test in teardown)."""
+        for call in self.calls:
+            if not call.is_finished():
+                call.disconnect()
+
 
 class WsgiDriver(Driver):
     kind = "wsgi"
@@ -188,6 +196,7 @@ class WsgiDriver(Driver):
         self.mw = mw
         self.multithread = multithread
         self.threads: list[threading.Thread] = []
+        self.calls: list[Call] = []
 
     @property
     def protocol(self) -> Any:
@@ -232,6 +241,7 @@ class WsgiDriver(Driver):
                 env["HTTP_" + key] = v
         env.update(extra_env or {})
         call = Call()
+        self.calls.append(call)
         # a stand-in for the server's client socket (gunicorn.socket): closing the peer end is a disconnect
         server_end, client_end = socket.socketpair()
         env["gunicorn.socket"] = server_end
@@ -269,6 +279,7 @@ class WsgiDriver(Driver):
         return call
 
     def close(self) -> None:
+        self.hang_up()
         for t in self.threads:
             t.join(30)
         self.mw.close()
@@ -283,6 +294,7 @@ class AsgiDriver(Driver):
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.futures: list[Any] = []
+        self.calls: list[Call] = []
 
     @property
     def protocol(self) -> Any:
@@ -323,6 +335,7 @@ class AsgiDriver(Driver):
         }
         scope.update(extra_env or {})
         call = Call()
+        self.calls.append(call)
         loop = self.loop
 
         async def go() -> None:
@@ -358,6 +371,7 @@ class AsgiDriver(Driver):
         return call
 
     def close(self) -> None:
+        self.hang_up()
         for f in self.futures:
             try:
                 f.result(30)

@@ -358,7 +358,12 @@ class CorpusResult:
     no_response: list[str] = field(default_factory=list)  # closed, reset or silent without a status line
 
 
-def run_corpus(port: int, cases: list[Case], *, wait: float = 12.0, workers: int = 16) -> CorpusResult:
+def run_corpus(port: int, cases: list[Case], *, wait: float = 12.0, workers: int = 64) -> CorpusResult:
+    """Send every case on its own connection, ``workers`` at a time, and collect what came back.
+
+    A case's time is mostly waiting (for the server to close, or ``read_statuses``' quiet 0.5 s on a kept-alive
+    connection, or a 408 after the header timeout), not work: 64 at a time ran the 2,000 cases in 8 s where 16 took
+    31 s, and the server (``max_connections`` 10,000 by default) sees more hostile connections at once."""
     res = CorpusResult()
     lock = threading.Lock()
 
