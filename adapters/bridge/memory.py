@@ -28,9 +28,9 @@ from shmbus.channels import backend_name
 from shmbus.errors import EngineError
 from shmbus.segment import BridgeRecord
 
-from ..relay_keywords import RelayKeywords, relay_options
 from .backend import Acknowledged, Page, Ring, Row
 from .engine import BridgeEngine
+from .keywords import RelayKeywords, relay_options
 from .seals import NO_RING, mac
 from .status import BridgeStatus
 from .wire import encode_envelope, format_line, parse_id

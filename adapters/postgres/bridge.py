@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from ..bridge.engine import BridgeEngine
+from ..bridge.keywords import RelayKeywords, relay_options
 from ..bridge.status import BridgeStatus
-from ..relay_keywords import RelayKeywords, relay_options
 from .backend import PostgresBackend
 from .errors import PostgresBridgeError, PostgresReadOnly, PostgresUnavailable, redact_dsn
 

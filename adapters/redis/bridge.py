@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 import redis
 
 from ..bridge.engine import BridgeEngine
+from ..bridge.keywords import RelayKeywords, relay_options
 from ..bridge.status import BridgeStatus
-from ..relay_keywords import RelayKeywords, relay_options
 from .backend import RedisBackend
 from .errors import RedisBridgeError, RedisReadOnly, RedisUnavailable
 from .urls import redact_url

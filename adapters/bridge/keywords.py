@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from .bridge import RelayOptions
+from .engine import RelayOptions
 
 __all__ = ["RelayKeywords", "relay_options"]
 
