@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from tests.harness.procs import blocked_signals
+
 from .servers import Target
 
 pytestmark = pytest.mark.slow
@@ -80,15 +82,6 @@ def test_listen_ends_quietly_on_ctrl_c(procs: Any, target: Target) -> None:
     _, err = ended(proc)
     assert proc.returncode == 0, err
     assert err == ""
-
-
-def blocked_signals(pid: int, tid: int) -> set[int]:
-    """The signals thread ``tid`` of ``pid`` blocks (its SigBlk mask in /proc)."""
-    for line in Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines():
-        if line.startswith("SigBlk:"):
-            mask = int(line.split()[1], 16)
-            return {n for n in range(1, 65) if mask >> (n - 1) & 1}
-    raise AssertionError(f"no SigBlk line for thread {tid}")
 
 
 def test_listens_threads_leave_ctrl_c_to_the_main_thread(procs: Any, target: Target) -> None:

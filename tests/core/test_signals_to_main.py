@@ -7,23 +7,20 @@ is woken only when the signal interrupts its own wait. The listener and keepaliv
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
 from shmbus import Bus
 from shmbus.threads import ASYNC_SIGNALS, start_without_signals
+from tests.harness.procs import blocked_signals
 
 
 def blocked(tid: int) -> set[int]:
-    for line in Path(f"/proc/self/task/{tid}/status").read_text().splitlines():
-        if line.startswith("SigBlk:"):
-            mask = int(line.split()[1], 16)
-            return {n for n in range(1, 65) if mask >> (n - 1) & 1}
-    raise AssertionError(f"no SigBlk line for thread {tid}")
+    return blocked_signals(os.getpid(), tid)
 
 
 def test_the_listener_and_keepalive_threads_block_process_signals(make_bus: Callable[..., Bus]) -> None:

@@ -424,3 +424,12 @@ class ProcessTracker:
             for proc in reversed(self._procs):
                 kill_tree(proc)
             self._procs.clear()
+
+
+def blocked_signals(pid: int, tid: int) -> set[int]:
+    """The signals thread ``tid`` of process ``pid`` blocks (its SigBlk mask in /proc)."""
+    for line in Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines():
+        if line.startswith("SigBlk:"):
+            mask = int(line.split()[1], 16)
+            return {n for n in range(1, 65) if mask >> (n - 1) & 1}
+    raise AssertionError(f"no SigBlk line for thread {tid} of {pid}")
