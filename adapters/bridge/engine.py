@@ -115,6 +115,7 @@ class BridgeEngine(Engine):
             election_interval=options.election_interval,
             reconnect_max=options.reconnect_max,
             trim_interval=options.trim_interval,
+            landing_wait=options.local_wait,
         )
         if options.autostart:
             self.start()

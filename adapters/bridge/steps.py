@@ -35,6 +35,7 @@ class RelayConfig:
         election_interval: float,
         reconnect_max: float,
         trim_interval: float = 0.0,
+        landing_wait: float = 0.0,
     ) -> None:
         self.bus_name = bus_name
         self.sparse_ids = sparse_ids
@@ -44,6 +45,7 @@ class RelayConfig:
         self.election_interval = election_interval
         self.reconnect_max = reconnect_max
         self.trim_interval = trim_interval
+        self.landing_wait = landing_wait  # how long a trimmed message may wait for its publisher on this host
 
 
 class Step(enum.Enum):
@@ -66,6 +68,7 @@ class Step(enum.Enum):
     BREAKING = "break_chains, then go on"  # -> Done
     BREAKING_TAIL = "break_chains, then finish the catch-up"  # -> Done
     SETTLING = "settle"  # -> Settled
+    LANDING = "wait_landed"  # -> Landed
     FINISHING = "ask_newest"  # -> Newest
     FLUSH_CAUGHT_UP = "flush_metrics, then follow the doorbell"
     RINGING = "wait_ring"  # -> Rang | Halted
