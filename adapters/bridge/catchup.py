@@ -40,7 +40,7 @@ from .seals import Sealer, sealed_rows
 from .steps import Step
 
 if TYPE_CHECKING:
-    from .backend import Page, Ring, Row
+    from .backend import DoorbellRing, Page, Row
 
 __all__ = ["PAGE", "CatchUpRules"]
 
@@ -283,7 +283,7 @@ class CatchUpRules(HistoryRules):
         return self.finish_catch_up() if then is Step.BREAKING_TAIL else self.go_on_storing()
 
     # ------------------------------------------------------------------ sealed lines
-    def store_sealed(self, ring: Ring, key: bytes | None) -> Action:
+    def store_sealed(self, ring: DoorbellRing, key: bytes | None) -> Action:
         """Store the sealed runs of ``ring`` that continue the position one id after another; when that covers
         every id it names no read is needed, else catch up. A seal proves its lines are the backend's, written in
         the history the segment records; only runs that continue the position are taken, so nothing is skipped,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
-from .backend import Page, Ring, Row
+from .backend import DoorbellRing, Page, Row
 
 __all__ = [
     "ASK_GONE",
@@ -233,7 +233,7 @@ class Newest(NamedTuple):
 class Rang(NamedTuple):
     """What one wait on the doorbell brought, and the backend's seal key as last read (when it brought seals)."""
 
-    ring: Ring
+    ring: DoorbellRing
     seal_key: bytes | None
 
 

@@ -27,7 +27,7 @@ from shmbus.segment import Segment
 from ..bridge.wire import required_line
 from ..redis import layout
 
-__all__ = ["Chunk", "Location", "Reader", "RedisReader", "ShmReader", "open_reader"]
+__all__ = ["Chunk", "Location", "LocationReader", "RedisReader", "ShmReader", "open_reader"]
 
 
 @dataclass
@@ -75,7 +75,7 @@ class Location:
         return f"redis {self.redis_url}" if self.redis_url else f"bus {self.bus!r}"
 
 
-class Reader(Protocol):
+class LocationReader(Protocol):
     """What the source and sink need of a backend (:class:`ShmReader` or :class:`RedisReader`)."""
 
     location: Location
@@ -342,7 +342,7 @@ class PostgresReader:
         self.conn.close()
 
 
-def open_reader(location: Location) -> Reader:
+def open_reader(location: Location) -> LocationReader:
     """Open the backend ``location`` names (Redis or PostgreSQL when given, else the segment by name)."""
     if location.postgres_dsn:
         return PostgresReader(location)
