@@ -7,6 +7,8 @@ from __future__ import annotations
 import enum
 from typing import Protocol
 
+from shmbus.errors import IllegalTransition
+
 __all__ = ["OUTSIDE", "IllegalEvent", "RelayConfig", "SegmentView", "Step"]
 
 
@@ -17,7 +19,7 @@ class SegmentView(Protocol):
     def history_id(self) -> int: ...
 
 
-class IllegalEvent(RuntimeError):
+class IllegalEvent(IllegalTransition):
     """An event the machine's step does not take: a fault in the driver or the rules, never the backend's."""
 
 
