@@ -47,7 +47,7 @@ def test_every_move_from_every_stage(stage: Stage, move: Move) -> None:
     if (stage, move) in EXPECTED:
         assert w.move(move) is EXPECTED[stage, move] and w.stage is EXPECTED[stage, move]
     else:
-        with pytest.raises(IllegalTransition, match=f"{move.value} is not a move from {stage.value}"):
+        with pytest.raises(IllegalTransition, match=f"{move.name} is not a move from {stage.name}"):
             w.move(move)
         assert w.stage is stage, "an illegal move changes nothing"
 
