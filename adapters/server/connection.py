@@ -185,6 +185,8 @@ class HttpConnection(ConnectionLifetime, asyncio.Protocol):
             self.fail(400, "upgrade not supported")
         else:
             self.cur.keep = False
+            if self.cycle is not None:  # the app's answer to it, under way: it ends the connection too
+                self.cycle.keep = False
             if self.state is ConnState.OPEN:  # (a half-closed client sends nothing more anyway)
                 self._move(ConnState.FINISHING)
 
@@ -280,7 +282,7 @@ class HttpConnection(ConnectionLifetime, asyncio.Protocol):
         if self.cycle is cycle:
             self.cycle = None
         cycle.req.cycle = None
-        if not self.closing:
+        if self.state not in (ConnState.LINGERING, ConnState.CLOSED):  # (finishing: its answer ends the connection)
             self.done(cycle.req, keep)
 
     def write(self, data: bytes) -> None:

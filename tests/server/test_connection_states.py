@@ -10,7 +10,7 @@ import pytest
 from shmbus.adapters.server.lifetime import CONNECTION_MOVES, ConnState
 from shmbus.errors import IllegalTransition
 
-from .rig import LIMITS, make_rig
+from .rig import LIMITS, echo, in_loop, make_rig
 from .wire import request
 
 C = ConnState
@@ -92,3 +92,21 @@ def test_a_lost_connection_stays_closed(parser_kind: str) -> None:
     assert r.conn.state is C.CLOSED
     with pytest.raises(IllegalTransition):
         r.conn._move(C.LINGERING)  # a closed connection never lingers again
+
+
+@in_loop
+async def test_an_upgrade_the_app_answers_ends_the_connection(parser_kind: str) -> None:
+    """An upgrade is served as plain HTTP, then the connection ends: finishing is not a state to stay in (it did,
+    open and never swept, when the ASGI app answered the request)."""
+    r = make_rig()
+    r.send(b"GET /a HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+    await r.settle()
+    [got] = r.answers()
+    assert (got.status, got.body) == (200, echo("GET", "/a"))
+    if parser_kind == "httptools":  # an upgrade: nothing after it is read, so the answer ends the connection
+        assert got.headers.get("connection") == "close"
+        assert r.conn.state is C.LINGERING and r.t.eof_written
+        r.loop.advance(LIMITS.linger + 1)
+        assert r.conn.state is C.CLOSED and r.t.closed
+    else:  # the built-in parser has no upgrades: a plain request, the connection kept
+        assert r.conn.state is C.OPEN and not r.t.eof_written and got.headers.get("connection") != "close"
