@@ -49,9 +49,6 @@ CONNECTION_MOVES: dict[ConnState, frozenset[ConnState]] = {
 }
 assert set(CONNECTION_MOVES) == set(ConnState)
 
-#: The states in which nothing more is read (input is discarded) and no new request starts.
-_CLOSING = frozenset({ConnState.FINISHING, ConnState.LINGERING, ConnState.CLOSED})
-
 
 class Awaiting(enum.Enum):
     """What a connection's deadline waits for (its value is how the 408 answer names it)."""
@@ -105,8 +102,9 @@ class ConnectionLifetime:
 
     @property
     def closing(self) -> bool:
-        """Nothing more is read (input is discarded) and no new request starts."""
-        return self.state in _CLOSING
+        """Nothing more is read (input is discarded) and no new request starts (finishing, lingering, closed)."""
+        state = self.state  # (asked on every read: identity, not an Enum's hash)
+        return state is not ConnState.OPEN and state is not ConnState.HALF_CLOSED
 
     @property
     def eof(self) -> bool:
