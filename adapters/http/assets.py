@@ -6,7 +6,9 @@
 an adapter in ``MessageBus.ajax``, and the gem's adapter is not on npm. An XMLHttpRequest (not ``fetch``) because
 the client reads a streamed reply through the request object's ``onprogress`` and ``responseText``. Loaded from
 this route, the adapter also sets ``MessageBus.baseUrl`` to the route's base, so an app under
-``base_route="/app/"`` needs no configuration either. ``serve_assets=False`` turns the route off.
+``base_route="/app/"`` needs no configuration either. ``.../assets/message-bus-shared.js`` is shmbus's client with
+the npm client's API whose tabs share one poll per browser (a SharedWorker, else a leader tab: see
+docs/shared-worker.md). ``serve_assets=False`` turns the route off.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ __all__ = ["ASSETS", "asset_response"]
 
 STATIC = Path(__file__).resolve().parent / "static"
 #: Served file names (under ``<prefix>assets/``).
-ASSETS = ("message-bus.js", "message-bus-ajax.js")
+ASSETS = ("message-bus.js", "message-bus-ajax.js", "message-bus-shared.js")
 _HEADERS = [
     ("content-type", "text/javascript; charset=utf-8"),
     ("cache-control", "public, max-age=3600"),

@@ -1,0 +1,102 @@
+"""The app behind the shared-client browser tests (``test_shared_client.py``): a WSGI app for gunicorn ``gevent``.
+
+Environment: ``SHMBUS_TEST_BUS`` (bus name), ``SHMBUS_E2E_LOG`` (a file; one JSON line per poll, appended by
+every worker when a poll starts and when it ends). Routes:
+
+* ``GET /tab?no=worker|worker,leader&npm=1&shared=0`` -> a page that loads ``message-bus.js`` and
+  ``message-bus-ajax.js`` (``npm=1``) and then ``message-bus-shared.js`` (unless ``shared=0``), all from the
+  middleware's asset route, after hiding ``SharedWorker`` (``no=worker``) and Web Locks (``no=...,leader``);
+  ``window.T`` subscribes and records what arrived;
+* ``/message-bus/...`` -> the middleware (``user_id_lookup``: the ``user`` cookie; 3 s long polls), wrapped by a
+  logger that records per poll the client id, worker pid, user, and when it began and when its last piece was
+  handed to the server (``time.monotonic``, one clock for every process of the host): how many polls the
+  browser held at once, counted on the server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from http.cookies import SimpleCookie
+from typing import Any
+from urllib.parse import parse_qs
+
+from shmbus import Bus
+from shmbus.adapters.wsgi import MessageBusMiddleware
+
+bus = Bus(os.environ["SHMBUS_TEST_BUS"], keepalive_interval=0, create=True)
+LOG = os.environ["SHMBUS_E2E_LOG"]
+
+PAGE_HELPER = """
+window.T = {
+  got: {},
+  sub: function (ch, lastId) {
+    MessageBus.subscribe(ch, function (data, gid, id) { (T.got[ch] = T.got[ch] || []).push([id, data]); }, lastId);
+    return true;
+  },
+  n: function (ch) { return (T.got[ch] || []).length; },
+};
+"""
+
+
+def user_of(environ: dict[str, Any]) -> str | None:
+    cookie = SimpleCookie(environ.get("HTTP_COOKIE", ""))
+    return cookie["user"].value if "user" in cookie else None
+
+
+def page(query: str) -> bytes:
+    q = parse_qs(query)
+    no = set((q.get("no") or [""])[0].split(","))
+    head = ["<!doctype html><meta charset=utf-8><title>shmbus tab</title>", "<script>"]
+    if "worker" in no:
+        head.append("delete window.SharedWorker;")
+    if "leader" in no:
+        head.append("Object.defineProperty(Navigator.prototype, 'locks', {get: function () { return undefined; }});")
+    head.append("</script>")
+    if (q.get("npm") or ["0"])[0] == "1":
+        head.append('<script src="/message-bus/assets/message-bus.js"></script>')
+        head.append('<script src="/message-bus/assets/message-bus-ajax.js"></script>')
+    if (q.get("shared") or ["1"])[0] == "1":
+        head.append('<script src="/message-bus/assets/message-bus-shared.js"></script>')
+    head.append(f"<script>{PAGE_HELPER}</script>")
+    return "\n".join(head).encode()
+
+
+def _inner(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+    if environ.get("PATH_INFO") == "/tab":
+        body = page(environ.get("QUERY_STRING", ""))
+        start_response("200 OK", [("content-type", "text/html; charset=utf-8"), ("content-length", str(len(body)))])
+        return [body]
+    start_response("404 Not Found", [("content-type", "text/plain"), ("content-length", "9")])
+    return [b"not found"]
+
+
+_mb = MessageBusMiddleware(_inner, bus=bus, user_id_lookup=user_of, long_polling_interval=3.0)
+
+
+def write(entry: dict[str, Any]) -> None:
+    with open(LOG, "a") as f:  # O_APPEND: lines from different workers stay whole
+        f.write(json.dumps(entry) + "\n")
+
+
+def app(environ: dict[str, Any], start_response: Any) -> Any:
+    path = environ.get("PATH_INFO", "")
+    if not (path.startswith("/message-bus/") and path.endswith("/poll")):
+        return _mb(environ, start_response)
+    entry = {"kind": "poll", "pid": os.getpid(), "cid": path.split("/")[2], "user": user_of(environ)}
+    entry["t0"] = entry["t1"] = time.monotonic()
+    entry["key"] = f"{os.getpid()}-{entry['t0']}"
+    write({"kind": "start", "key": entry["key"]})
+
+    def body() -> Any:
+        try:
+            for piece in _mb(environ, start_response):
+                # before the piece goes out: a browser that starts its next poll after this one ended starts
+                # it after this time, so a hand-over never counts as two polls at once
+                entry["t1"] = time.monotonic()
+                yield piece
+        finally:
+            write(entry)
+
+    return body()
