@@ -164,3 +164,145 @@ def test_ten_tabs_hold_one_poll_and_each_gets_its_channels(transport: str, site:
     polls = site.ended()
     assert {p["cid"] for p in polls} == {client_id}, f"a tab polled on its own: {polls}{site.diag()}"
     assert max_open(polls, since, until) == 1, f"not one poll at a time: {polls}"
+
+
+@pytest.mark.parametrize("transport", ["leader", "worker"])
+def test_closing_the_leading_tab_loses_and_repeats_nothing(
+    transport: str, site: Site, bus: Bus, record_property: Any
+) -> None:
+    """1,000 messages; the tab that polls (``leader``) or that started the worker (``worker``) closes after
+    about 300 of them were published, and then a new tab asks for the backlog from 0: every other tab gets each
+    message exactly once, in order."""
+    tabs = site.tabs
+    ctx = tabs.context()
+    ids = open_tabs(site, ctx, 4, transport)
+    for t in ids:
+        tabs.eval(t, 'T.sub("/h", 0)')
+    first = ids[0]
+    if transport == "leader":
+        tabs.wait_for(first, "MessageBus.leading", what="the first tab leads")
+    n = 1000
+    closing = threading.Event()
+
+    def publish() -> None:
+        for i in range(1, n + 1):
+            bus.publish("/h", {"i": i})
+            if i == 300:
+                closing.set()
+            time.sleep(0.002)
+
+    publisher = threading.Thread(target=publish)
+    publisher.start()
+    try:
+        assert closing.wait(60)
+        tabs.wait_for(first, 'T.n("/h") >= 100', what="the first tab is handing messages out")
+        closed_at = tabs.close(first)
+        # a tab that wants the whole backlog while the stream goes on: the shared poll starts again from 0, and
+        # the tabs that already had those messages must not see them twice
+        late = tabs.open(ctx, site.url(transport))
+        tabs.eval(late, 'T.sub("/h", 0)')
+    finally:
+        publisher.join()
+    bus.publish("/h", "fence")
+    want = [[i, {"i": i}] for i in range(1, n + 1)] + [[n + 1, "fence"]]
+    rest = [*ids[1:], late]
+    for t in rest:
+        tabs.wait_for(t, f'T.n("/h") >= {n + 1}', timeout=120, what="all 1,001 messages")
+        have = got(tabs, t, "/h")
+        assert len(have) == len(want) and have == want, (
+            f"tab {t}: lost {len({h[0] for h in want} - {h[0] for h in have})}, "
+            f"repeated {len(have) - len({h[0] for h in have})}{site.diag()}"
+        )
+    if transport == "leader":
+        leaders = [t for t in rest if tabs.eval(t, "MessageBus.leading")]
+        assert len(leaders) == 1, site.diag()
+        handover_ms = tabs.eval(leaders[0], "MessageBus.leadingSince") - closed_at
+        record_property("handover_ms", handover_ms)  # reported, not asserted: the machine's load decides it
+        print(f"hand-over: the next leader took the lock {handover_ms:.0f} ms after the leading tab closed")
+    client_id = tabs.eval(rest[0], "MessageBus.clientId")
+    for t in rest:
+        tabs.close(t)
+    assert {p["cid"] for p in site.ended()} == {client_id}
+
+
+def test_user_targeted_message_reaches_every_tab_of_that_user_only(site: Site, bus: Bus) -> None:
+    """Alice's 3 tabs share one poll that carries her cookie; Bob's browser (another context) has his own."""
+    tabs = site.tabs
+    alice_ctx, bob_ctx = tabs.context(), tabs.context()
+    alice = open_tabs(site, alice_ctx, 3, "worker")
+    bob = open_tabs(site, bob_ctx, 2, "worker")
+    tabs.eval(alice[0], 'document.cookie = "user=alice; path=/"')
+    tabs.eval(bob[0], 'document.cookie = "user=bob; path=/"')
+    for t in alice + bob:
+        tabs.eval(t, 'T.sub("/u", 0)')
+    alice_cid = tabs.eval(alice[0], "MessageBus.clientId")
+    bob_cid = tabs.eval(bob[0], "MessageBus.clientId")
+    assert alice_cid != bob_cid
+    ids = {
+        "alice": bus.publish("/u", "for alice", user_ids=["alice"]),
+        "bob": bus.publish("/u", "for bob", user_ids=["bob"]),
+        "carol": bus.publish("/u", "for carol", user_ids=["carol"]),
+        "alice-browser": bus.publish("/u", "for alice's browser", client_ids=[alice_cid]),
+        "fence": bus.publish("/u", "fence"),
+    }
+    for t in alice:
+        tabs.wait_for(t, 'T.n("/u") >= 3', what="alice's messages")
+        assert got(tabs, t, "/u") == [
+            [ids["alice"], "for alice"],
+            [ids["alice-browser"], "for alice's browser"],
+            [ids["fence"], "fence"],
+        ], site.diag()
+    for t in bob:
+        tabs.wait_for(t, 'T.n("/u") >= 2', what="bob's messages")
+        assert got(tabs, t, "/u") == [[ids["bob"], "for bob"], [ids["fence"], "fence"]], site.diag()
+    for t in alice + bob:
+        tabs.close(t)
+    assert {(p["user"], p["cid"]) for p in site.ended()} == {("alice", alice_cid), ("bob", bob_cid)}
+
+
+def test_plain_npm_client_and_shared_tabs_on_one_server(site: Site, bus: Bus) -> None:
+    """A browser with the npm client (no shared script) and one with 3 shared tabs: all get every message."""
+    tabs = site.tabs
+    npm = tabs.open(tabs.context(), site.url("worker", "npm=1&shared=0"))
+    assert tabs.eval(npm, "typeof MessageBus.ajax === 'function' && MessageBus.transport === undefined")
+    shared = open_tabs(site, tabs.context(), 3, "worker")
+    for t in [npm, *shared]:
+        tabs.eval(t, 'T.sub("/mix", 0)')
+    want = [[bus.publish("/mix", {"k": k}), {"k": k}] for k in range(50)]
+    for t in [npm, *shared]:
+        tabs.wait_for(t, 'T.n("/mix") >= 50', what="50 messages")
+        assert got(tabs, t, "/mix") == want, site.diag()
+    npm_cid = tabs.eval(npm, "MessageBus.clientId")
+    shared_cid = tabs.eval(shared[0], "MessageBus.clientId")
+    for t in [npm, *shared]:
+        tabs.close(t)
+    assert {p["cid"] for p in site.ended()} == {npm_cid, shared_cid}
+
+
+@pytest.mark.parametrize(
+    ("hidden", "extra", "transport"),
+    [
+        ("leader", "", "leader"),  # no SharedWorker: a leader tab
+        ("plain", "npm=1", "plain"),  # neither: the npm client loaded before it, untouched
+        ("plain", "", "plain"),  # neither and no npm client: the script's own poll, one per tab
+    ],
+)
+def test_fallbacks(hidden: str, extra: str, transport: str, site: Site, bus: Bus) -> None:
+    tabs = site.tabs
+    ids = open_tabs(site, tabs.context(), 3, hidden, extra)
+    if extra == "npm=1":
+        assert all(tabs.eval(t, "typeof MessageBus.ajax === 'function'") for t in ids)
+    for t in ids:
+        tabs.eval(t, 'T.sub("/f", 0)')
+    want = [[bus.publish("/f", {"k": k}), {"k": k}] for k in range(20)]
+    for t in ids:
+        tabs.wait_for(t, 'T.n("/f") >= 20', what="20 messages")
+        assert got(tabs, t, "/f") == want, site.diag()
+    cids = {tabs.eval(t, "MessageBus.clientId") for t in ids}
+    if transport == "leader":
+        assert sum(bool(tabs.eval(t, "MessageBus.leading")) for t in ids) == 1
+    for t in ids:
+        tabs.close(t)
+    polled = {p["cid"] for p in site.ended()}
+    assert polled == cids
+    assert len(cids) == (1 if transport == "leader" else 3), cids

@@ -523,6 +523,7 @@
     global.navigator.locks.request(name, function () {
       // the lock is ours until this tab closes: hold the hub, resuming from what every tab reports
       me.leading = true;
+      me.leadingSince = Date.now();
       hub = new Hub(me.clientId);
       hub.attach(tabId, receive);
       if (started) hub.update(tabId, positions(), config());
