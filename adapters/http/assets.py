@@ -18,11 +18,15 @@ from pathlib import Path
 
 from .wire import ProtocolError, Response
 
-__all__ = ["ASSETS", "asset_response"]
+__all__ = ["ASSETS", "NPM_CLIENT", "SHARED_CLIENT", "asset_response"]
 
 STATIC = Path(__file__).resolve().parent / "static"
+#: The npm client and its adapter, loaded in this order by a page.
+NPM_CLIENT = ("message-bus.js", "message-bus-ajax.js")
+#: The client whose tabs share one poll (a page loads it alone; it is its own SharedWorker script too).
+SHARED_CLIENT = "message-bus-shared.js"
 #: Served file names (under ``<prefix>assets/``).
-ASSETS = ("message-bus.js", "message-bus-ajax.js", "message-bus-shared.js")
+ASSETS = (*NPM_CLIENT, SHARED_CLIENT)
 _HEADERS = [
     ("content-type", "text/javascript; charset=utf-8"),
     ("cache-control", "public, max-age=3600"),

@@ -16,6 +16,7 @@
 
   var SEPARATOR = "\r\n|\r\n";
   var ESCAPED = /\r\n\|\|\r\n/g;
+  var MIN_POLL_INTERVAL = 100; // ms between the starts of two polls, as the npm client's minPollInterval
 
   function uniqueId() {
     var a = new Uint8Array(16);
@@ -53,6 +54,7 @@
     this.controller = null;
     this.asked = null; // the channels the poll in flight asked for
     this.timer = null;
+    this.queued = false;
     this.stopped = false;
   }
 
@@ -125,16 +127,27 @@
       this.controller.abort();
       this.controller = null;
     }
-    this.schedule(10);
+    this.schedule(0);
   };
 
+  /* The next poll: at once (a microtask, so a burst of updates makes one poll, and no timer a hidden leader
+   * tab's throttling could hold back), or after ``delay`` ms (backing off, or polling without long polls). */
   Hub.prototype.schedule = function (delay) {
     var me = this;
     if (me.timer !== null) clearTimeout(me.timer);
-    me.timer = setTimeout(function () {
-      me.timer = null;
-      me.poll();
-    }, delay);
+    me.timer = null;
+    if (delay) {
+      me.timer = setTimeout(function () {
+        me.timer = null;
+        me.poll();
+      }, delay);
+    } else if (!me.queued) {
+      me.queued = true;
+      Promise.resolve().then(function () {
+        me.queued = false;
+        me.poll();
+      });
+    }
   };
 
   Hub.prototype.stop = function () {
@@ -198,6 +211,7 @@
     me.controller = controller;
     me.asked = channels;
     me.polls++;
+    var began = Date.now();
     var buffer = "";
     var decoder = new TextDecoder();
     var consume = function (final) {
@@ -216,7 +230,9 @@
         me.schedule(retryAfter || Math.min(cfg.callbackInterval, 100 * Math.pow(2, me.failCount)));
       } else {
         me.failCount = 0;
-        me.schedule(cfg.enableLongPolling ? 0 : cfg.callbackInterval);
+        // a long poll answered at once (a server that cannot park, a newer poll of this client id): not a loop
+        var quick = MIN_POLL_INTERVAL - (Date.now() - began);
+        me.schedule(cfg.enableLongPolling ? Math.max(0, quick) : cfg.callbackInterval);
       }
     };
     fetch(url, { method: "POST", headers: headers, body: body.join("&"), signal: controller.signal, cache: "no-store" })
@@ -442,6 +458,15 @@
       link.send({ t: "hello" });
       if (started) link.send({ t: "subs", channels: positions(), config: config() });
     }
+  }
+
+  // a page leaving for the back/forward cache said "bye": coming back, it attaches again
+  if (global.addEventListener) {
+    global.addEventListener("pageshow", function (e) {
+      if (!e.persisted || !link) return;
+      link.send(transport === "worker" ? { t: "hello", tab: tabId, clientId: me.clientId } : { t: "hello" });
+      if (started) link.send({ t: "subs", channels: positions(), config: config() });
+    });
   }
 
   // this tab's lock, held while it lives: whoever holds the hub learns of its end when granted the same lock
