@@ -22,9 +22,6 @@ SCRIPT_SRC = re.compile(r'<script src="([^"]+)"></script>')
 def test_the_browser_snippet_loads_the_served_assets_and_subscribes(page: str) -> None:
     blocks = HTML.findall((REPO_ROOT / page).read_text())
     assert blocks, f"{page} shows no html snippet for the browser"
-    good = [
-        b
-        for b in blocks
-        if SCRIPT_SRC.findall(b) == [f"/message-bus/assets/{name}" for name in NPM_CLIENT] and "MessageBus.subscribe(" in b
-    ]
+    want = [f"/message-bus/assets/{name}" for name in NPM_CLIENT]
+    good = [b for b in blocks if SCRIPT_SRC.findall(b) == want and "MessageBus.subscribe(" in b]
     assert good, f"no snippet of {page} loads {list(NPM_CLIENT)} from /message-bus/assets/ and subscribes: {blocks}"

@@ -48,7 +48,7 @@ def user_of(environ: dict[str, Any]) -> str | None:
 def page(query: str) -> bytes:
     q = parse_qs(query)
     no = set((q.get("no") or [""])[0].split(","))
-    head = ["<!doctype html><meta charset=utf-8><title>shmbus tab</title><link rel=icon href=\"data:,\">", "<script>"]
+    head = ['<!doctype html><meta charset=utf-8><title>shmbus tab</title><link rel=icon href="data:,">', "<script>"]
     if "worker" in no:
         head.append("delete window.SharedWorker;")
     if "leader" in no:

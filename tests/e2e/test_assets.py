@@ -1,8 +1,9 @@
 """The browser client served by the middleware (``/message-bus/assets/``), through every server shell.
 
-Raw HTTP first: the three files (the npm client, its adapter, the shared client), byte for byte, with a JavaScript content type; HEAD, a wrong method, an unknown name,
-and a client whose id is ``assets`` still polls. Then headless Chromium: a page whose only scripts are those two
-URLs receives a message published by the server (and the adapter set ``MessageBus.baseUrl`` from its own URL).
+Raw HTTP first: the three files (the npm client, its adapter, the shared client), byte for byte, with a
+JavaScript content type; HEAD, a wrong method, an unknown name, and a client whose id is ``assets`` still polls.
+Then headless Chromium: a page whose only scripts are the npm client and its adapter receives a message published
+by the server (and the adapter set ``MessageBus.baseUrl`` from its own URL).
 """
 
 from __future__ import annotations
