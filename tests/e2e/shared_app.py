@@ -31,8 +31,12 @@ LOG = os.environ["SHMBUS_E2E_LOG"]
 PAGE_HELPER = """
 window.T = {
   got: {},
+  at: {},
   sub: function (ch, lastId) {
-    MessageBus.subscribe(ch, function (data, gid, id) { (T.got[ch] = T.got[ch] || []).push([id, data]); }, lastId);
+    MessageBus.subscribe(ch, function (data, gid, id) {
+      (T.got[ch] = T.got[ch] || []).push([id, data]);
+      (T.at[ch] = T.at[ch] || []).push(Date.now());
+    }, lastId);
     return true;
   },
   n: function (ch) { return (T.got[ch] || []).length; },
