@@ -7,10 +7,10 @@ every worker when a poll starts and when it ends). Routes:
   ``message-bus-ajax.js`` (``npm=1``) and then ``message-bus-shared.js`` (unless ``shared=0``), all from the
   middleware's asset route, after hiding ``SharedWorker`` (``no=worker``) and Web Locks (``no=...,leader``);
   ``window.T`` subscribes and records what arrived;
-* ``/message-bus/...`` -> the middleware (``user_id_lookup``: the ``user`` cookie; 3 s long polls), wrapped by a
-  logger that records per poll the client id, worker pid, user, and when it began and when its last piece was
-  handed to the server (``time.monotonic``, one clock for every process of the host): how many polls the
-  browser held at once, counted on the server.
+* ``/message-bus/...`` -> the middleware (``user_id_lookup``: the ``user`` cookie; long polls of
+  ``SHMBUS_E2E_LONG_POLL`` s, 3 by default), wrapped by a logger that records per poll the client id, worker
+  pid, user, and when it began and when its last piece was handed to the server (``time.monotonic``, one clock
+  for every process of the host): how many polls the browser held at once, counted on the server.
 """
 
 from __future__ import annotations
@@ -76,7 +76,9 @@ def _inner(environ: dict[str, Any], start_response: Any) -> list[bytes]:
     return [b"not found"]
 
 
-_mb = MessageBusMiddleware(_inner, bus=bus, user_id_lookup=user_of, long_polling_interval=3.0)
+_mb = MessageBusMiddleware(
+    _inner, bus=bus, user_id_lookup=user_of, long_polling_interval=float(os.environ.get("SHMBUS_E2E_LONG_POLL", "3"))
+)
 
 
 def write(entry: dict[str, Any]) -> None:
@@ -91,7 +93,7 @@ def app(environ: dict[str, Any], start_response: Any) -> Any:
     entry = {"kind": "poll", "pid": os.getpid(), "cid": path.split("/")[2], "user": user_of(environ)}
     entry["t0"] = entry["t1"] = time.monotonic()
     entry["key"] = f"{os.getpid()}-{entry['t0']}"
-    write({"kind": "start", "key": entry["key"]})
+    write({"kind": "start", "key": entry["key"], "user": entry["user"]})
 
     def body() -> Any:
         try:

@@ -55,6 +55,10 @@ class Site:
         lines = [json.loads(line) for line in self.log_path.read_text().splitlines() if line.strip()]
         return [e for e in lines if e["kind"] == "poll"]
 
+    def started(self) -> list[dict[str, Any]]:
+        lines = [json.loads(line) for line in self.log_path.read_text().splitlines() if line.strip()]
+        return [e for e in lines if e["kind"] == "start"]
+
     def ended(self, timeout: float = 60.0) -> list[dict[str, Any]]:
         """Every poll, once every poll that started has ended (call after closing the tabs)."""
         deadline = time.monotonic() + timeout
@@ -72,16 +76,18 @@ class Site:
 
 
 @pytest.fixture
-def site(bus: Bus, procs: Any, tmp_path: Path) -> Iterator[Site]:
+def site(bus: Bus, procs: Any, tmp_path: Path, request: Any) -> Iterator[Site]:
+    """The server (long polls of ``request.param`` seconds, 3 by default) and a browser."""
     require_module("gevent")
     log = tmp_path / "polls.jsonl"
     log.touch()
+    long_poll = str(getattr(request, "param", 3))
     server = procs.gunicorn_server(
         "shared_app:app",
         workers=2,
         worker_class="gevent",
         config=GUNICORN_CONFIG,
-        env={"SHMBUS_TEST_BUS": bus.name, "SHMBUS_E2E_LOG": str(log)},
+        env={"SHMBUS_TEST_BUS": bus.name, "SHMBUS_E2E_LOG": str(log), "SHMBUS_E2E_LONG_POLL": long_poll},
         app_dir=E2E_DIR,
         health_path="/tab",
     )
@@ -311,3 +317,29 @@ def test_fallbacks(hidden: str, extra: str, transport: str, site: Site, bus: Bus
     polled = {p["cid"] for p in site.ended()}
     assert polled == cids
     assert len(cids) == (1 if transport == "leader" else 3), cids
+
+
+@pytest.mark.parametrize("site", [30], indirect=True)
+def test_logging_out_in_one_tab_and_restarting_the_poll(site: Site, bus: Bus) -> None:
+    """Alice logs out in one of her two tabs and calls ``MessageBus.restartPoll()``: the shared poll starts again
+    at once (long before the 30 s long poll ends) without her cookie, so a message for her reaches no tab."""
+    tabs = site.tabs
+    ctx = tabs.context()
+    one, two = open_tabs(site, ctx, 2, "worker")
+    tabs.eval(one, 'document.cookie = "user=alice; path=/"')
+    for t in (one, two):
+        tabs.eval(t, 'T.sub("/out", 0)')
+    first = bus.publish("/out", "for alice", user_ids=["alice"])
+    for t in (one, two):
+        tabs.wait_for(t, 'T.n("/out") >= 1', what="alice's first message")
+    assert [s["user"] for s in site.started()] == ["alice"], site.started()
+    tabs.eval(two, 'document.cookie = "user=; path=/; max-age=0"; MessageBus.restartPoll(); true')
+    deadline = time.monotonic() + 20  # far under the 30 s long poll: only restartPoll starts a poll this soon
+    while not any(s["user"] is None for s in site.started()):
+        assert time.monotonic() < deadline, f"no poll without the cookie: {site.started()}{site.diag()}"
+        time.sleep(0.1)
+    bus.publish("/out", "for alice again", user_ids=["alice"])
+    fence = bus.publish("/out", "fence")
+    for t in (one, two):
+        tabs.wait_for(t, 'T.n("/out") >= 2', what="the fence")
+        assert got(tabs, t, "/out") == [[first, "for alice"], [fence, "fence"]], site.diag()
