@@ -1,4 +1,5 @@
-"""The app behind the shared-client browser tests (``test_shared_client.py``): a WSGI app for gunicorn ``gevent``.
+"""The app behind the shared-client browser tests (``test_shared_client.py``): ``app`` (WSGI, for gunicorn
+``gevent``) and ``asgi_app`` (for gunicorn ``uvicorn.workers.UvicornWorker``) serve the same routes.
 
 Environment: ``SHMBUS_TEST_BUS`` (bus name), ``SHMBUS_E2E_LOG`` (a file; one JSON line per poll, appended by
 every worker when a poll starts and when it ends). Routes:
@@ -23,6 +24,8 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from shmbus import Bus
+from shmbus.adapters.asgi import MessageBusMiddleware as AsgiMiddleware
+from shmbus.adapters.asgi_support import lifespan
 from shmbus.adapters.wsgi import MessageBusMiddleware
 
 bus = Bus(os.environ["SHMBUS_TEST_BUS"], keepalive_interval=0, create=True)
@@ -47,6 +50,11 @@ window.T = {
 def user_of(environ: dict[str, Any]) -> str | None:
     cookie = SimpleCookie(environ.get("HTTP_COOKIE", ""))
     return cookie["user"].value if "user" in cookie else None
+
+
+def asgi_user_of(scope: dict[str, Any]) -> str | None:
+    cookies = b"; ".join(v for k, v in scope.get("headers") or () if k == b"cookie").decode("latin-1")
+    return user_of({"HTTP_COOKIE": cookies})
 
 
 def page(query: str) -> bytes:
@@ -76,9 +84,8 @@ def _inner(environ: dict[str, Any], start_response: Any) -> list[bytes]:
     return [b"not found"]
 
 
-_mb = MessageBusMiddleware(
-    _inner, bus=bus, user_id_lookup=user_of, long_polling_interval=float(os.environ.get("SHMBUS_E2E_LONG_POLL", "3"))
-)
+LONG_POLL = float(os.environ.get("SHMBUS_E2E_LONG_POLL", "3"))
+_mb = MessageBusMiddleware(_inner, bus=bus, user_id_lookup=user_of, long_polling_interval=LONG_POLL)
 
 
 def write(entry: dict[str, Any]) -> None:
@@ -86,14 +93,24 @@ def write(entry: dict[str, Any]) -> None:
         f.write(json.dumps(entry) + "\n")
 
 
-def app(environ: dict[str, Any], start_response: Any) -> Any:
-    path = environ.get("PATH_INFO", "")
-    if not (path.startswith("/message-bus/") and path.endswith("/poll")):
-        return _mb(environ, start_response)
-    entry = {"kind": "poll", "pid": os.getpid(), "cid": path.split("/")[2], "user": user_of(environ)}
+def begin(path: str, user: str | None) -> dict[str, Any]:
+    """A poll's log entry, its start written now."""
+    entry = {"kind": "poll", "pid": os.getpid(), "cid": path.split("/")[2], "user": user}
     entry["t0"] = entry["t1"] = time.monotonic()
     entry["key"] = f"{os.getpid()}-{entry['t0']}"
-    write({"kind": "start", "key": entry["key"], "user": entry["user"]})
+    write({"kind": "start", "key": entry["key"], "user": user})
+    return entry
+
+
+def is_poll(path: str) -> bool:
+    return path.startswith("/message-bus/") and path.endswith("/poll")
+
+
+def app(environ: dict[str, Any], start_response: Any) -> Any:
+    path = environ.get("PATH_INFO", "")
+    if not is_poll(path):
+        return _mb(environ, start_response)
+    entry = begin(path, user_of(environ))
 
     def body() -> Any:
         try:
@@ -106,3 +123,36 @@ def app(environ: dict[str, Any], start_response: Any) -> Any:
             write(entry)
 
     return body()
+
+
+# ---------------------------------------------------------------------------------------------------- ASGI
+async def _asgi_inner(scope: Any, receive: Any, send: Any) -> None:
+    if scope["type"] == "lifespan":
+        await lifespan(receive, send)
+        return
+    if scope["path"] == "/tab":
+        status, body, ctype = 200, page(scope.get("query_string", b"").decode()), b"text/html; charset=utf-8"
+    else:
+        status, body, ctype = 404, b"not found", b"text/plain"
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", ctype)]})
+    await send({"type": "http.response.body", "body": body})
+
+
+_asgi_mb = AsgiMiddleware(_asgi_inner, bus=bus, user_id_lookup=asgi_user_of, long_polling_interval=LONG_POLL)
+
+
+async def asgi_app(scope: Any, receive: Any, send: Any) -> None:
+    if scope["type"] != "http" or not is_poll(scope["path"]):
+        await _asgi_mb(scope, receive, send)
+        return
+    entry = begin(scope["path"], asgi_user_of(scope))
+
+    async def logging_send(message: Any) -> None:
+        if message["type"] == "http.response.body":
+            entry["t1"] = time.monotonic()  # before the piece goes out (see app)
+        await send(message)
+
+    try:
+        await _asgi_mb(scope, receive, logging_send)
+    finally:
+        write(entry)

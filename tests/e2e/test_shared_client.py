@@ -1,4 +1,5 @@
-"""``message-bus-shared.js`` in real Chromium through gunicorn (2 ``gevent`` workers): one poll per browser.
+"""``message-bus-shared.js`` in real Chromium through gunicorn (2 ``gevent`` workers; the 10-tab test also
+through 2 uvicorn workers): one poll per browser.
 
 Each test opens tabs of ``shared_app.py``'s ``/tab`` page in browser contexts of one Chromium (``tabs.mjs``;
 a context is a browser profile of its own: cookies, storage, shared workers) and reads the polls from the
@@ -75,17 +76,22 @@ class Site:
         return f"\n--- browser ---\n{self.tabs.log()}\n--- server ---\n{self.server.log()[-3000:]}"
 
 
+SHELLS = {"wsgi-gevent": ("shared_app:app", "gevent"), "asgi-uvicorn": ("shared_app:asgi_app", "uvicorn")}
+
+
 @pytest.fixture
 def site(bus: Bus, procs: Any, tmp_path: Path, request: Any) -> Iterator[Site]:
-    """The server (long polls of ``request.param`` seconds, 3 by default) and a browser."""
-    require_module("gevent")
+    """The server (long polls of ``request.param`` seconds, 3 by default; the shell a test's ``shell``
+    parameter names, WSGI under gevent by default) and a browser."""
+    spec, module = SHELLS[request.node.callspec.params.get("shell", "wsgi-gevent")]
+    require_module(module)
     log = tmp_path / "polls.jsonl"
     log.touch()
     long_poll = str(getattr(request, "param", 3))
     server = procs.gunicorn_server(
-        "shared_app:app",
+        spec,
         workers=2,
-        worker_class="gevent",
+        worker_class="gevent" if module == "gevent" else "uvicorn.workers.UvicornWorker",
         config=GUNICORN_CONFIG,
         env={"SHMBUS_TEST_BUS": bus.name, "SHMBUS_E2E_LOG": str(log), "SHMBUS_E2E_LONG_POLL": long_poll},
         app_dir=E2E_DIR,
@@ -137,8 +143,9 @@ def settle_and_count(site: Site, bus: Bus, tabs_in: list[int], ch: str) -> tuple
     return since, time.monotonic()
 
 
+@pytest.mark.parametrize("shell", list(SHELLS))
 @pytest.mark.parametrize("transport", ["worker", "leader"])
-def test_ten_tabs_hold_one_poll_and_each_gets_its_channels(transport: str, site: Site, bus: Bus) -> None:
+def test_ten_tabs_hold_one_poll_and_each_gets_its_channels(transport: str, shell: str, site: Site, bus: Bus) -> None:
     tabs = site.tabs
     ctx = tabs.context()
     ids = open_tabs(site, ctx, 10, transport)
