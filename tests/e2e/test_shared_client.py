@@ -83,7 +83,8 @@ SHELLS = {"wsgi-gevent": ("shared_app:app", "gevent"), "asgi-uvicorn": ("shared_
 def site(bus: Bus, procs: Any, tmp_path: Path, request: Any) -> Iterator[Site]:
     """The server (long polls of ``request.param`` seconds, 3 by default; the shell a test's ``shell``
     parameter names, WSGI under gevent by default) and a browser."""
-    spec, module = SHELLS[request.node.callspec.params.get("shell", "wsgi-gevent")]
+    callspec = getattr(request.node, "callspec", None)  # only parametrized tests have one
+    spec, module = SHELLS[callspec.params.get("shell", "wsgi-gevent") if callspec else "wsgi-gevent"]
     require_module(module)
     log = tmp_path / "polls.jsonl"
     log.touch()
