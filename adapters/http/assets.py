@@ -6,7 +6,9 @@
 an adapter in ``MessageBus.ajax``, and the gem's adapter is not on npm. An XMLHttpRequest (not ``fetch``) because
 the client reads a streamed reply through the request object's ``onprogress`` and ``responseText``. Loaded from
 this route, the adapter also sets ``MessageBus.baseUrl`` to the route's base, so an app under
-``base_route="/app/"`` needs no configuration either. ``serve_assets=False`` turns the route off.
+``base_route="/app/"`` needs no configuration either. ``.../assets/message-bus-shared.js`` is shmbus's client with
+the npm client's API whose tabs share one poll per browser (a SharedWorker, else a leader tab: see
+docs/shared-worker.md). ``serve_assets=False`` turns the route off.
 """
 
 from __future__ import annotations
@@ -16,11 +18,15 @@ from pathlib import Path
 
 from .wire import ProtocolError, Response
 
-__all__ = ["ASSETS", "asset_response"]
+__all__ = ["ASSETS", "NPM_CLIENT", "SHARED_CLIENT", "asset_response"]
 
 STATIC = Path(__file__).resolve().parent / "static"
+#: The npm client and its adapter, loaded in this order by a page.
+NPM_CLIENT = ("message-bus.js", "message-bus-ajax.js")
+#: The client whose tabs share one poll (a page loads it alone; it is its own SharedWorker script too).
+SHARED_CLIENT = "message-bus-shared.js"
 #: Served file names (under ``<prefix>assets/``).
-ASSETS = ("message-bus.js", "message-bus-ajax.js")
+ASSETS = (*NPM_CLIENT, SHARED_CLIENT)
 _HEADERS = [
     ("content-type", "text/javascript; charset=utf-8"),
     ("cache-control", "public, max-age=3600"),

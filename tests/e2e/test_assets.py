@@ -1,8 +1,9 @@
 """The browser client served by the middleware (``/message-bus/assets/``), through every server shell.
 
-Raw HTTP first: both files, byte for byte, with a JavaScript content type; HEAD, a wrong method, an unknown name,
-and a client whose id is ``assets`` still polls. Then headless Chromium: a page whose only scripts are those two
-URLs receives a message published by the server (and the adapter set ``MessageBus.baseUrl`` from its own URL).
+Raw HTTP first: the three files (the npm client, its adapter, the shared client), byte for byte, with a
+JavaScript content type; HEAD, a wrong method, an unknown name, and a client whose id is ``assets`` still polls.
+Then headless Chromium: a page whose only scripts are the npm client and its adapter receives a message published
+by the server (and the adapter set ``MessageBus.baseUrl`` from its own URL).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from .test_browser import SHELLS, VENDORED, require_client, start_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-ASSETS = ("message-bus.js", "message-bus-ajax.js")
+ASSETS = ("message-bus.js", "message-bus-ajax.js", "message-bus-shared.js")
 
 
 @pytest.fixture

@@ -150,6 +150,8 @@ def test_assets_under_a_base_route_and_turned_off(bus: Bus, driver: Any, kind: s
     r = d.request("GET", "/app/message-bus/assets/message-bus-ajax.js")
     assert r.status == 200 and b"MessageBus.ajax" in r.body()
     assert ("content-type", "text/javascript; charset=utf-8") in r.headers
+    r = d.request("GET", "/app/message-bus/assets/message-bus-shared.js")  # the shared client (its own worker too)
+    assert r.status == 200 and b"SharedWorkerGlobalScope" in r.body()
     assert d.request("GET", "/message-bus/assets/message-bus.js").status == 404  # not under the base route
     off = driver(kind, serve_assets=False)
     r = off.request("GET", "/message-bus/assets/message-bus.js")
