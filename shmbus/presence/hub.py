@@ -27,6 +27,7 @@ from ..errors import BusDestroyed
 from ..message import Message
 from ..perprocess import Birth, PerProcess
 from ..threads import start_without_signals
+from .browser import VIEW_BACKLOG, change_messages, snapshot_message, view_channel
 from .table import Entry, LocalTable
 from .view import Member, PresenceEvent, UnionView
 
@@ -72,6 +73,7 @@ class PresenceHub:
         self._ready = threading.Event()
         self._stopping = threading.Event()
         self._snapshot_due = False
+        self._asked: list[tuple[str, str]] = []  # (channel, client id) waiting for the view to be ready
         bus.tap(self._on_batch, linger=tick / 5)  # a tap, not a subscription: it leaves the web shells' linger on
         self._thread = threading.Thread(target=self._run, name="shmbus-presence", daemon=True)
         start_without_signals(self._thread)
@@ -98,6 +100,17 @@ class PresenceHub:
         self._ready.wait(self.heartbeat + 2 * self.tick if wait is None else wait)
         with self._view_lock:
             return self.view.members(channel)
+
+    def serve_views(self) -> None:
+        """A client of this process reads a view channel: announce (heartbeats), so that the changes no
+        announcement causes (a worker gone) are published here too (see :mod:`.browser`)."""
+        self.announcing = True
+
+    def request_snapshot(self, channel: str, client_id: str) -> None:
+        """Send ``client_id`` the current list of ``channel`` on its view channel (``/__presence<channel>``), from
+        the hub's thread once its view is complete: the caller (a poll, a subscription) does not wait."""
+        self.announcing = True
+        self._inbox.put(_Asked(channel, client_id))
 
     def follow(self, callback: Follower) -> Callable[[], None]:
         """Call ``callback(event)`` on the hub's thread for every join and leave; returns the way to stop."""
@@ -140,14 +153,17 @@ class PresenceHub:
             while not self._stopping.is_set():
                 msgs = self._drain()
                 now = self.clock()
-                events = self._apply([m for m in msgs if m is not None], now)
+                self._asked += [m for m in msgs if isinstance(m, _Asked)]
+                events, own = self._apply([m for m in msgs if m is not None and not isinstance(m, _Asked)], now)
                 if self.announcing:
                     next_beat = self._announce(now, next_beat)
                 with self._view_lock:
-                    events += self.view.expire(now)
+                    expired = self.view.expire(now)
+                events += expired
                 if not self._ready.is_set() and now - start >= self.heartbeat + self.tick:
                     self._ready.set()
                 self._fire(events)
+                self._publish_views(own, expired)
             if self.announcing:
                 self._publish({"t": "bye", "w": self.wid})
         except BusDestroyed:
@@ -167,18 +183,43 @@ class PresenceHub:
         except queue.Empty:
             return msgs
 
-    def _apply(self, msgs: list[Any], now: float) -> list[PresenceEvent]:
+    def _apply(self, msgs: list[Any], now: float) -> tuple[list[PresenceEvent], list[PresenceEvent]]:
+        """Apply announcements; returns every event, and those this process publishes on the view channels
+        (caused by its own announcements, or by a goodbye when it leads: see :mod:`.browser`)."""
         events: list[PresenceEvent] = []
+        own: list[PresenceEvent] = []
         with self._view_lock:
             for m in msgs:
                 if isinstance(m, dict) and m.get("t") == "sync":
                     self._snapshot_due = self._snapshot_due or m.get("to") in (None, self.wid)
-                else:
-                    events += self.view.apply(m, now)
+                    continue
+                caused = self.view.apply(m, now)
+                events += caused
+                mine = isinstance(m, dict) and (m.get("w") == self.wid or (m.get("t") == "bye" and self.announcing))
+                if caused and mine:
+                    own += caused
             wants, self.view.wants_sync = self.view.wants_sync, []
         for wid in wants:
             self._publish({"t": "sync", "to": wid})
-        return events
+        return events, own
+
+    def _publish_views(self, own: list[PresenceEvent], expired: list[PresenceEvent]) -> None:
+        if expired and self.announcing:
+            own = own + expired
+        if own:
+            for channel, data in change_messages(own).items():
+                self.bus.publish(view_channel(channel), data, max_backlog_size=VIEW_BACKLOG)
+        if self._asked and self._ready.is_set():
+            asked, self._asked = self._asked, []
+            for channel, client_id in asked:
+                with self._view_lock:
+                    members = self.view.members(channel)
+                self.bus.publish(
+                    view_channel(channel),
+                    snapshot_message(channel, members),
+                    client_ids=[client_id],
+                    max_backlog_size=VIEW_BACKLOG,
+                )
 
     def _announce(self, now: float, next_beat: float) -> float:
         self.table.sweep(now)
@@ -206,6 +247,15 @@ class PresenceHub:
                     callback(event)
                 except Exception:
                     log.exception("shmbus: a presence follower failed on %r", event)
+
+
+class _Asked(tuple[str, str]):
+    """A snapshot request on the hub's inbox: (channel, client id)."""
+
+    __slots__ = ()
+
+    def __new__(cls, channel: str, client_id: str) -> _Asked:
+        return super().__new__(cls, (channel, client_id))
 
 
 _hubs: weakref.WeakKeyDictionary[Any, PerProcess[PresenceHub]] = weakref.WeakKeyDictionary()
