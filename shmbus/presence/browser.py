@@ -70,7 +70,7 @@ def hook_channel(channel: str) -> str:
 
 
 def member_data(m: Member) -> dict[str, Any]:
-    return {"client_id": m.client_id, "user_id": m.user_id, "since": m.since, "host": m.host}
+    return {"client_id": m.client_id, "user_id": m.user_id, "since": round(m.since, 3), "host": m.host}
 
 
 def snapshot_message(channel: str, members: list[Member]) -> dict[str, Any]:

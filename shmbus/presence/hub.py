@@ -200,7 +200,8 @@ class PresenceHub:
                     own += caused
             wants, self.view.wants_sync = self.view.wants_sync, []
         for wid in wants:
-            self._publish({"t": "sync", "to": wid})
+            if wid != self.wid:  # its own table it knows: a first batch of its own holds every join so far
+                self._publish({"t": "sync", "to": wid})
         return events, own
 
     def _publish_views(self, own: list[PresenceEvent], expired: list[PresenceEvent]) -> None:
