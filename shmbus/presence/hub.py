@@ -112,6 +112,17 @@ class PresenceHub:
         self.announcing = True
         self._inbox.put(_Asked(channel, client_id))
 
+    def summary(self, channels: int = 20, members: int = 10) -> dict[str, Any]:
+        """Presence per channel as the admin page shows it (never waits: a view still starting shows less)."""
+        with self._view_lock:
+            return {
+                "ready": self._ready.is_set(),
+                "clients": self.view.size,
+                "channels": len(self.view.channels),
+                "workers": len(self.view.workers),
+                "busiest": self.view.busiest(channels, members),
+            }
+
     def follow(self, callback: Follower) -> Callable[[], None]:
         """Call ``callback(event)`` on the hub's thread for every join and leave; returns the way to stop."""
         self.followers = [*self.followers, callback]
