@@ -27,7 +27,7 @@ from ..errors import BusDestroyed
 from ..message import Message
 from ..perprocess import Birth, PerProcess
 from ..threads import start_without_signals
-from .browser import VIEW_BACKLOG, change_messages, snapshot_message, view_channel
+from .publisher import ViewPublisher
 from .table import Entry, LocalTable
 from .view import Member, PresenceEvent, UnionView
 
@@ -73,7 +73,7 @@ class PresenceHub:
         self._ready = threading.Event()
         self._stopping = threading.Event()
         self._snapshot_due = False
-        self._asked: list[tuple[str, str]] = []  # (channel, client id) waiting for the view to be ready
+        self.views = ViewPublisher(bus)  # the view channels' changes and snapshots (see .browser)
         bus.tap(self._on_batch, linger=tick / 5)  # a tap, not a subscription: it leaves the web shells' linger on
         self._thread = threading.Thread(target=self._run, name="shmbus-presence", daemon=True)
         start_without_signals(self._thread)
@@ -110,7 +110,7 @@ class PresenceHub:
         """Send ``client_id`` the current list of ``channel`` on its view channel (``/__presence<channel>``), from
         the hub's thread once its view is complete: the caller (a poll, a subscription) does not wait."""
         self.announcing = True
-        self._inbox.put(_Asked(channel, client_id))
+        self.views.ask(channel, client_id)
 
     def summary(self, channels: int = 20, members: int = 10) -> dict[str, Any]:
         """Presence per channel as the admin page shows it (never waits: a view still starting shows less)."""
@@ -164,8 +164,7 @@ class PresenceHub:
             while not self._stopping.is_set():
                 msgs = self._drain()
                 now = self.clock()
-                self._asked += [m for m in msgs if isinstance(m, _Asked)]
-                events, own = self._apply([m for m in msgs if m is not None and not isinstance(m, _Asked)], now)
+                events, own = self._apply([m for m in msgs if m is not None], now)
                 if self.announcing:
                     next_beat = self._announce(now, next_beat)
                 with self._view_lock:
@@ -219,19 +218,13 @@ class PresenceHub:
         if expired and self.announcing:
             own = own + expired
         if own:
-            for channel, data in change_messages(own).items():
-                self.bus.publish(view_channel(channel), data, max_backlog_size=VIEW_BACKLOG)
-        if self._asked and self._ready.is_set():
-            asked, self._asked = self._asked, []
-            for channel, client_id in asked:
-                with self._view_lock:
-                    members = self.view.members(channel)
-                self.bus.publish(
-                    view_channel(channel),
-                    snapshot_message(channel, members),
-                    client_ids=[client_id],
-                    max_backlog_size=VIEW_BACKLOG,
-                )
+            self.views.changes(own)
+        if self._ready.is_set():
+            self.views.snapshots(self._members_now)
+
+    def _members_now(self, channel: str) -> list[Member]:
+        with self._view_lock:
+            return self.view.members(channel)
 
     def _announce(self, now: float, next_beat: float) -> float:
         self.table.sweep(now)
@@ -259,15 +252,6 @@ class PresenceHub:
                     callback(event)
                 except Exception:
                     log.exception("shmbus: a presence follower failed on %r", event)
-
-
-class _Asked(tuple[str, str]):
-    """A snapshot request on the hub's inbox: (channel, client id)."""
-
-    __slots__ = ()
-
-    def __new__(cls, channel: str, client_id: str) -> _Asked:
-        return super().__new__(cls, (channel, client_id))
 
 
 _hubs: weakref.WeakKeyDictionary[Any, PerProcess[PresenceHub]] = weakref.WeakKeyDictionary()
