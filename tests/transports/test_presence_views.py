@@ -1,7 +1,7 @@
 """The browser-visible form of presence over a WebSocket, in-process: ``/__presence/<channel>`` is an ordinary
 channel to a client, its first subscription brings a snapshot addressed to the client alone, joins and leaves
 follow as ``change`` messages, and a view of a channel ``subscribe_allowed`` refuses is refused too (nothing of it
-is sent). The poll protocol with the npm client in Chromium: tests/e2e/test_presence_browser.py."""
+is sent); the same over SSE. The poll protocol with the npm client in Chromium: tests/e2e/test_presence_browser.py."""
 
 from __future__ import annotations
 
@@ -68,3 +68,36 @@ def test_no_presence_entry_for_a_view_channel_and_no_view_of_a_reserved_channel(
     assert Options(presence=True).presence_of(["/a", "/__presence/a"]) == ["/a"]
     assert watched("/__presence/a/b") == "/a/b"
     assert [watched(c) for c in ("/__presence/__status", "/__presence/", "/__presence//x", "/a")] == [None] * 4
+
+
+def test_an_sse_stream_reads_a_view_and_nothing_of_a_refused_one(bus: Bus) -> None:
+    from shmbus.adapters.transports.sse_wsgi import SSEWSGIApp
+
+    hub = hub_for(bus)
+    hub.touch("alice", 7, ["/open"], lease=60)
+    hub.touch("mallory", 9, ["/private/board"], lease=60)
+    wait_for(lambda: len(bus.presence("/open")) == 1 and len(bus.presence("/private/board")) == 1, 10, "both")
+    app = SSEWSGIApp(bus=bus, keepalive_interval=1, subscribe_allowed=refuses_private)
+    environ = {
+        "REQUEST_METHOD": "GET",
+        "PATH_INFO": "/sse",
+        "QUERY_STRING": "client_id=tab1&channel=/__presence/open&channel=/__presence/private/board",
+        "wsgi.multithread": True,
+    }
+    response = app(environ, lambda status, headers: None)
+    got = b""
+    for piece in response:
+        got += piece
+        if b'"snapshot"' in got and b"\n\n" in got[got.index(b'"snapshot"') :]:
+            break
+    hub.touch("bob", None, ["/open", "/private/board"], lease=60)
+    for piece in response:
+        got += piece
+        if b'"bob"' in got:
+            break
+    response.close()
+    app.close()
+    assert b'"client_id":"alice"' in got.replace(b" ", b"") and b"mallory" not in got
+    assert b'event: refused\ndata: {"channels": ["/__presence/private/board"]}' in got
+    assert b"event: /__presence/private/board" not in got, "the refused view sent something"
+    assert got.count(b'"bob"') == 1
