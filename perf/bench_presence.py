@@ -47,7 +47,7 @@ def main() -> int:
         time.sleep(hub.heartbeat + 1)  # its start (a sync request, a first heartbeat) is not part of the joins
         head0 = seg.stats().head
         for i in range(CLIENTS):
-            hub.touch(f"client-{i}", i, [f"/room/{i % CHANNELS}"], lease=3600)
+            hub.touch(f"{i:032x}", i, [f"/room/{i % CHANNELS}"], lease=3600)  # as long as the npm client's ids
         deadline = time.monotonic() + 60
         while len(bus.presence("/room/0", wait=30)) < CLIENTS // CHANNELS and time.monotonic() < deadline:
             time.sleep(0.05)

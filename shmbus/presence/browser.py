@@ -15,7 +15,7 @@ Messages (JSON to the client)::
     {"type": "snapshot", "channel": "/chat/1", "members": [member, ...], "truncated": 0}
     {"type": "change", "channel": "/chat/1", "join": [member, ...], "leave": [member, ...]}
 
-with ``member = {"client_id", "user_id", "since", "host"}``.
+with ``member = [client_id, user_id, since, host]`` (:func:`member_data`).
 """
 
 from __future__ import annotations
@@ -69,8 +69,10 @@ def hook_channel(channel: str) -> str:
     return watched(channel) or channel
 
 
-def member_data(m: Member) -> dict[str, Any]:
-    return {"client_id": m.client_id, "user_id": m.user_id, "since": round(m.since, 3), "host": m.host}
+def member_data(m: Member) -> list[Any]:
+    """``[client id, user id, since, host]``: an array, not an object, as 10,000 joins in objects would spend
+    about 0.4 MB of ring on repeating the four key names."""
+    return [m.client_id, m.user_id, round(m.since, 3), m.host]
 
 
 def snapshot_message(channel: str, members: list[Member]) -> dict[str, Any]:

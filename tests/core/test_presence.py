@@ -115,7 +115,7 @@ def test_view_publishing_is_bounded_and_survives_a_record_too_large() -> None:
         def publish(self, channel: str, data: Any, client_ids: Any = None, max_backlog_size: int = 0) -> int:
             if len(data.get("members", [])) + len(data.get("join", [])) + len(data.get("leave", [])) > 3:
                 raise PayloadTooLarge("too large")
-            if data.get("join") and data["join"][0]["user_id"] == "bad":
+            if data.get("join") and data["join"][0][1] == "bad":
                 raise TypeError("unencodable")
             self.sent.append((channel, data, client_ids))
             return 1
@@ -130,12 +130,12 @@ def test_view_publishing_is_bounded_and_survives_a_record_too_large() -> None:
     assert len(p.pending) == pub.MAX_PENDING - pub.MEMBERS_PER_TICK // 10  # one tick's budget of members
     channel, snap, to = small.sent[0]
     assert channel == "/__presence/a" and to == ["c0"]
-    assert [m["client_id"] for m in snap["members"]] == ["c0", "c1"] and snap["truncated"] == 8
+    assert [m[0] for m in snap["members"]] == ["c0", "c1"] and snap["truncated"] == 8
     small.sent.clear()
     events = [PresenceEvent("join", "/a", m) for m in members[:5]] + [PresenceEvent("leave", "/a", members[9])]
     p.changes(events)
-    joined = [m["client_id"] for _, d, _ in small.sent for m in d["join"]]
-    left = [m["client_id"] for _, d, _ in small.sent for m in d["leave"]]
+    joined = [m[0] for _, d, _ in small.sent for m in d["join"]]
+    left = [m[0] for _, d, _ in small.sent for m in d["leave"]]
     assert joined == [f"c{i}" for i in range(5)] and left == ["c9"]
     p.changes([PresenceEvent("join", "/a", Member("x", "bad", 0.0, "h"))])
     assert p.failed == 1  # logged and dropped: the presence thread goes on

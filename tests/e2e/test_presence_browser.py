@@ -56,12 +56,12 @@ def member_joined_then_left(watcher: PageRun, member: str) -> None:
     for i, m in enumerate(views):
         data = m["data"]
         assert data["channel"] == ROOM
-        if data["type"] == "snapshot" and member in [x["client_id"] for x in data["members"]]:
+        if data["type"] == "snapshot" and member in [x[0] for x in data["members"]]:
             listed = i if listed is None else listed
         if data["type"] == "change":
-            if member in [x["client_id"] for x in data["join"]]:
+            if member in [x[0] for x in data["join"]]:
                 listed = i if listed is None else listed
-            if member in [x["client_id"] for x in data["leave"]]:
+            if member in [x[0] for x in data["leave"]]:
                 left = i
     assert listed is not None and left is not None and listed <= left, views
 

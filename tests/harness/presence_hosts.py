@@ -46,8 +46,8 @@ def view_changes(bus: Bus) -> list[tuple[str, str]]:
     out = []
     for m in bus.backlog("/__presence/room", 0):
         if isinstance(m.data, dict) and m.data.get("type") == "change":
-            out += [("join", x["client_id"]) for x in m.data["join"]]
-            out += [("leave", x["client_id"]) for x in m.data["leave"]]
+            out += [("join", x[0]) for x in m.data["join"]]
+            out += [("leave", x[0]) for x in m.data["leave"]]
     return out
 
 

@@ -53,9 +53,9 @@ def test_a_websocket_reads_a_channels_presence_as_a_channel(bus: Bus) -> None:
     received = drive(app, "/ws", [json.dumps(c) for c in commands], until, between=between)
     snapshot, change = frames_on(received, "/__presence/open")[:2]
     assert snapshot["type"] == "snapshot" and snapshot["channel"] == "/open"
-    assert [(m["client_id"], m["user_id"]) for m in snapshot["members"]] == [("alice", 7)]
+    assert [(m[0], m[1]) for m in snapshot["members"]] == [("alice", 7)]
     assert change["type"] == "change" and change["leave"] == []
-    assert [m["client_id"] for m in change["join"]] == ["bob"]
+    assert [m[0] for m in change["join"]] == ["bob"]
     assert frames_on(received, "/__presence/private/board") == []
     assert not any("mallory" in text or '/private/board","data' in text for text in received)
     app.close()
@@ -97,7 +97,7 @@ def test_an_sse_stream_reads_a_view_and_nothing_of_a_refused_one(bus: Bus) -> No
             break
     response.close()
     app.close()
-    assert b'"client_id":"alice"' in got.replace(b" ", b"") and b"mallory" not in got
+    assert b'["alice",7,' in got.replace(b" ", b"") and b"mallory" not in got
     assert b'event: refused\ndata: {"channels": ["/__presence/private/board"]}' in got
     assert b"event: /__presence/private/board" not in got, "the refused view sent something"
     assert got.count(b'"bob"') == 1

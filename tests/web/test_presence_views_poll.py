@@ -43,7 +43,7 @@ def test_a_view_brings_a_snapshot_to_its_client_and_a_refused_view_nothing(bus: 
         return [m for m in got if m["channel"] == OPEN and m["data"]["type"] == "snapshot"]
 
     (snap,) = wait_for(snapshot, 20, "c1's snapshot")
-    assert [(m["client_id"], m["user_id"]) for m in snap["data"]["members"]] == [("alice", 7)]
+    assert [(m[0], m[1]) for m in snap["data"]["members"]] == [("alice", 7)]
     other = json.loads(d.poll("c2", {OPEN: position, SECRET: 0}, dlp=True).body())
     assert all(m["data"]["type"] != "snapshot" for m in other if m["channel"] == OPEN), "a snapshot reached c2"
     for body in (d.poll("c1", {SECRET: 0}, dlp=True).body(), d.poll("c3", {SECRET: -1}, dlp=True).body()):
