@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from urllib.parse import parse_qs
 
 from shmbus.errors import InvalidArgument
+from shmbus.presence import hub_for
 
 from ..asgi_support import Receive, Scope, Send, fallback, maybe_await, relative_path, send_whole
 from ..transports.connection import Connection
@@ -98,6 +99,7 @@ class _Admin:
         interval: float = 1.0,
         tail: str | None = None,
         panels: dict[str, Callable[[], dict[str, Any]]] | None = None,
+        presence: bool = True,
     ) -> None:
         if not callable(is_admin_lookup):
             raise TypeError(
@@ -115,6 +117,7 @@ class _Admin:
         self.interval = interval
         self.tail_default = tail
         self.panels = dict(panels or {})
+        self.presence = presence  # presence per channel (docs/presence.md): this process reads it once a page opens
         self.sampler = Sampler(bus, min_interval=interval * 0.9)
         # The user id the event stream gives its clients and the samples are targeted at: random per app, so no
         # user id any other transport's lookup returns can equal it.
@@ -145,6 +148,8 @@ class _Admin:
         body: dict[str, Any] = {"sample": self.sampler.sample()}
         if self.panels:
             body["panels"] = {name: _panel(fn) for name, fn in self.panels.items()}
+        if self.presence:
+            body["presence"] = hub_for(self.bus).summary()
         if channel:
             body["tail"] = read_tail(self.bus, channel, after, site)
             after = body["tail"]["last_id"]

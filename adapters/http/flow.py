@@ -24,6 +24,8 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from shmbus.presence.browser import hook_channel
+
 from .assets import asset_response
 from .protocol import MessageBusProtocol, Poll
 from .request import form_params, poll_request
@@ -130,7 +132,9 @@ def request_flow(
                 extra = [*extra, refused_header(refused)]
         if opts.presence:
             proto.note_presence(route.client_id, lookups.user_id, req.channels)
-        return proto.start_poll(req, lookups, extra, can_park=can_park, waker=waker, signal=signal)
+        poll = proto.start_poll(req, lookups, extra, can_park=can_park, waker=waker, signal=signal)
+        proto.ask_snapshots(route.client_id, req.channels)  # after the poll read its ids: the snapshot comes later
+        return poll
     except Exception as exc:
         return Poll("immediate", (yield from _error_response(proto, exc)))
 
@@ -143,7 +147,7 @@ def _refused(
     info = yield CallLookup(request_info, (client_id, lookups))
     refused = []
     for ch in channels:
-        if not verdict((yield CallLookup(ask, (hook, info, ch)))):
+        if not verdict((yield CallLookup(ask, (hook, info, hook_channel(ch))))):
             refused.append(ch)
     for ch in refused:
         del channels[ch]

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from shmbus.bus import Bus
+from shmbus.channels import RESERVED_PREFIX
 
 from .wire import (
     CLIENT_ID_RE,
@@ -152,8 +153,8 @@ class Options:
         """The channels of a poll that presence records (none when it is off)."""
         rule = self.presence
         if rule is True:
-            return list(channels)
-        return [ch for ch in channels if ch.startswith(rule)] if rule else []
+            return [ch for ch in channels if not ch.startswith(RESERVED_PREFIX)]  # never a view channel's own
+        return [ch for ch in channels if ch.startswith(rule) and not ch.startswith(RESERVED_PREFIX)] if rule else []
 
     @classmethod
     def from_kwargs(cls, options: Mapping[str, Any]) -> Options:

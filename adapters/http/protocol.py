@@ -11,6 +11,7 @@ from typing import Any, Literal
 from shmbus.bus import Bus
 from shmbus.message import Message
 from shmbus.presence import hub_for
+from shmbus.presence.browser import VIEW_PREFIX, watched
 
 from .interning import intern_bounded
 from .options import Options, Route, match_route
@@ -138,6 +139,19 @@ class MessageBusProtocol:
         names = opts.presence_of(channels)
         if names:
             hub_for(self.bus).touch(client_id, user_id, names, opts.long_polling_interval + opts.presence_grace)
+
+    def ask_snapshots(self, client_id: str, channels: Mapping[str, int | None]) -> None:
+        """A poll names presence views (``/__presence/<channel>``) with last id -1 (a new subscription, the npm
+        client's default): ask this process's hub to send the client their current lists."""
+        for ch, last in channels.items():
+            if ch.startswith(VIEW_PREFIX):
+                target = watched(ch)
+                if target is None:
+                    continue
+                hub = hub_for(self.bus)
+                hub.serve_views()
+                if last == -1:
+                    hub.request_snapshot(target, client_id)
 
     def start_poll(
         self,

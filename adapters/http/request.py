@@ -10,6 +10,7 @@ from urllib.parse import parse_qsl
 
 from shmbus import jsonlib
 from shmbus.channels import channel_problem
+from shmbus.presence.browser import VIEW_PREFIX, watched
 
 from .interning import intern_bounded
 from .options import Options
@@ -82,6 +83,17 @@ def check_client_channel(channel: Any, what: str = "channel") -> str:
     return channel  # type: ignore[no-any-return]
 
 
+def check_subscribe_channel(channel: Any) -> str:
+    """A channel a client subscribes: :func:`check_client_channel`'s rule, except that the presence view of a
+    channel (``/__presence/<channel>``, :mod:`shmbus.presence.browser`) may be read, never published."""
+    if isinstance(channel, str) and channel.startswith(VIEW_PREFIX):
+        if watched(channel) is None:
+            raise ProtocolError(400, f"channel {channel[:80]!r} is no presence view of a channel")
+        check_client_channel(watched(channel))
+        return channel
+    return check_client_channel(channel)
+
+
 def parse_body(content_type: str | None, body: bytes, options: Options) -> tuple[dict[str, int | None], int]:
     """Parse a poll body into ``(channels, seq)``; raise :class:`ProtocolError` on bad input."""
     if len(body) > options.max_body_size:
@@ -152,7 +164,7 @@ def _channels_from_items(items: Iterable[tuple[Any, Any]], options: Options) -> 
         if key == "__seq":
             seq = _parse_seq(value)
             continue
-        ch = shared_channel(check_client_channel(key))
+        ch = shared_channel(check_subscribe_channel(key))
         channels[ch] = _parse_id(ch, value)
         if len(channels) > options.max_channels_per_poll:
             raise ProtocolError(400, f"too many channels in one poll (limit {options.max_channels_per_poll})")

@@ -19,6 +19,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from shmbus.presence.browser import hook_channel
+
 from ..asgi_support import maybe_await
 from ..http.subscribe import RequestInfo, SubscribeAllowed, verdict
 
@@ -54,14 +56,14 @@ class ChannelGate:
         known = self.verdicts.get(channel)
         if known is not None:
             return known
-        return self._remember(channel, verdict(await maybe_await(self.hook(self.info, channel))))
+        return self._remember(channel, verdict(await maybe_await(self.hook(self.info, hook_channel(channel)))))
 
     def decide_sync(self, channel: str) -> bool:
         """:meth:`decide` where nothing can be awaited (WSGI): an awaitable answer is an error, never a yes."""
         known = self.verdicts.get(channel)
         if known is not None:
             return known
-        return self._remember(channel, verdict(self.hook(self.info, channel)))
+        return self._remember(channel, verdict(self.hook(self.info, hook_channel(channel))))
 
     def known(self, channel: str) -> bool | None:
         """The verdict now, for a message about to be sent: a plain hook is asked at once; an awaitable answer is
@@ -72,7 +74,7 @@ class ChannelGate:
         if channel in self.asking:
             return None
         try:
-            value = self.hook(self.info, channel)
+            value = self.hook(self.info, hook_channel(channel))
         except Exception:
             log.exception("shmbus: subscribe_allowed failed on %r; channel refused", channel)
             return self._remember(channel, False)

@@ -10,11 +10,24 @@ from collections.abc import Iterable
 from typing import Any
 
 from shmbus.presence import hub_for
+from shmbus.presence.browser import watched
 
 from .gate import ChannelGate
 from .identity import Identity
 
-__all__ = ["SinkPresence"]
+__all__ = ["SinkPresence", "ask_view_snapshot"]
+
+
+def ask_view_snapshot(bus: Any, channel: str, client_id: str | None) -> None:
+    """A connection subscribed a view channel (``/__presence/<channel>``): this process announces, and sends the
+    connection the current list when it named a client id (the snapshot is addressed to it alone)."""
+    target = watched(channel)
+    if target is None:
+        return
+    hub = hub_for(bus)
+    hub.serve_views()
+    if client_id:
+        hub.request_snapshot(target, client_id)
 
 
 class SinkPresence:

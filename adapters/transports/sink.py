@@ -15,11 +15,12 @@ from shmbus.bus import Bus
 from shmbus.channels import RESERVED_PREFIX
 from shmbus.message import Message
 from shmbus.patterns import compile_pattern
+from shmbus.presence.browser import VIEW_PREFIX
 
 from ..http.waiter import filter_allows
 from .gate import ChannelGate
 from .identity import Identity
-from .presence import SinkPresence
+from .presence import SinkPresence, ask_view_snapshot
 from .replay import site_matches
 
 #: Default bytes queued for one connection that is not reading before it is dropped.
@@ -103,6 +104,8 @@ class Sink:
             self._hold(channel, None, +1)
             if self.presence is not None and not self.released:
                 self.presence.joined(channel)
+            if channel.startswith(VIEW_PREFIX):
+                ask_view_snapshot(self.bus, channel, self.identity.client_id)
         if self.index is not None:
             self.index.add_channel(self, channel)
 
@@ -175,7 +178,10 @@ class Sink:
         return hit and self.allowed(msg)
 
     def allowed(self, msg: Message) -> bool:
-        if msg.channel.startswith(RESERVED_PREFIX) or not site_matches(msg, self.site):
+        reserved = msg.channel.startswith(RESERVED_PREFIX)
+        if reserved and not (msg.channel.startswith(VIEW_PREFIX) and msg.channel in self.channels):  # views: named
+            return False
+        if not site_matches(msg, self.site):
             return False
         if not self.checker.allowed(msg):
             return False

@@ -49,7 +49,7 @@ from .replay import replay_since
 from .sink import Sink
 from .sse_options import SSEKeywords, SSEOptions
 from .sse_stream import StreamPace
-from .validation import check_client_channel, check_pattern
+from .validation import check_pattern, check_subscribe_channel
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -115,7 +115,7 @@ def parse_request(
         query = parse_qs(raw, keep_blank_values=True, errors="strict", max_num_fields=max_subscriptions + 10)
     except (UnicodeDecodeError, ValueError):
         raise ProtocolError(400, f"malformed query string (or more than {max_subscriptions + 10} parameters)")
-    channels = [check_client_channel(c) for c in query.get("channel", [])]
+    channels = [check_subscribe_channel(c) for c in query.get("channel", [])]
     patterns = [(check_pattern(p, kind), kind) for kind in ("prefix", "glob") for p in query.get(kind, [])]
     if not channels and not patterns and need_channels:
         raise ProtocolError(400, "name at least one channel (?channel=/a), prefix (?prefix=/a) or glob (?glob=/a/*)")

@@ -12,6 +12,7 @@ from shmbus.patterns import compile_pattern
 
 from ..http import ProtocolError
 from ..http.request import check_client_channel as check_client_channel
+from ..http.request import check_subscribe_channel as check_subscribe_channel
 from ..http.wire import CLIENT_ID_RE, INVALID_CLIENT_ID
 
 #: Most subscriptions (channels + patterns) one connection may hold.

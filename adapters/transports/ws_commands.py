@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from ..http import MAX_ID
-from .validation import PATTERN_KINDS, check_client_channel, check_pattern
+from .validation import PATTERN_KINDS, check_pattern, check_subscribe_channel
 
 __all__ = ["BadInput", "dumps", "frame", "ids_field", "int_field", "parse_command", "target"]
 
@@ -70,7 +70,7 @@ def target(obj: dict[str, Any]) -> tuple[str | None, tuple[str, str] | None]:
     if (channel is None) == (pattern is None):
         raise BadInput("give exactly one of 'channel' or 'pattern'")
     if channel is not None:
-        return check_client_channel(channel), None
+        return check_subscribe_channel(channel), None
     kind = obj.get("kind", "prefix")
     if kind not in PATTERN_KINDS:
         raise BadInput(f"kind must be one of {list(PATTERN_KINDS)}")

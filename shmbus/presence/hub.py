@@ -27,6 +27,7 @@ from ..errors import BusDestroyed
 from ..message import Message
 from ..perprocess import Birth, PerProcess
 from ..threads import start_without_signals
+from .publisher import ViewPublisher
 from .table import Entry, LocalTable
 from .view import Member, PresenceEvent, UnionView
 
@@ -72,6 +73,7 @@ class PresenceHub:
         self._ready = threading.Event()
         self._stopping = threading.Event()
         self._snapshot_due = False
+        self.views = ViewPublisher(bus)  # the view channels' changes and snapshots (see .browser)
         bus.tap(self._on_batch, linger=tick / 5)  # a tap, not a subscription: it leaves the web shells' linger on
         self._thread = threading.Thread(target=self._run, name="shmbus-presence", daemon=True)
         start_without_signals(self._thread)
@@ -98,6 +100,28 @@ class PresenceHub:
         self._ready.wait(self.heartbeat + 2 * self.tick if wait is None else wait)
         with self._view_lock:
             return self.view.members(channel)
+
+    def serve_views(self) -> None:
+        """A client of this process reads a view channel: announce (heartbeats), so that the changes no
+        announcement causes (a worker gone) are published here too (see :mod:`.browser`)."""
+        self.announcing = True
+
+    def request_snapshot(self, channel: str, client_id: str) -> None:
+        """Send ``client_id`` the current list of ``channel`` on its view channel (``/__presence<channel>``), from
+        the hub's thread once its view is complete: the caller (a poll, a subscription) does not wait."""
+        self.announcing = True
+        self.views.ask(channel, client_id)
+
+    def summary(self, channels: int = 20, members: int = 10) -> dict[str, Any]:
+        """Presence per channel as the admin page shows it (never waits: a view still starting shows less)."""
+        with self._view_lock:
+            return {
+                "ready": self._ready.is_set(),
+                "clients": self.view.size,
+                "channels": len(self.view.channels),
+                "workers": len(self.view.workers),
+                "busiest": self.view.busiest(channels, members),
+            }
 
     def follow(self, callback: Follower) -> Callable[[], None]:
         """Call ``callback(event)`` on the hub's thread for every join and leave; returns the way to stop."""
@@ -140,14 +164,16 @@ class PresenceHub:
             while not self._stopping.is_set():
                 msgs = self._drain()
                 now = self.clock()
-                events = self._apply([m for m in msgs if m is not None], now)
+                events, own = self._apply([m for m in msgs if m is not None], now)
                 if self.announcing:
                     next_beat = self._announce(now, next_beat)
                 with self._view_lock:
-                    events += self.view.expire(now)
+                    expired = self.view.expire(now)
+                events += expired
                 if not self._ready.is_set() and now - start >= self.heartbeat + self.tick:
                     self._ready.set()
                 self._fire(events)
+                self._publish_views(own, expired)
             if self.announcing:
                 self._publish({"t": "bye", "w": self.wid})
         except BusDestroyed:
@@ -167,18 +193,38 @@ class PresenceHub:
         except queue.Empty:
             return msgs
 
-    def _apply(self, msgs: list[Any], now: float) -> list[PresenceEvent]:
+    def _apply(self, msgs: list[Any], now: float) -> tuple[list[PresenceEvent], list[PresenceEvent]]:
+        """Apply announcements; returns every event, and those this process publishes on the view channels
+        (caused by its own announcements, or by a goodbye when it leads: see :mod:`.browser`)."""
         events: list[PresenceEvent] = []
+        own: list[PresenceEvent] = []
         with self._view_lock:
             for m in msgs:
                 if isinstance(m, dict) and m.get("t") == "sync":
                     self._snapshot_due = self._snapshot_due or m.get("to") in (None, self.wid)
-                else:
-                    events += self.view.apply(m, now)
+                    continue
+                caused = self.view.apply(m, now)
+                events += caused
+                mine = isinstance(m, dict) and (m.get("w") == self.wid or (m.get("t") == "bye" and self.announcing))
+                if caused and mine:
+                    own += caused
             wants, self.view.wants_sync = self.view.wants_sync, []
         for wid in wants:
-            self._publish({"t": "sync", "to": wid})
-        return events
+            if wid != self.wid:  # its own table it knows: a first batch of its own holds every join so far
+                self._publish({"t": "sync", "to": wid})
+        return events, own
+
+    def _publish_views(self, own: list[PresenceEvent], expired: list[PresenceEvent]) -> None:
+        if expired and self.announcing:
+            own = own + expired
+        if own:
+            self.views.changes(own)
+        if self._ready.is_set():
+            self.views.snapshots(self._members_now)
+
+    def _members_now(self, channel: str) -> list[Member]:
+        with self._view_lock:
+            return self.view.members(channel)
 
     def _announce(self, now: float, next_beat: float) -> float:
         self.table.sweep(now)

@@ -9,6 +9,7 @@ dropped a slow worker, or joined late, catches up.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -67,6 +68,17 @@ class UnionView:
             wid, (user, since) = min(by_worker.items(), key=lambda item: item[1][1])
             out.append(Member(cid, user, since, self.workers[wid].host))
         out.sort(key=lambda m: (m.since, m.client_id))
+        return out
+
+    def busiest(self, channels: int = 20, members: int = 10) -> list[dict[str, Any]]:
+        """The ``channels`` channels with the most present clients (for the admin page): each with its count and
+        its first ``members`` members as ``[client id, user id]``."""
+        top = heapq.nsmallest(channels, self.channels.items(), key=lambda item: (-len(item[1]), item[0]))
+        out = []
+        for channel, clients in top:
+            firsts = heapq.nsmallest(members, clients.items(), key=lambda item: min(s for _, s in item[1].values()))
+            shown = [[cid, next(iter(by_worker.values()))[0]] for cid, by_worker in firsts]
+            out.append({"channel": channel, "count": len(clients), "members": shown})
         return out
 
     def apply(self, msg: Any, now: float) -> list[PresenceEvent]:

@@ -99,3 +99,43 @@ def test_a_held_key_outlives_any_lease_until_its_last_connection_lets_go() -> No
     t.sweep(2005)
     assert len(t) == 0 and t.take_changes() == ([], [])  # joined and left within one batch
     t.release("c1", ["/a"], grace=5, now=2006)  # releasing what is not held is harmless
+
+
+def test_view_publishing_is_bounded_and_survives_a_record_too_large() -> None:
+    from shmbus.errors import PayloadTooLarge
+    from shmbus.presence import publisher as pub
+    from shmbus.presence.view import Member, PresenceEvent
+
+    class Small:
+        """A bus whose records hold at most 3 members."""
+
+        def __init__(self) -> None:
+            self.sent: list[tuple[str, Any, Any]] = []
+
+        def publish(self, channel: str, data: Any, client_ids: Any = None, max_backlog_size: int = 0) -> int:
+            if len(data.get("members", [])) + len(data.get("join", [])) + len(data.get("leave", [])) > 3:
+                raise PayloadTooLarge("too large")
+            if data.get("join") and data["join"][0][1] == "bad":
+                raise TypeError("unencodable")
+            self.sent.append((channel, data, client_ids))
+            return 1
+
+    small = Small()
+    p = pub.ViewPublisher(small)
+    members = [Member(f"c{i}", None, float(i), "h") for i in range(10)]
+    for i in range(pub.MAX_PENDING + 5):
+        p.ask("/a", f"c{i % (pub.MAX_PENDING + 2)}")
+    assert len(p.pending) == pub.MAX_PENDING and p.dropped == 2  # repeats kept once; past the cap dropped
+    p.snapshots(lambda ch: members)
+    assert len(p.pending) == pub.MAX_PENDING - pub.MEMBERS_PER_TICK // 10  # one tick's budget of members
+    channel, snap, to = small.sent[0]
+    assert channel == "/__presence/a" and to == ["c0"]
+    assert [m[0] for m in snap["members"]] == ["c0", "c1"] and snap["truncated"] == 8
+    small.sent.clear()
+    events = [PresenceEvent("join", "/a", m) for m in members[:5]] + [PresenceEvent("leave", "/a", members[9])]
+    p.changes(events)
+    joined = [m[0] for _, d, _ in small.sent for m in d["join"]]
+    left = [m[0] for _, d, _ in small.sent for m in d["leave"]]
+    assert joined == [f"c{i}" for i in range(5)] and left == ["c9"]
+    p.changes([PresenceEvent("join", "/a", Member("x", "bad", 0.0, "h"))])
+    assert p.failed == 1  # logged and dropped: the presence thread goes on

@@ -1,7 +1,8 @@
 """``examples/django_chat`` end to end: ``run.py`` migrates and serves the project with gunicorn (2 gthread
 workers); two Chromium browsers join under two names through the join form (CSRF token, session cookie);
 one posts through the chat's view, which saves the row and publishes it on commit; the other, subscribed with
-the npm client, receives every message, published by both workers. Then SIGTERM to ``run.py`` stops gunicorn
+the npm client, receives every message, published by both workers, and lists both in the room (presence, from
+its view channel /__presence/chat). Then SIGTERM to ``run.py`` stops gunicorn
 and removes the bus, leaving no process behind."""
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ def test_two_browsers_chat_across_workers(bus_name: str, procs: Any, tmp_path: P
         sent, heard = sender.result(timeout=120), listener.result(timeout=120)
     assert sent.done, f"alice's page did not post: {sent.messages} {sent.stderr[-2000:]}"
     assert heard.done, f"bob's page did not hear {COUNT} messages: {heard.messages} {heard.stderr[-2000:]}"
+    *heard_messages, room = heard.messages
+    assert room == {"room": ["alice", "bob"]}, "the room's presence list (by user name) lacks someone"
+    heard.messages = heard_messages
     posted = [m["id"] for m in sent.messages]
     assert [m["id"] for m in heard.messages] == posted, "lost, duplicated or out of order"
     assert all(m["user"] == "alice" and m["text"].startswith("hello ") for m in heard.messages)

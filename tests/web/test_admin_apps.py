@@ -266,3 +266,26 @@ def test_metrics_apps(bus: Bus) -> None:
     status, body = wsgi_get(wapp, "/metrics")
     assert status.startswith("200") and b"shmbus_processes" in body
     assert wsgi_get(wapp, "/nope")[0].startswith("404")
+
+
+def test_the_admin_page_shows_presence_per_channel(bus: Bus) -> None:
+    from shmbus.presence import hub_for
+    from tests.harness.wait import wait_for
+
+    hub = hub_for(bus)
+    hub.touch("alice", 7, ["/room", "/lobby"], lease=60)
+    hub.touch("bob", None, ["/room"], lease=60)
+    app = AdminWSGIApp(bus=bus, is_admin_lookup=lambda environ: environ.get("HTTP_X_ADMIN") == "yes")
+
+    def presence() -> Any:
+        status, body = wsgi_get(app, "/admin/snapshot.json")
+        assert status.startswith("200")
+        return json.loads(body)["presence"]
+
+    wait_for(lambda: presence()["clients"] == 3, 20, "both clients on the admin page")
+    doc = presence()
+    assert [(c["channel"], c["count"]) for c in doc["busiest"]] == [("/room", 2), ("/lobby", 1)]
+    assert sorted(map(tuple, doc["busiest"][0]["members"])) == [("alice", 7), ("bob", None)]
+    off = AdminWSGIApp(bus=bus, is_admin_lookup=lambda environ: True, presence=False)
+    assert "presence" not in json.loads(wsgi_get(off, "/admin/snapshot.json")[1])
+    assert b'id="presence"' in wsgi_get(app, "/admin/")[1]

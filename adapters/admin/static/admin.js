@@ -265,6 +265,25 @@
     }
   }
 
+  function showPresence(presence) {
+    // who is present per channel (docs/presence.md): the channels with the most clients, and their first members
+    const table = document.getElementById('presence');
+    const summary = document.getElementById('presence-summary');
+    table.textContent = '';
+    if (!presence) { summary.textContent = 'off'; return; }
+    summary.textContent = `${fmt(presence.clients)} present on ${fmt(presence.channels)} channels` +
+      ` (${presence.workers} announcing workers${presence.ready ? '' : ', still listening'})`;
+    const head = el('tr');
+    head.append(el('th', 'channel'), el('th', 'present'), el('th', 'members (client id: user id)'));
+    table.append(head);
+    for (const c of presence.busiest) {
+      const row = el('tr');
+      const names = c.members.map(function (m) { return m[1] === null ? m[0] : `${m[0]}: ${m[1]}`; }).join(', ');
+      row.append(el('td', c.channel), el('td', fmt(c.count)), el('td', names));
+      table.append(row);
+    }
+  }
+
   function onSample(body) {
     const status = document.getElementById('status');
     status.className = '';
@@ -272,6 +291,7 @@
     record(body.sample);
     draw(body.sample);
     showPanels(body.panels || {});
+    showPresence(body.presence);
     showTail(body.tail);
     samples += 1;
     if (reportAfter && samples === reportAfter) {

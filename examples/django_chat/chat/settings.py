@@ -44,7 +44,12 @@ TEMPLATES = [
         },
     }
 ]
-SHMBUS = {"BUS": os.environ.get("CHAT_BUS", "django_chat")}
+SHMBUS = {
+    "BUS": os.environ.get("CHAT_BUS", "django_chat"),
+    # who is in the room: presence of the /chat pollers, each listed under its user name (docs/presence.md)
+    "MIDDLEWARE": {"presence": ["/chat"]},
+    "USER_ID_LOOKUP": "chat.lookups.username",
+}
 
 
 def _database() -> dict[str, object]:
