@@ -175,7 +175,7 @@ class NatsConnection:
             return held
         try:
             ops = self._read_once(time.monotonic() + timeout) if timeout > 0 else []
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             return []
         for op in ops:
             self._take(op)

@@ -141,7 +141,7 @@ class Reader:
         if self.consumer is None or after + 1 < self.next_seq:
             self._create(after + 1)
         conn = self.conn
-        first, (reply,) = conn.reply_subjects(1)
+        _first, (reply,) = conn.reply_subjects(1)
         body = b'{"batch":%d,"no_wait":true}' % limit
         subject = f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{self.consumer}".encode()
         conn.send(pub_op(subject, reply, body))
