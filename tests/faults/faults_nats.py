@@ -63,9 +63,12 @@ class NatsBackend(Backend):
         self.server.thaw()
 
     def wipe(self, restart_ids: bool = False) -> None:
-        """A purge (ids go on, the same history) or, with ``restart_ids``, the stream deleted (the next publish or
-        relay makes it again: ids start over, another history)."""
-        self.api(f"STREAM.DELETE.{self.stream}" if restart_ids else f"STREAM.PURGE.{self.stream}")
+        """The stream deleted: the next publish or relay makes it again, ids start over (another history). A purge
+        keeps the history (ids go on, the purged ones are lost): :meth:`purge`."""
+        self.api(f"STREAM.DELETE.{self.stream}")
+
+    def purge(self) -> None:
+        self.api(f"STREAM.PURGE.{self.stream}")
 
     def retained(self) -> int:
         info = js.stream_info(self.conn(), self.stream)
