@@ -117,6 +117,9 @@ class NatsBackend:
         self._reader: js.Reader | None = None
         self._newest = 0
         self._gone = 0
+        self._known = 0  # the newest sequence read from the stream's state before the current consumer's fetches
+        self._history = 0  # the identity of the stream the read consumer was made on (0: none yet)
+        self._stale = True  # the previous read found nothing: read the stream's state before the next one
 
     # ------------------------------------------------------------------ connections
     def connect(self) -> NatsConnection:
@@ -320,30 +323,43 @@ class NatsBackend:
             return True
 
     def read_after(self, after: int, limit: int) -> Page:
-        """The stream's state first (its history and newest sequence: every sequence up to it that the read does
-        not return is gone), then up to ``limit`` messages after ``after``."""
-        info = self._info()
-        history = js.history_of(info)
-        newest = self._newest
-        conn = self.conn()
-        reader = self._reader
-        if reader is None or reader.conn is not conn:
-            reader = self._reader = js.Reader(conn, self.stream)
-        try:
-            got = reader.read(after, limit)
-        except (OSError, ProtocolError):
-            self.drop_conn()
-            raise
+        """Up to ``limit`` messages after ``after`` with the relay's read consumer: ONE request while it stands
+        where the read starts (the steady state: a doorbell, a read). The stream's state is read *before* the
+        fetch when the consumer is new (its history: the consumer lives and dies with that stream) or the previous
+        read found nothing (a purged tail is noticed there): every sequence up to the newest it names that a
+        complete fetch does not return is gone."""
+        for attempt in range(2):
+            reader = self._reader_for(self.conn())
+            try:
+                if reader.ready_for(after) or self._stale or not self._history:
+                    self._history = js.history_of(self._info())
+                    self._known = self._newest
+                got, complete = reader.read(after, limit)
+            except js.ConsumerGone:
+                if attempt:
+                    raise
+                continue  # the stream was deleted (or the consumer): a new consumer, the stream read again
+            except (OSError, ProtocolError):
+                self.drop_conn()
+                raise
+            break
         rows = []
         for seq, _subject, data in got:
             parts = split_data(data)
             rows.append(Row(seq, seq, parts[0], parts[1]) if parts is not None else Row(seq, seq, "", b"\x00"))
+        self._stale = not rows
         # a sequence is drawn when its message is stored: one missing below a row read is gone, and so is one
-        # up to the newest before the read when the read returned everything after ``after``
-        self._gone = max(rows[-1].global_id if rows else 0, newest if len(got) < limit else 0)
+        # up to the newest read before the fetch when the fetch returned everything after ``after``
+        self._gone = max(rows[-1].global_id if rows else 0, self._known if complete else 0)
         if rows:
             self._newest = max(self._newest, rows[-1].global_id)
-        return Page(history, rows)
+        return Page(self._history, rows)
+
+    def _reader_for(self, conn: NatsConnection) -> js.Reader:
+        reader = self._reader
+        if reader is None or reader.conn is not conn:
+            reader = self._reader = js.Reader(conn, self.stream)
+        return reader
 
     def gone_upto(self) -> int:
         return self._gone

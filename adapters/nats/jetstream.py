@@ -7,7 +7,8 @@
 * :func:`get_message`: one message by sequence (the relay's history check).
 * :class:`Reader`: the relay's reads after a position: a pull consumer of its own (no acks, in memory, removed by
   the server when idle) fetched with ``no_wait``; each delivered message's reply subject carries its stream
-  sequence. A read that starts elsewhere than where the consumer stands makes a new consumer.
+  sequence. A read that starts elsewhere than where the consumer stands makes a new consumer. While the consumer
+  exists its stream is the one it was made on: the stream's identity needs no request per read.
 """
 
 from __future__ import annotations
@@ -22,10 +23,14 @@ from .client import NatsConnection
 from .errors import NatsBridgeError, NatsUnavailable
 from .protocol import pub_op
 
-__all__ = ["JsError", "Reader", "api", "ensure_stream", "get_message", "history_of", "stream_info"]
+__all__ = ["ConsumerGone", "JsError", "Reader", "api", "ensure_stream", "get_message", "history_of", "stream_info"]
 
 NOT_FOUND_STREAM = 10059
 NOT_FOUND_MESSAGE = 10037
+
+
+class ConsumerGone(Exception):
+    """The relay's read consumer no longer exists (deleted with its stream, or by an operator)."""
 
 
 class JsError(NatsBridgeError):
@@ -136,10 +141,20 @@ class Reader:
             except (JsError, NatsUnavailable):
                 pass
 
-    def read(self, after: int, limit: int) -> list[tuple[int, bytes, bytes]]:
-        """Up to ``limit`` messages with sequences above ``after``, ascending: ``(seq, subject, data)``."""
-        if self.consumer is None or after + 1 < self.next_seq:
-            self._create(after + 1)
+    def ready_for(self, after: int) -> bool:
+        """Make the consumer a read after ``after`` needs, where the current one cannot serve it; True if it made
+        one (its stream's identity is then read again: :meth:`read` proves the stream is the one it was made on)."""
+        if self.consumer is not None and after + 1 >= self.next_seq:
+            return False
+        self._create(after + 1)
+        return True
+
+    def read(self, after: int, limit: int) -> tuple[list[tuple[int, bytes, bytes]], bool]:
+        """Up to ``limit`` messages with sequences above ``after``, ascending, ``(seq, subject, data)``, and whether
+        the read ended because the stream had no more (not because ``limit`` were read). Raises
+        :class:`ConsumerGone` when the consumer no longer exists (its stream was deleted, or it was)."""
+        if self.consumer is None:
+            raise ConsumerGone("no consumer")
         conn = self.conn
         _first, (reply,) = conn.reply_subjects(1)
         body = b'{"batch":%d,"no_wait":true}' % limit
@@ -149,16 +164,14 @@ class Reader:
         got = 0
         deadline = time.monotonic() + conn.timeout
         mine = b"$JS.ACK.%s.%s." % (self.stream.encode(), self.consumer.encode())
-        done = False
-        while not done and got < limit:
+        while got < limit:
             for msg in conn.pump(deadline):
                 if msg.subject == reply:  # the fetch's own status: no (more) messages, request ended, gone
-                    if msg.status == b"503":
-                        raise NatsUnavailable("JetStream is not enabled on this NATS server")
-                    if msg.status == b"409":
-                        self.consumer = None  # deleted (or its stream): the next read makes one
-                    if msg.status not in (b"100",):
-                        done = True
+                    if msg.status in (b"503", b"409"):  # no responder: no such consumer; 409: deleted
+                        self.consumer = None
+                        raise ConsumerGone(msg.headers.decode(errors="replace").strip())
+                    if msg.status != b"100":
+                        return out, True
                     continue
                 if not msg.reply.startswith(mine):
                     continue  # a reply to an abandoned request, a delivery of an earlier consumer
@@ -169,7 +182,7 @@ class Reader:
                 self.next_seq = seq + 1
                 if seq > after:
                     out.append((seq, msg.subject, msg.payload))
-        return out
+        return out, False
 
     def close(self) -> None:
         self._delete()
