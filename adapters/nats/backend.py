@@ -304,7 +304,7 @@ class NatsBackend:
     def history_continues(self, seg: Segment, changed: bool, mark: int) -> bool:
         """The segment's message at ``mark`` against the stream's message of that sequence (as on PostgreSQL)."""
         try:
-            found = js.get_message(self.conn(), self.stream, mark)
+            found = js.get_message(self.conn(), self.stream, mark) if mark > 0 else None
         except (OSError, ProtocolError):
             self.drop_conn()
             raise

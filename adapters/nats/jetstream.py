@@ -49,7 +49,7 @@ def api(conn: NatsConnection, op: str, body: dict[str, Any] | None = None) -> di
     out: dict[str, Any] = json.loads(msg.payload)
     err = out.get("error")
     if err:
-        raise JsError(str(err.get("description")), int(err.get("code", 0)), int(err.get("err_code", 0)))
+        raise JsError(f"{op}: {err.get('description')}", int(err.get("code", 0)), int(err.get("err_code", 0)))
     return out
 
 
@@ -75,13 +75,15 @@ def ensure_stream(conn: NatsConnection, config: dict[str, Any]) -> dict[str, Any
     info = stream_info(conn, config["name"])
     if info is not None:
         return info
+    refused: JsError | None = None
     try:
-        return api(conn, f"STREAM.CREATE.{config['name']}", config)
-    except JsError:
-        info = stream_info(conn, config["name"])
-        if info is None:
-            raise
-        return info
+        api(conn, f"STREAM.CREATE.{config['name']}", config)
+    except JsError as exc:
+        refused = exc  # another host made it first, or the server refused the config (then there is none)
+    info = stream_info(conn, config["name"])  # as stored: its ``created`` is the history every host names
+    if info is None:
+        raise refused or JsError(f"stream {config['name']!r} is gone again", 404, NOT_FOUND_STREAM)
+    return info
 
 
 def get_message(conn: NatsConnection, stream: str, seq: int) -> tuple[str, bytes] | None:
