@@ -95,7 +95,9 @@ class NatsBackend(Backend):
 
     def ring_with_seal(self, line: str, seal: str) -> None:
         conn = self.conn()
-        conn.send(b"".join(pub_op(bell, b"", line.encode()) + pub_op(bell, b"", seal.encode()) for bell in self._bells()))
+        conn.send(
+            b"".join(pub_op(bell, b"", line.encode()) + pub_op(bell, b"", seal.encode()) for bell in self._bells())
+        )
 
     def newest_lines(self, count: int) -> list[str]:
         info = js.stream_info(self.conn(), self.stream)

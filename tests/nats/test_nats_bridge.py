@@ -194,3 +194,20 @@ def test_the_engine_is_built_from_its_url(nats_url: str, bus_name: str) -> None:
     assert (rec.kind, rec.url, rec.secret, rec.options) == ("nats", nats_url, False, {"stream": bus_name})
     secret = NatsBridge("nats://u:pw@127.0.0.1:1", stream=bus_name).backend.record()
     assert secret.secret and "pw" not in secret.url and json.dumps(secret.options) == json.dumps({"stream": bus_name})
+
+
+def test_a_message_on_the_subject_that_is_not_a_bridge_line_is_skipped_and_counted(
+    make_host: Callable[..., Bus], nats_url: str, bus_name: str
+) -> None:
+    """Whoever may publish to the stream's subject writes into the bus; what is not a line is counted, never
+    delivered, and never stops the relay."""
+    a, b = make_host("a"), make_host("b")
+    wait_relaying(a, b)
+    conn = js_conn(nats_url)
+    for junk in (b"garbage", b"/ok|not json", b"\xff\xfe|{}"):
+        assert b'"seq"' in conn.request(f"shmbus.{bus_name}".encode(), junk).payload
+    conn.close()
+    assert a.publish("/after", "real") == 4
+    wait_for(lambda: b.segment.global_id() == 4, what="host b past the junk")
+    assert [m.data for m in b.backlog("/after")] == ["real"]
+    assert b.default.health()["unrelayable"] == 3  # type: ignore[union-attr]
