@@ -1,8 +1,8 @@
 """The NATS JetStream side of the bridge kit (:class:`~shmbus.adapters.bridge.backend.Backend`): one stream.
 
-Every message of the bus is one message of the stream, on one subject, its data the gem's line without its ids
-(``chan|envelope``): the **stream sequence is the id** (global and message id alike: sparse ids, as on
-PostgreSQL), given by the server in the publish's acknowledgement, so every host agrees. JetStream draws a sequence
+Every message of the bus is one message of the stream, on its channel's subject (:mod:`.layout`), its data the
+gem's line without its ids (``chan|envelope``): the **stream sequence is the id** (global and message id alike:
+sparse ids, as on PostgreSQL), given by the server in the publish's acknowledgement, so every host agrees. JetStream draws a sequence
 only when it stores the message, so ids appear in order: a missing id below one read is gone (deleted, purged,
 expired by the stream's limits), never in flight (``settle`` has nothing to wait for). The stream's ``created``
 time names the history: a purge keeps it (the purged ids count as lost for a host that had not read them), a stream
@@ -26,11 +26,12 @@ from shmbus.segment import BridgeRecord
 from ..bridge.backend import Acknowledged, Page, Row
 from ..bridge.outcome import ReplyLost, cause_text, note_unknown, outcome_unknown
 from ..bridge.status import BridgeStatus
-from ..bridge.wire import PIPE_ESCAPE, decode_envelope, encode_envelope, line_tail
+from ..bridge.wire import decode_envelope, encode_envelope, line_tail
 from . import jetstream as js
 from .client import NatsConnection
 from .doorbell import NatsDoorbell
 from .errors import NatsBridgeError, NatsUnavailable, redact_url
+from .layout import channel_subject, split_data, wildcard
 from .protocol import ProtocolError, pub_op
 
 if TYPE_CHECKING:
@@ -39,21 +40,9 @@ if TYPE_CHECKING:
     from shmbus.host import BusHost
     from shmbus.segment import Segment
 
-__all__ = ["NatsBackend", "split_data"]
+__all__ = ["NatsBackend"]
 
-_PIPE = PIPE_ESCAPE.encode()
 _SEQ = b'"seq":'
-
-
-def split_data(data: bytes) -> tuple[str, bytes] | None:
-    """A stream message's data ``chan|envelope`` as its parts; None for one that is not the bridge's."""
-    chan, sep, envelope = data.partition(b"|")
-    if not sep or not envelope:
-        return None
-    try:
-        return chan.replace(_PIPE, b"|").decode(), envelope
-    except UnicodeDecodeError:
-        return None
 
 
 def _ack_seq(payload: bytes) -> int | None:
@@ -87,6 +76,7 @@ class NatsBackend:
         *,
         storage: str,
         max_msgs: int | None,
+        max_msgs_per_channel: int | None,
         max_age: float,
         replicas: int,
         connect_timeout: float,
@@ -94,11 +84,12 @@ class NatsBackend:
     ) -> None:
         self.url = url
         self.stream = stream
-        self.subject = subject
-        self._subject = subject.encode()
+        self.subject = subject  #: the prefix of the channels' subjects
         self.status = status
         self.storage = storage
         self.max_msgs = max_msgs
+        self.max_msgs_per_channel = max_msgs_per_channel
+        self._per_channel = max_msgs_per_channel if max_msgs_per_channel is not None else -1
         self.max_age = max_age
         self.replicas = replicas
         self.connect_timeout = connect_timeout
@@ -152,10 +143,11 @@ class NatsBackend:
     def stream_config(self) -> dict[str, Any]:
         return {
             "name": self.stream,
-            "subjects": [self.subject],
+            "subjects": [wildcard(self.subject)],
             "retention": "limits",
             "storage": self.storage,
             "max_msgs": self._limit,
+            "max_msgs_per_subject": self._per_channel,
             "max_age": int(self.max_age * 1e9),
             "discard": "old",
             "num_replicas": self.replicas,
@@ -189,6 +181,8 @@ class NatsBackend:
         self._codec = bus.codec
         if self.max_msgs is None:
             self._limit = max(bus.max_global_backlog_size, 1)
+        if self.max_msgs_per_channel is None:
+            self._per_channel = max(bus.max_backlog_size, 1)
 
     def describe(self) -> dict[str, Any]:
         return {"nats_url": redact_url(self.url), "stream": self.stream, "subject": self.subject}
@@ -197,9 +191,11 @@ class NatsBackend:
     def publish(self, bus: BusHost, envelopes: list[Envelope]) -> Acknowledged:
         """Every ``PUB`` in one write, then the acknowledgements (see the module doc). No responder (the stream is
         gone) means nothing was stored: the stream is made again and the batch sent once more."""
-        codec, subject = bus.codec, self._subject
+        codec, prefix = bus.codec, self.subject
+        chans = [backend_name(e.channel, e.site_id) for e in envelopes]
+        subjects = [channel_subject(prefix, chan) for chan in chans]
         datas = [
-            line_tail(backend_name(e.channel, e.site_id), encode_envelope(codec, e.payload, e.meta)) for e in envelopes
+            line_tail(chan, encode_envelope(codec, e.payload, e.meta)) for chan, e in zip(chans, envelopes, strict=True)
         ]
         try:
             for attempt in range(2):
@@ -211,7 +207,7 @@ class NatsBackend:
                         f"({conn.max_payload}); nothing was published"
                     )
                 first, replies = conn.reply_subjects(len(datas))
-                out = b"".join([pub_op(subject, r, d) for r, d in zip(replies, datas, strict=True)])
+                out = b"".join([pub_op(s, r, d) for s, r, d in zip(subjects, replies, datas, strict=True)])
                 try:
                     conn.send(out)
                 except BaseException as exc:
@@ -232,7 +228,9 @@ class NatsBackend:
                 if attempt == 0:
                     self._ready = False  # every reply said "no responders": no stream took them
                     self.ensure_stream(conn)
-            raise NatsUnavailable(f"no JetStream stream takes subject {self.subject!r}; nothing was published")
+            raise NatsUnavailable(
+                f"no JetStream stream takes subjects {wildcard(self.subject)!r}; nothing was published"
+            )
         except ReplyLost as lost:
             self.status.set_state("unreachable" if isinstance(lost.cause, self.unreachable) else "error", lost.cause)
             raise outcome_unknown(self.kind, redact_url(self.url), envelopes, lost) from lost.cause

@@ -47,10 +47,11 @@ class NatsBridge(BridgeEngine):
     """Engine that makes a JetStream stream the source of ids and history (see the module doc).
 
     ``url``: ``nats://[user:password@|token@]host:port``. ``stream``: the stream's name (letters, digits, ``_``,
-    ``-``); ``subject``: its one subject (default ``shmbus.<stream>``). Created where missing with ``storage``
-    (``"file"``: survives a server restart; ``"memory"``), ``replicas`` (a clustered JetStream's copies),
-    ``max_msgs`` (default: the bus's ``max_global_backlog_size``) and ``max_age`` (seconds, 0: none): the retention
-    a new or restarted host can catch up within. An existing stream is used as it is. ``connect_timeout``,
+    ``-``); ``subject``: the prefix of its channels' subjects (default ``shmbus.<stream>``: the stream takes
+    ``<subject>.>``). Created where missing with ``storage`` (``"file"``: survives a server restart; ``"memory"``),
+    ``replicas`` (a clustered JetStream's copies), ``max_msgs`` (default: the bus's ``max_global_backlog_size``),
+    ``max_msgs_per_channel`` (default: the bus's ``max_backlog_size``) and ``max_age`` (seconds, 0: none): the
+    retention a new or restarted host can catch up within. An existing stream is used as it is. ``connect_timeout``,
     ``command_timeout``: seconds. Takes the other bridges' relay keywords (``relay``, ``election_interval``,
     ``reconnect_max``, ``local_wait``, ``autostart``).
     """
@@ -64,6 +65,7 @@ class NatsBridge(BridgeEngine):
         storage: str = "file",
         replicas: int = 1,
         max_msgs: int | None = None,
+        max_msgs_per_channel: int | None = None,
         max_age: float = 0.0,
         connect_timeout: float = 3.0,
         command_timeout: float = 5.0,
@@ -86,6 +88,7 @@ class NatsBridge(BridgeEngine):
             status,
             storage=storage,
             max_msgs=max_msgs,
+            max_msgs_per_channel=max_msgs_per_channel,
             max_age=max_age,
             replicas=replicas,
             connect_timeout=connect_timeout,

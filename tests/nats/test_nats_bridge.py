@@ -13,7 +13,7 @@ import pytest
 from shmbus import Bus
 from shmbus.adapters.nats import NatsBridge, NatsBridgeError
 from shmbus.adapters.nats import jetstream as js
-from shmbus.adapters.nats.backend import split_data
+from shmbus.adapters.nats.layout import channel_subject, split_data
 from shmbus.adapters.nats.protocol import pub_op
 from shmbus.engine_urls import engine_from_url
 from shmbus.message import Message
@@ -63,7 +63,8 @@ def test_two_hosts_agree_on_ids_that_are_the_stream_sequences(
     conn = js_conn(nats_url)
     found = js.get_message(conn, bus_name, 7)
     conn.close()
-    assert found is not None and split_data(found[1]) == (
+    assert found is not None and found[0] == channel_subject(f"shmbus.{bus_name}", "/c2").decode()  # its own subject
+    assert split_data(found[1]) == (
         "/c2",
         b'{"data":{"i":6},"user_ids":null,"group_ids":null,"client_ids":null}',
     )
@@ -205,9 +206,32 @@ def test_a_message_on_the_subject_that_is_not_a_bridge_line_is_skipped_and_count
     wait_relaying(a, b)
     conn = js_conn(nats_url)
     for junk in (b"garbage", b"/ok|not json", b"\xff\xfe|{}"):
-        assert b'"seq"' in conn.request(f"shmbus.{bus_name}".encode(), junk).payload
+        assert b'"seq"' in conn.request(f"shmbus.{bus_name}.junk".encode(), junk).payload
     conn.close()
     assert a.publish("/after", "real") == 4
     wait_for(lambda: b.segment.global_id() == 4, what="host b past the junk")
     assert [m.data for m in b.backlog("/after")] == ["real"]
     assert b.default.health()["unrelayable"] == 3  # type: ignore[union-attr]
+
+
+def test_the_stream_keeps_each_channels_newest_max_backlog_size(
+    make_host: Callable[..., Bus], nats_url: str, bus_name: str
+) -> None:
+    """One subject per channel: the stream trims a busy channel to its newest ``max_msgs_per_channel`` and keeps a
+    quiet one's; a host that comes back reads the quiet message and reports the busy channel's trimmed ones."""
+    a = make_host("a", max_msgs_per_channel=5, max_msgs=1000)
+    b = make_host("b", max_msgs_per_channel=5, max_msgs=1000)
+    wait_relaying(a, b)
+    a.publish("/busy", -1)
+    wait_for(lambda: b.segment.global_id() == 1, what="host b has the first message")
+    b.close()
+    a.publish("/quiet", "kept")
+    for i in range(20):
+        a.publish("/busy", i)
+    assert stream_state(nats_url, bus_name)["messages"] == 6  # 5 of /busy, 1 of /quiet
+    b2 = make_host("b", max_msgs_per_channel=5, max_msgs=1000)
+    wait_for(lambda: b2.segment.global_id() == 22, what="host b caught up")
+    assert [m.data for m in b2.backlog("/quiet")] == ["kept"]
+    busy = b2.backlog("/busy")
+    assert busy.gap and [m.data for m in busy] == list(range(15, 20))
+    assert b2.default.health()["relay_lost"] == 15  # type: ignore[union-attr]
