@@ -2,12 +2,12 @@
 
 Every message of the bus is one message of the stream, on its channel's subject (:mod:`.layout`), its data the
 gem's line without its ids (``chan|envelope``): the **stream sequence is the id** (global and message id alike:
-sparse ids, as on PostgreSQL), given by the server in the publish's acknowledgement, so every host agrees. JetStream draws a sequence
-only when it stores the message, so ids appear in order: a missing id below one read is gone (deleted, purged,
-expired by the stream's limits), never in flight (``settle`` has nothing to wait for). The stream's ``created``
-time names the history: a purge keeps it (the purged ids count as lost for a host that had not read them), a stream
-deleted and recreated changes it (the relay resets the bus). A stream that is missing is created with the bridge's
-retention.
+sparse ids, as on PostgreSQL), given by the server in the publish's acknowledgement, so every host agrees.
+JetStream draws a sequence only when it stores the message, so ids appear in order: a missing id below one read is
+gone (deleted, purged, expired by the stream's limits), never in flight (``settle`` has nothing to wait for). The
+stream's ``created`` time names the history: a purge keeps it (the purged ids count as lost for a host that had not
+read them), a stream deleted and recreated changes it (the relay resets the bus). A stream that is missing is
+created with the bridge's retention.
 
 Publishes run on a connection per thread (:mod:`.client`): a batch is ONE write of every ``PUB`` (each with a reply
 subject of its own), then the acknowledgements are read as they come. The relay reads with a pull consumer of its

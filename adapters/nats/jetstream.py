@@ -23,7 +23,17 @@ from .client import NatsConnection
 from .errors import NatsBridgeError, NatsUnavailable
 from .protocol import pub_op
 
-__all__ = ["ConsumerGone", "JsError", "Reader", "api", "ensure_stream", "get_message", "history_of", "stream_info"]
+__all__ = [
+    "ConsumerGone",
+    "JsError",
+    "ack_time",
+    "Reader",
+    "api",
+    "ensure_stream",
+    "get_message",
+    "history_of",
+    "stream_info",
+]
 
 NOT_FOUND_STREAM = 10059
 NOT_FOUND_MESSAGE = 10037
@@ -112,18 +122,26 @@ def ack_sequence(reply: bytes) -> int | None:
     return int(field)
 
 
+def ack_time(reply: bytes) -> float | None:
+    """The stream's timestamp (epoch seconds) in a delivered message's reply subject (see :func:`ack_sequence`)."""
+    parts = reply.split(b".")
+    field = parts[7] if len(parts) == 9 else parts[-2] if len(parts) >= 12 else b""
+    return int(field) / 1e9 if field.isdigit() and len(field) <= 20 else None
+
+
 class Reader:
     """The relay's reads after a position (see the module doc); one per relay connection."""
 
-    def __init__(self, conn: NatsConnection, stream: str) -> None:
+    def __init__(self, conn: NatsConnection, stream: str, filter_subject: str = "") -> None:
         self.conn = conn
         self.stream = stream
+        self.filter_subject = filter_subject  #: one channel's subject (the Spark reader); "": the whole stream
         self.consumer: str | None = None
         self.next_seq = 0  # the first sequence the consumer will deliver
 
     def _create(self, start: int) -> None:
         self._delete()
-        config = {
+        config: dict[str, Any] = {
             "deliver_policy": "by_start_sequence",
             "opt_start_seq": max(1, start),
             "ack_policy": "none",
@@ -131,6 +149,8 @@ class Reader:
             "inactive_threshold": 30_000_000_000,  # ns: a relay gone for 30 s leaves nothing behind
             "max_batch": 0,
         }
+        if self.filter_subject:
+            config["filter_subject"] = self.filter_subject
         out = api(self.conn, f"CONSUMER.CREATE.{self.stream}", {"stream_name": self.stream, "config": config})
         self.consumer = str(out["name"])
         self.next_seq = max(1, start)
@@ -152,7 +172,8 @@ class Reader:
         return True
 
     def read(self, after: int, limit: int) -> tuple[list[tuple[int, bytes, bytes]], bool]:
-        """Up to ``limit`` messages with sequences above ``after``, ascending, ``(seq, subject, data)``, and whether
+        """Up to ``limit`` messages with sequences above ``after``, ascending, ``(seq, reply subject, data)`` (the
+        reply subject carries the stream's timestamp: :func:`ack_time`), and whether
         the read ended because the stream had no more (not because ``limit`` were read). Raises
         :class:`ConsumerGone` when the consumer no longer exists (its stream was deleted, or it was)."""
         if self.consumer is None:
@@ -183,7 +204,7 @@ class Reader:
                 got += 1
                 self.next_seq = seq + 1
                 if seq > after:
-                    out.append((seq, msg.subject, msg.payload))
+                    out.append((seq, msg.reply, msg.payload))
         return out, False
 
     def close(self) -> None:

@@ -61,17 +61,23 @@ class Location:
     site_id: str | None = None
     postgres_dsn: str | None = None
     postgres_channel: str | None = None  # the bridge's notify channel (default: the gem's _message_bus_0)
+    nats_url: str | None = None
+    nats_stream: str | None = None  # the NATS bridge's stream (default "shmbus")
 
     @property
     def remote(self) -> bool:
         """Read or write through a shared backend (a cluster) rather than this host's segment."""
-        return bool(self.redis_url or self.postgres_dsn)
+        return bool(self.redis_url or self.postgres_dsn or self.nats_url)
 
     def describe(self) -> str:
         if self.postgres_dsn:
             from ..postgres.bridge import redact_dsn
 
             return f"postgres {redact_dsn(self.postgres_dsn)}"
+        if self.nats_url:
+            from ..nats.errors import redact_url
+
+            return f"nats {redact_url(self.nats_url)} stream {self.nats_stream or 'shmbus'!r}"
         return f"redis {self.redis_url}" if self.redis_url else f"bus {self.bus!r}"
 
 
@@ -346,6 +352,10 @@ def open_reader(location: Location) -> Reader:
     """Open the backend ``location`` names (Redis or PostgreSQL when given, else the segment by name)."""
     if location.postgres_dsn:
         return PostgresReader(location)
+    if location.nats_url:
+        from .nats_reader import NatsReader
+
+        return NatsReader(location)
     if location.redis_url:
         return RedisReader(location)
     if not location.bus:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from shmbus import Bus
+from shmbus import Bus, DistributedCache
 from shmbus.adapters.nats import NatsBridge, NatsBridgeError
 from shmbus.adapters.nats import jetstream as js
 from shmbus.adapters.nats.layout import channel_subject, split_data
@@ -235,3 +235,19 @@ def test_the_stream_keeps_each_channels_newest_max_backlog_size(
     busy = b2.backlog("/busy")
     assert busy.gap and [m.data for m in busy] == list(range(15, 20))
     assert b2.default.health()["relay_lost"] == 15  # type: ignore[union-attr]
+
+
+def test_distributed_cache_across_hosts(make_host: Callable[..., Bus]) -> None:
+    a, b = make_host("a"), make_host("b")
+    wait_relaying(a, b)
+    ca, cb = DistributedCache("settings", bus=a), DistributedCache("settings", bus=b)
+    ca["theme"] = "dark"
+    wait_for(lambda: cb.get("theme") == "dark", what="the cache entry on host b")
+    del cb["theme"]
+    wait_for(lambda: ca.get("theme") is None, what="the delete on host a")
+    late = make_host("c")  # a host started later catches up from the stream
+    cc = DistributedCache("settings", bus=late)
+    ca["lang"] = "fr"
+    wait_for(lambda: cc.get("lang") == "fr" and cc.get("theme") is None, what="the late host's cache")
+    for cache in (ca, cb, cc):
+        cache.close()
