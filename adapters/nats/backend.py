@@ -17,6 +17,7 @@ own (:class:`~.jetstream.Reader`) and wakes on a push consumer's deliveries (:mo
 from __future__ import annotations
 
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from shmbus.channels import backend_name
@@ -40,7 +41,9 @@ if TYPE_CHECKING:
     from shmbus.host import BusHost
     from shmbus.segment import Segment
 
-__all__ = ["NatsBackend"]
+__all__ = ["RECREATE_AFTER", "NatsBackend"]
+
+RECREATE_AFTER = 2.0  #: seconds a deleted stream stays missing before the bridge creates it again (see stream_on)
 
 _SEQ = b'"seq":'
 
@@ -111,6 +114,8 @@ class NatsBackend:
         self._known = 0  # the newest sequence read from the stream's state before the current consumer's fetches
         self._history = 0  # the identity of the stream the read consumer was made on (0: none yet)
         self._stale = True  # the previous read found nothing: read the stream's state before the next one
+        self._seen = False  # this process saw the stream exist (a missing one was then deleted)
+        self._missing_since = 0.0  # when this process first found the stream it saw missing
 
     # ------------------------------------------------------------------ connections
     def connect(self) -> NatsConnection:
@@ -155,12 +160,34 @@ class NatsBackend:
         }
 
     def ensure_stream(self, conn: NatsConnection) -> dict[str, Any]:
+        """The stream's info, made where missing (:meth:`stream_on`), on this thread's connection."""
         try:
-            info = js.ensure_stream(conn, self.stream_config())
+            info = self.stream_on(conn)
         except BaseException:
             self.drop_conn()
             raise
         self._ready = True
+        return info
+
+    def stream_on(self, conn: NatsConnection) -> dict[str, Any]:
+        """The stream's info. One this process never saw is created at once (a new deployment). One it saw that is
+        gone (deleted) is created again only once it has been missing for ``RECREATE_AFTER`` s, and meanwhile this
+        raises :class:`NatsUnavailable` (nothing is published): nats-server 2.9 can leave a stream recreated while
+        the deleted one's files are still being removed unreadable (its first block missing), and every read of it
+        then goes unanswered."""
+        info = js.stream_info(conn, self.stream)
+        now = time.monotonic()
+        if info is None and self._seen:
+            if not self._missing_since:
+                self._missing_since = now
+            if now - self._missing_since < RECREATE_AFTER:
+                raise NatsUnavailable(
+                    f"JetStream stream {self.stream!r} was deleted; it is created again {RECREATE_AFTER:.0f} s after "
+                    "that was noticed: nothing was published"
+                )
+        if info is None:
+            info = js.ensure_stream(conn, self.stream_config())
+        self._seen, self._missing_since = True, 0.0
         return info
 
     def close(self) -> None:
@@ -199,7 +226,7 @@ class NatsBackend:
         ]
         try:
             for attempt in range(2):
-                conn = self._publish_conn()
+                conn = self.conn()
                 biggest = max(len(d) for d in datas)
                 if biggest > conn.max_payload:
                     raise NatsBridgeError(
@@ -247,9 +274,6 @@ class NatsBackend:
                 note_unknown(exc, self.kind)
             raise
 
-    def _publish_conn(self) -> NatsConnection:
-        return self.conn()
-
     def _ids(self, acks: list[Any]) -> list[tuple[int, int]] | None:
         """The sequences of ``acks``; None when every one said "no responders" (nothing stored). Any other error
         reply raises: all refused, :class:`NatsBridgeError`; some stored, :class:`ReplyLost` (outcome unknown)."""
@@ -274,7 +298,7 @@ class NatsBackend:
     def open_doorbell(self) -> NatsDoorbell:
         conn = self.connect()
         try:
-            js.ensure_stream(conn, self.stream_config())
+            self.stream_on(conn)
             return NatsDoorbell(conn, self.stream)
         except BaseException:
             conn.close()
