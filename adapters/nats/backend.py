@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 __all__ = ["RECREATE_AFTER", "NatsBackend"]
 
-RECREATE_AFTER = 2.0  #: seconds a deleted stream stays missing before the bridge creates it again (see stream_on)
+RECREATE_AFTER = 2.0  #: seconds a deleted stream stays missing before the bridge makes it again (see stream_on)
 
 _SEQ = b'"seq":'
 
@@ -171,20 +171,18 @@ class NatsBackend:
 
     def stream_on(self, conn: NatsConnection) -> dict[str, Any]:
         """The stream's info. One this process never saw is created at once (a new deployment). One it saw that is
-        gone (deleted) is created again only once it has been missing for ``RECREATE_AFTER`` s, and meanwhile this
-        raises :class:`NatsUnavailable` (nothing is published): nats-server 2.9 can leave a stream recreated while
-        the deleted one's files are still being removed unreadable (its first block missing), and every read of it
-        then goes unanswered."""
+        gone (deleted) is created again only once it has been missing for ``RECREATE_AFTER`` s (the caller waits):
+        nats-server 2.9 can leave a stream recreated while the deleted one's files are still being removed
+        unreadable (its first block missing), and every read of it then goes unanswered."""
         info = js.stream_info(conn, self.stream)
-        now = time.monotonic()
         if info is None and self._seen:
+            now = time.monotonic()
             if not self._missing_since:
                 self._missing_since = now
-            if now - self._missing_since < RECREATE_AFTER:
-                raise NatsUnavailable(
-                    f"JetStream stream {self.stream!r} was deleted; it is created again {RECREATE_AFTER:.0f} s after "
-                    "that was noticed: nothing was published"
-                )
+            wait = self._missing_since + RECREATE_AFTER - now
+            if wait > 0:
+                time.sleep(wait)
+                info = js.stream_info(conn, self.stream)  # another host may have made it meanwhile
         if info is None:
             info = js.ensure_stream(conn, self.stream_config())
         self._seen, self._missing_since = True, 0.0
