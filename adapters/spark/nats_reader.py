@@ -18,7 +18,7 @@ from shmbus.message import encode_meta
 from ..nats import jetstream as js
 from ..nats.client import NatsConnection
 from ..nats.layout import channel_subject, split_data
-from .readers import Chunk, Location
+from .chunk import Chunk, Location
 
 __all__ = ["NatsReader"]
 
