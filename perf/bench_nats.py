@@ -5,7 +5,9 @@ nats-py (the broker's own Python client) publishing the same bytes with acknowle
 Two "hosts" (two segments) bridged to one stream of the machine's NATS (``NATS_URL``, else
 ``nats://127.0.0.1:4222``, JetStream on). A helper process is the relay of both hosts and holds host B's
 subscriber, and a nats-py JetStream subscriber (an ordered push consumer) on the baseline's stream; this process
-publishes on host A (``relay=False``: a publishing worker's figures). Baselines, interleaved with the bridge's
+publishes on host A (``relay=False``: a publishing worker's figures). The helper runs for the latency runs only:
+during the rates no consumer of either stream takes CPU from the publishers (on a 2-core machine, the two relays'
+work per message showed as 20-40% of the bridge's single-publish rate). Baselines, interleaved with the bridge's
 figures: nats-py ``js.publish`` awaited one by one (one message, its PubAck, the next) and ``js.publish_async``
 in batches of 1000 (every future, then ``gather``), each the same envelope bytes the bridge stores, into a stream
 of their own with the same settings. CPU per message is this process's CPU time (user + system) divided by the
@@ -16,6 +18,7 @@ stream read, segment, subscriber; nats-py: the consumer's push delivery).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -50,7 +53,7 @@ lat, base = [], []
 def on_msg(m):
     lat.append((time.perf_counter_ns() - m.data["t"]) / 1000.0)
 buses = [Bus(n, keepalive_interval=0, create=True,
-             engine=NatsBridge(url, stream=stream, max_msgs=1_000_000, election_interval=0.05))
+             engine=NatsBridge(url, stream=stream, max_msgs=1_000_000, max_msgs_per_channel=1_000_000, election_interval=0.05))
          for n, h in ((name_a, "a"), (name_b, "b")) if h in hosts]
 while any(x.default.health()["relay_state"] != "relaying" for x in buses):
     time.sleep(0.01)
@@ -157,12 +160,10 @@ def main() -> None:
     bus: Bus | None = None
     loop = asyncio.new_event_loop()
     try:
-        helpers = c.start_helpers(HELPER, [name_a, name_b, url, stream, base_subject, CHANNEL], False)
-        helper = helpers[-1]
         bus = Bus(
             name_a,
             keepalive_interval=0,
-            engine=NatsBridge(url, stream=stream, relay=False, max_msgs=1_000_000),
+            engine=NatsBridge(url, stream=stream, relay=False, max_msgs=1_000_000, max_msgs_per_channel=1_000_000),
             create=True,
         )
         bus.publish("/bench/warm", 0)
@@ -201,7 +202,10 @@ def main() -> None:
                 for k, (wall, cpu) in sums.items():
                     rows[k].append(chunk * ROUNDS / wall)
                     rows[k + "c"].append(cpu / (chunk * ROUNDS) * 1e6)
-            time.sleep(0.5)  # the relays drain the batches before the latency runs
+            # the relays (host A's and host B's, in one helper) and the baseline's subscriber run for the latency
+            # only: during the rates no consumer of either stream takes CPU from the publishers on this machine
+            helpers = c.start_helpers(HELPER, [name_a, name_b, url, stream, base_subject, CHANNEL], False)
+            helper = helpers[-1]
             latencies(helper, lambda i: None, 0)
             got = latencies(helper, lambda i: bus.publish(CHANNEL, {"t": time.perf_counter_ns(), "i": i}), n_lat)
             got_base = latencies(
@@ -210,6 +214,8 @@ def main() -> None:
             for key, values in (("", sorted(got["bridge"])), ("n", sorted(got_base["nats-py"]))):
                 lat[key + "p50"].append(c.percentile(values, 50))
                 lat[key + "p99"].append(c.percentile(values, 99))
+            c.stop_helpers(helpers)
+            helpers = []
         loop.run_until_complete(nc.close())
         rep.add("nats-py js.publish (awaited each)", rows["ns"], "msgs/s")
         rep.add("bridge publish (single)", rows["bs"], "msgs/s", baselines=["nats-py js.publish (awaited each)"])
@@ -283,6 +289,8 @@ def main() -> None:
         c.stop_helpers(helpers)
         if bus is not None:
             bus.destroy()
+        with contextlib.suppress(Exception):  # host B's segment (the helper closes its buses, never destroys)
+            Bus(name_b, create=False, keepalive_interval=0).destroy()
         for name in (stream, base_stream):
             try:
                 js_api.api(admin, f"STREAM.DELETE.{name}")
