@@ -53,7 +53,8 @@ lat, base = [], []
 def on_msg(m):
     lat.append((time.perf_counter_ns() - m.data["t"]) / 1000.0)
 buses = [Bus(n, keepalive_interval=0, create=True,
-             engine=NatsBridge(url, stream=stream, max_msgs=1_000_000, max_msgs_per_channel=1_000_000, election_interval=0.05))
+             engine=NatsBridge(url, stream=stream, max_msgs=1_000_000, max_msgs_per_channel=1_000_000,
+                               election_interval=0.05))
          for n, h in ((name_a, "a"), (name_b, "b")) if h in hosts]
 while any(x.default.health()["relay_state"] != "relaying" for x in buses):
     time.sleep(0.01)
