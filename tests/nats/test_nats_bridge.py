@@ -251,3 +251,24 @@ def test_distributed_cache_across_hosts(make_host: Callable[..., Bus]) -> None:
     wait_for(lambda: cc.get("lang") == "fr" and cc.get("theme") is None, what="the late host's cache")
     for cache in (ca, cb, cc):
         cache.close()
+
+
+def test_the_relays_consumers_deleted_by_an_operator_are_made_again(
+    make_host: Callable[..., Bus], nats_url: str, bus_name: str
+) -> None:
+    """Every consumer of the stream deleted (the relays' reads and doorbells): the relays notice (a read finds its
+    consumer gone, the keepalive its doorbell) and go on without losing anything."""
+    a, b = make_host("a"), make_host("b")
+    wait_relaying(a, b)
+    a.publish("/k", 0)
+    wait_for(lambda: b.segment.global_id() == 1, what="host b has the first message")
+    conn = js_conn(nats_url)
+    names = [c["name"] for c in js.api(conn, f"CONSUMER.LIST.{bus_name}")["consumers"]]
+    assert names
+    for name in names:
+        js.api(conn, f"CONSUMER.DELETE.{bus_name}.{name}")
+    conn.close()
+    for i in range(1, 4):
+        a.publish("/k", i)
+    wait_for(lambda: [m.data for m in b.backlog("/k")] == [0, 1, 2, 3], 30, "host b after the consumers went")
+    assert b.default.health()["relay_lost"] == 0  # type: ignore[union-attr]
