@@ -200,7 +200,10 @@ class NatsBackend:
 
     def record(self) -> BridgeRecord:
         public = redact_url(self.url)
-        return BridgeRecord(self.kind, public, public != self.url, {"stream": self.stream})
+        options = {"stream": self.stream}
+        if self.subject != f"shmbus.{self.stream}":
+            options["subject"] = self.subject  # a process attaching the bus publishes where the hosts read
+        return BridgeRecord(self.kind, public, public != self.url, options)
 
     def check(self, bus: BusHost) -> None:
         self._codec = bus.codec

@@ -193,6 +193,10 @@ def test_the_engine_is_built_from_its_url(nats_url: str, bus_name: str) -> None:
     assert isinstance(engine, NatsBridge) and engine.stream == bus_name and not engine.may_relay
     rec = engine.backend.record()
     assert (rec.kind, rec.url, rec.secret, rec.options) == ("nats", nats_url, False, {"stream": bus_name})
+    custom = NatsBridge(nats_url, stream=bus_name, subject="app.bus").backend.record()
+    assert custom.options == {"stream": bus_name, "subject": "app.bus"}
+    rebuilt = engine_from_url(nats_url, options=custom.options)
+    assert isinstance(rebuilt, NatsBridge) and rebuilt.subject == "app.bus"
     secret = NatsBridge("nats://u:pw@127.0.0.1:1", stream=bus_name).backend.record()
     assert secret.secret and "pw" not in secret.url and json.dumps(secret.options) == json.dumps({"stream": bus_name})
 
