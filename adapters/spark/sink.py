@@ -69,9 +69,9 @@ class _BusWriterBase:
     def __init__(self, opts: SparkOptions, schema: StructType) -> None:
         if not opts.location.bus and not opts.location.remote:
             raise ValueError(
-                "the shmbus sink needs .option('bus', NAME) (same host), .option('redis_url', URL) or "
-                ".option('postgres_dsn', DSN) (a cluster: rows go to the shared store, and every host's bridge "
-                "relay copies them into its bus)"
+                "the shmbus sink needs .option('bus', NAME) (same host), .option('redis_url', URL), "
+                ".option('postgres_dsn', DSN) or .option('nats_url', URL) (a cluster: rows go to the shared store, "
+                "and every host's bridge relay copies them into its bus)"
             )
         names = schema.fieldNames()
         if "data" not in names:
@@ -130,6 +130,8 @@ class _BusWriterBase:
             return ShmReader(loc).bus
         if loc.postgres_dsn:
             return _BridgeSinkBus.postgres(loc.postgres_dsn, loc.postgres_channel)
+        if loc.nats_url:
+            return _BridgeSinkBus.nats(loc.nats_url, loc.nats_stream)
         return _BridgeSinkBus.redis(loc.redis_url or "")
 
     def _sink_markers(self, bus: Any, sink: str) -> list[Any]:
@@ -300,6 +302,12 @@ class _BridgeSinkBus:
         from ..postgres import PostgresBridge
 
         return cls(PostgresBridge(dsn, notify_channel=notify_channel, relay=False, local_wait=0))
+
+    @classmethod
+    def nats(cls, url: str, stream: str | None) -> _BridgeSinkBus:
+        from ..nats import NatsBridge
+
+        return cls(NatsBridge(url, stream=stream, relay=False, local_wait=0))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.bus, name)

@@ -23,6 +23,7 @@ from tests.harness.services import PostgresServer, find_postgres_bindir
 from .faults_backends import Backend, PostgresBackend, RedisBackend
 from .faults_checker import Verdict, check
 from .faults_hosts import Cluster
+from .faults_nats import nats_backend
 
 
 @pytest.fixture(scope="session")
@@ -40,9 +41,12 @@ def faults_pg_server() -> Iterator[PostgresServer]:
         server.close()
 
 
-@pytest.fixture(params=["redis", "postgres"])
+@pytest.fixture(params=["redis", "postgres", "nats"])
 def backend(request: pytest.FixtureRequest, bus_name: str) -> Iterator[Backend]:
     channel = f"_mb_{bus_name}"
+    if request.param == "nats":
+        yield from nats_backend(bus_name)
+        return
     if request.param == "redis":
         harness.require_module("redis")
         redis_backend = RedisBackend(request.getfixturevalue("redis_server"), channel)

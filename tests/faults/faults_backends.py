@@ -16,8 +16,12 @@ __all__ = ["Backend", "PostgresBackend", "RedisBackend", "make_engine"]
 
 
 def make_engine(spec: dict[str, Any], **options: Any) -> Any:
-    """A bridge engine from ``spec`` (``{"kind": "redis"|"postgres", "url": ..., "channel": ...}``)."""
+    """A bridge engine from ``spec`` (``{"kind": "redis"|"postgres"|"nats", "url": ..., "channel": ...}``)."""
     options.setdefault("election_interval", 0.05)
+    if spec["kind"] == "nats":
+        from shmbus.adapters.nats import NatsBridge
+
+        return NatsBridge(spec["url"], stream=spec["channel"], connect_timeout=2, **options)
     if spec["kind"] == "redis":
         from shmbus.adapters.redis import RedisBridge
 
