@@ -95,7 +95,8 @@ def engine_from_url(
     url: str, *, kind: str | None = None, options: Mapping[str, str] | None = None, relay: bool = False
 ) -> Engine:
     """A bridge engine for a backend URL (``redis://``, ``rediss://``, ``unix://``: Redis; ``postgres://``,
-    ``postgresql://`` or a libpq ``key=value`` string: PostgreSQL), as a process attaching a bridged bus builds
+    ``postgresql://`` or a libpq ``key=value`` string: PostgreSQL; ``nats://``: NATS JetStream; or any engine a
+    package provides), as a process attaching a bridged bus builds
     it. ``kind``: the segment's recorded kind (else the URL's scheme decides); ``options``: the recorded options
     (the notify or pub/sub channel). ``relay=False``: the process publishes through it and leaves relaying to the
     host's workers. ``ValueError`` for a URL no registered kind takes."""
@@ -106,5 +107,6 @@ def engine_from_url(
         kind = _kind_of(scheme)
     found = _kind(kind) if kind is not None else None
     if found is None:
-        raise ValueError(f"no bridge engine for URL scheme {scheme!r} (redis://, rediss://, unix://, postgresql://)")
+        known = ", ".join(sorted(f"{s}://" for k in _kinds.values() for s in k.schemes))
+        raise ValueError(f"no bridge engine for URL scheme {scheme!r} (installed: {known})")
     return found.factory(url, relay, dict(options or {}))

@@ -11,7 +11,7 @@ created with the bridge's retention.
 
 Publishes run on a connection per thread (:mod:`.client`): a batch is ONE write of every ``PUB`` (each with a reply
 subject of its own), then the acknowledgements are read as they come. The relay reads with a pull consumer of its
-own (:class:`~.jetstream.Reader`) and wakes on a push consumer's deliveries (:mod:`.doorbell`).
+own (:class:`~.jetstream.PullReader`) and wakes on a push consumer's deliveries (:mod:`.doorbell`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from .client import NatsConnection
 from .doorbell import NatsDoorbell
 from .errors import NatsBridgeError, NatsUnavailable, redact_url
 from .layout import channel_subject, split_data, wildcard
-from .protocol import ProtocolError, pub_op
+from .protocol import NatsProtocolError, pub_op
 
 if TYPE_CHECKING:
     from shmbus.bus import Backlog
@@ -67,7 +67,7 @@ class NatsBackend:
     kind = "nats"
     sparse_ids = True
     seal_hash = "sha256"  # no seals: every delivery is a doorbell
-    errors: tuple[type[BaseException], ...] = (OSError, ProtocolError, NatsBridgeError, ValueError)
+    errors: tuple[type[BaseException], ...] = (OSError, NatsProtocolError, NatsBridgeError, ValueError)
     unreachable: tuple[type[BaseException], ...] = (OSError, NatsUnavailable)
 
     def __init__(
@@ -108,7 +108,7 @@ class NatsBackend:
         self._conns: list[NatsConnection] = []
         self._lock = threading.Lock()
         self._ready = False  # the stream exists (checked once per process, again after a publish found none)
-        self._reader: js.Reader | None = None
+        self._reader: js.PullReader | None = None
         self._newest = 0
         self._gone = 0
         self._known = 0  # the newest sequence read from the stream's state before the current consumer's fetches
@@ -265,7 +265,7 @@ class NatsBackend:
         except NatsBridgeError as exc:
             self.status.set_state("unreachable" if isinstance(exc, NatsUnavailable) else "error", exc)
             raise
-        except (OSError, ProtocolError) as exc:  # before anything was written
+        except (OSError, NatsProtocolError) as exc:  # before anything was written
             self.status.set_state("unreachable", exc)
             raise NatsUnavailable(
                 f"NATS at {redact_url(self.url)} is unreachable; message not published: {cause_text(exc)}"
@@ -314,7 +314,7 @@ class NatsBackend:
             info = js.stream_info(conn, self.stream)
             if info is None:
                 info = self.ensure_stream(conn)
-        except (OSError, ProtocolError):
+        except (OSError, NatsProtocolError):
             self.drop_conn()
             raise
         state = info.get("state", {})
@@ -328,7 +328,7 @@ class NatsBackend:
         """The segment's message at ``mark`` against the stream's message of that sequence (as on PostgreSQL)."""
         try:
             found = js.get_message(self.conn(), self.stream, mark) if mark > 0 else None
-        except (OSError, ProtocolError):
+        except (OSError, NatsProtocolError):
             self.drop_conn()
             raise
         if found is None:
@@ -362,7 +362,7 @@ class NatsBackend:
                 if attempt:
                     raise
                 continue  # the stream was deleted (or the consumer): a new consumer, the stream read again
-            except (OSError, ProtocolError):
+            except (OSError, NatsProtocolError):
                 self.drop_conn()
                 raise
             break
@@ -378,10 +378,10 @@ class NatsBackend:
             self._newest = max(self._newest, rows[-1].global_id)
         return Page(self._history, rows)
 
-    def _reader_for(self, conn: NatsConnection) -> js.Reader:
+    def _reader_for(self, conn: NatsConnection) -> js.PullReader:
         reader = self._reader
         if reader is None or reader.conn is not conn:
-            reader = self._reader = js.Reader(conn, self.stream)
+            reader = self._reader = js.PullReader(conn, self.stream)
         return reader
 
     def gone_upto(self) -> int:

@@ -4,7 +4,7 @@ One blocking socket per thread that uses it (:class:`NatsConnection`): requests 
 the connection's own inbox (``_INBOX.<random>.<n>``, one ``SUB`` with a wildcard), so a *batch* of requests is one
 ``sendall`` and its replies are read as they come, matched by ``n``; a late reply to an abandoned request
 (a timeout) carries an ``n`` nobody waits for and is dropped. The server's ``PING`` is answered while reading.
-Failures are :class:`OSError` (refused, reset, timed out) or :class:`~.protocol.ProtocolError`; after either the
+Failures are :class:`OSError` (refused, reset, timed out) or :class:`~.protocol.NatsProtocolError`; after either the
 connection is closed and must be replaced.
 """
 
@@ -17,7 +17,7 @@ import time
 import urllib.parse
 from typing import Any
 
-from .protocol import OK, PING, PONG, Msg, Parser, ProtocolError, connect_op, pub_op, sub_op
+from .protocol import OK, PING, PONG, Msg, NatsProtocolError, Parser, connect_op, pub_op, sub_op
 
 __all__ = ["NatsConnection", "ServerAddress", "parse_url"]
 
@@ -88,7 +88,7 @@ class NatsConnection:
                 if op[0] == "INFO":
                     info: dict[str, Any] = op[1]
                     return info
-                raise ProtocolError(f"expected INFO, got {op!r}")
+                raise NatsProtocolError(f"expected INFO, got {op!r}")
 
     def _until_pong(self, deadline: float) -> None:
         while True:
@@ -118,7 +118,7 @@ class NatsConnection:
         elif op is OK or op is PONG or op[0] == "INFO":
             return
         elif op[0] == "ERR":
-            raise ProtocolError(op[1])
+            raise NatsProtocolError(op[1])
 
     # ------------------------------------------------------------------ requests
     def reply_subjects(self, count: int) -> tuple[int, list[bytes]]:

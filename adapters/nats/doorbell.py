@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import secrets
 
-from ..bridge.backend import Ring
+from ..bridge.backend import DoorbellRing
 from ..bridge.seals import NO_RING
 from . import jetstream as js
 from .client import NatsConnection
@@ -41,7 +41,7 @@ class NatsDoorbell:
         out = js.api(conn, f"CONSUMER.CREATE.{stream}", {"stream_name": stream, "config": config})
         self.consumer = str(out["name"])
 
-    def ring(self, timeout: float) -> Ring:
+    def ring(self, timeout: float) -> DoorbellRing:
         top = 0
         seen = False
         for msg in self.conn.read_messages(timeout):
@@ -53,7 +53,7 @@ class NatsDoorbell:
                 top = seq
         if not seen:
             return NO_RING
-        return Ring(top, [], {}) if top else NO_RING
+        return DoorbellRing(top, [], {}) if top else NO_RING
 
     def keepalive(self) -> None:
         """The connection answers, and the consumer is still there (a deleted stream took it along)."""

@@ -5,7 +5,7 @@
   ``created`` time names the history (:func:`history_of`): deleting and recreating the stream changes it, a purge or
   a restart does not.
 * :func:`get_message`: one message by sequence (the relay's history check).
-* :class:`Reader`: the relay's reads after a position: a pull consumer of its own (no acks, in memory, removed by
+* :class:`PullReader`: the relay's reads after a position: a pull consumer of its own (no acks, in memory, removed by
   the server when idle) fetched with ``no_wait``; each delivered message's reply subject carries its stream
   sequence. A read that starts elsewhere than where the consumer stands makes a new consumer. While the consumer
   exists its stream is the one it was made on: the stream's identity needs no request per read.
@@ -27,7 +27,7 @@ __all__ = [
     "ConsumerGone",
     "JsError",
     "ack_time",
-    "Reader",
+    "PullReader",
     "api",
     "ensure_stream",
     "get_message",
@@ -129,7 +129,7 @@ def ack_time(reply: bytes) -> float | None:
     return int(field) / 1e9 if field.isdigit() and len(field) <= 20 else None
 
 
-class Reader:
+class PullReader:
     """The relay's reads after a position (see the module doc); one per relay connection."""
 
     def __init__(self, conn: NatsConnection, stream: str, filter_subject: str = "") -> None:

@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 from typing import Any, NamedTuple
 
-__all__ = ["Msg", "Parser", "ProtocolError", "connect_op", "parse_headers", "pub_op", "sub_op"]
+__all__ = ["Msg", "Parser", "NatsProtocolError", "connect_op", "parse_headers", "pub_op", "sub_op"]
 
 _CRLF = b"\r\n"
 _MAX_CONTROL = 64 * 1024  # a control line longer than this is no NATS server's
 
 
-class ProtocolError(Exception):
+class NatsProtocolError(Exception):
     """The server sent something that is not the NATS protocol (or an ``-ERR``): the connection is unusable."""
 
 
@@ -72,7 +72,7 @@ def _status(block: bytes) -> bytes:
 
 class Parser:
     """Bytes in (:meth:`feed`), operations out: :class:`Msg`, ``("PING",)``, ``("PONG",)``, ``("OK",)``,
-    ``("INFO", dict)``; an ``-ERR`` raises :class:`ProtocolError` unless it is one the server sends and goes on
+    ``("INFO", dict)``; an ``-ERR`` raises :class:`NatsProtocolError` unless it is one the server sends and goes on
     after (``Permissions Violation``), which comes out as ``("ERR", text)``."""
 
     def __init__(self) -> None:
@@ -104,7 +104,7 @@ class Parser:
             eol = buf.find(_CRLF, pos)
             if eol < 0:
                 if n - pos > _MAX_CONTROL:
-                    raise ProtocolError("a control line longer than 64 KiB")
+                    raise NatsProtocolError("a control line longer than 64 KiB")
                 break
             line = bytes(buf[pos:eol])
             pos = eol + 2
@@ -126,9 +126,9 @@ class Parser:
                 if text.lower().startswith("permissions violation"):
                     out.append(("ERR", text))
                 else:
-                    raise ProtocolError(f"server error: {text}")
+                    raise NatsProtocolError(f"server error: {text}")
             elif line:
-                raise ProtocolError(f"unexpected line from the server: {line[:80]!r}")
+                raise NatsProtocolError(f"unexpected line from the server: {line[:80]!r}")
         del buf[:pos]
         return out
 
@@ -145,4 +145,4 @@ def _msg_header(line: bytes, headers: bool) -> tuple[bytes, bytes, bytes, int, i
             return parts[1], parts[2], b"", 0, int(parts[3])
         return parts[1], parts[2], parts[3], 0, int(parts[4])
     except (IndexError, ValueError) as exc:
-        raise ProtocolError(f"malformed message line: {line[:80]!r}") from exc
+        raise NatsProtocolError(f"malformed message line: {line[:80]!r}") from exc

@@ -69,7 +69,7 @@ class NatsReader:
         out = Chunk(is_json=True, sparse=True)
         first = self._first(channel)
         held = after == 0 or (0 < first <= after)  # a message at or before ``after`` still there: none trimmed
-        reader = js.Reader(self.conn, self.stream, filter_subject=self._subject(channel))
+        reader = js.PullReader(self.conn, self.stream, filter_subject=self._subject(channel))
         try:
             reader.ready_for(after)
             cur = after
