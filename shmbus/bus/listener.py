@@ -106,7 +106,7 @@ class Listener:
         seg = attachment.segment
         table = self._table
         metrics = self._metrics
-        message = self._names.message
+        messages = self._names.messages
         dispatch = table.dispatch
         while not stop.is_set():
             try:
@@ -119,16 +119,16 @@ class Listener:
                     self._cursor = seg.tail()
                     self.position = 0
                     table.forget_replays()
-                recs, self._cursor, lost = seg.read_since(self._cursor)
-                if recs:
+                rows, self._cursor, lost = seg.read_rows(self._cursor)  # rows: (pos, global id, ...)
+                if rows:
                     # Only the ring's word means overwritten: ids an engine imposes may jump past messages that
                     # never reached this segment (a bridge's relay counts and reports those itself, with the reason)
                     if lost:
-                        self._count_lost(recs[0].global_id - self.position - 1)
-                    self.position = recs[-1].global_id
+                        self._count_lost(rows[0][1] - self.position - 1)
+                    self.position = rows[-1][1]
                     seg.store_metric("listener_gid", self.position)
                     self._last_received = time.monotonic()
-                    msgs = [message(r, epoch) for r in recs]
+                    msgs = messages(rows, epoch)
                     with table.dispatch_lock:
                         dispatch(msgs)
                     metrics.maybe_flush()  # after the delivery, never in front of it
