@@ -71,7 +71,6 @@ class Names:
             epoch=epoch,
         )
 
-
     def messages(self, rows: list[Row], epoch: int) -> list[Message]:
         """The rows of a read (``Segment.read_rows``) as messages: the listener's batch, decoded in one loop."""
         return messages_of_rows(rows, self.codec, epoch, self._decoded, self._channel_name)
