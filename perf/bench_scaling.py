@@ -163,7 +163,7 @@ def publisher(name: str, n: int, *, own: bool) -> Job:
 
 def subscriber(name: str, n: int) -> Job:
     """Count ``n`` messages on CHANNEL; the time of the last one, what the listener lost, and the process's CPU
-    from the start to the last one."""
+    and sleeps (voluntary context switches: its futex waits, mostly) from the start to the last one."""
 
     def job(ready: Callable[[], None]) -> str:
         bus = Bus(name, keepalive_interval=0)
@@ -186,7 +186,7 @@ def subscriber(name: str, n: int) -> Job:
         finally:
             bus.close()
         cpu = u1.ru_utime + u1.ru_stime - u0.ru_utime - u0.ru_stime
-        return f"{count[1]!r} {count[0]} {lost} {cpu!r}"
+        return f"{count[1]!r} {count[0]} {lost} {cpu!r} {u1.ru_nvcsw - u0.ru_nvcsw}"
 
     return job
 
@@ -325,11 +325,13 @@ def measure_publishers(rep: c.Report, sizes: list[int], n: int, rounds: int) -> 
 
 def measure_listeners(rep: c.Report, sizes: list[int], n: int, rounds: int) -> None:
     """Rates, and the CPU they cost: the publisher's per publish (its wake-up calls), each listener's per delivery
-    (its wake-ups), which the machine's load moves less than rates."""
+    (its wake-ups), which the machine's load moves less than rates; and how often a listener slept (a woken
+    listener drains everything before it sleeps again: far fewer sleeps than deliveries)."""
     published: dict[int, list[float]] = {k: [] for k in sizes}
     delivered: dict[int, list[float]] = {k: [] for k in sizes}
     pub_cpu: dict[int, list[float]] = {k: [] for k in sizes}
     sub_cpu: dict[int, list[float]] = {k: [] for k in sizes}
+    sub_sleeps: dict[int, list[float]] = {k: [] for k in sizes}
     lost_total = 0
     for _ in range(rounds):
         for k in sizes:
@@ -345,6 +347,7 @@ def measure_listeners(rep: c.Report, sizes: list[int], n: int, rounds: int) -> N
             delivered[k].append(k * n / (max(x[0] for x in subs) - pub[0]))
             pub_cpu[k].append(1e6 * pub[3] / n)
             sub_cpu[k].append(1e6 * sum(x[3] for x in subs) / (k * n))
+            sub_sleeps[k].append(1e3 * sum(x[4] for x in subs) / (k * n))
     one = sizes[0]
     for k in sizes:
         rep.add(
@@ -361,6 +364,7 @@ def measure_listeners(rep: c.Report, sizes: list[int], n: int, rounds: int) -> N
         )
         rep.add(f"publisher CPU per publish, {k} listening", pub_cpu[k], "us", higher_is_better=False)
         rep.add(f"listener CPU per delivery, {k} listening", sub_cpu[k], "us", higher_is_better=False)
+        rep.add(f"listener sleeps per 1k deliveries, {k} listening", sub_sleeps[k], "", higher_is_better=False)
     rep.note(
         f"listeners, K/{one}: deliveries "
         + ", ".join(

@@ -277,6 +277,12 @@ def _check(rc: int, what: str) -> None:
         raise OSError(rc, f"{what}: {os.strerror(rc)}")
 
 
+#: Relative timeouts of futex waits, made once per value (the listener's is always the same second): building the
+#: struct cost as much as the wait's system call when it returns at once. The kernel only reads it, so one struct
+#: serves every thread. At most 16 values are kept.
+_timeouts: dict[float, Any] = {}
+
+
 def futex_wait(address: int, expected: int, timeout: float | None) -> None:
     """Sleep while the 32-bit word at ``address`` equals ``expected`` (or until woken / timed out).
 
@@ -286,8 +292,12 @@ def futex_wait(address: int, expected: int, timeout: float | None) -> None:
     if timeout is None:
         ts = None
     else:
-        sec = int(timeout)
-        ts = ctypes.byref(_Timespec(sec, int((timeout - sec) * 1e9)))
+        ts = _timeouts.get(timeout)
+        if ts is None:
+            sec = int(timeout)
+            ts = ctypes.byref(_Timespec(sec, int((timeout - sec) * 1e9)))
+            if len(_timeouts) < 16:
+                _timeouts[timeout] = ts
     _syscall(_SYS_FUTEX, ctypes.c_void_p(address), _FUTEX_WAIT, ctypes.c_uint32(expected), ts, None, 0)
 
 
