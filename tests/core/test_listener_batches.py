@@ -129,3 +129,36 @@ def test_a_tap_lingers_only_after_a_batch_that_drained_the_ring(make_bus: Callab
     # one linger for the batch read while the messages came, one for the last (it drained the ring); none after a
     # full batch, which leaves more to read at once
     assert len(lingers) <= 2, (lingers, batches)
+
+
+def test_a_burst_costs_the_listener_one_sleep_not_one_per_message(make_bus: Callable[..., shmbus.Bus]) -> None:
+    """Issue 32's "fan-out without a herd": a woken listener drains everything (batch after batch) before it
+    sleeps again. (An existing property, guarded here: it held before the batches were bounded too.)"""
+    bus = make_bus(ring_size=4 << 20)
+    n = 3 * BATCH + 1
+    got: list[int] = []
+    done = threading.Event()
+
+    def on(msg: Message) -> None:
+        got.append(msg.global_id)
+        if len(got) == n:
+            done.set()
+
+    bus.subscribe("/c", on)
+    seg = bus.segment
+    waits: list[int] = []
+    real = seg.wait
+
+    def counting(word: int, timeout: float) -> None:
+        waits.append(len(got))
+        real(word, timeout)
+
+    seg.wait = counting  # type: ignore[method-assign, assignment]
+    bus.publish("/c", 0)  # the listener wakes, and comes back to its wait: counted from there
+    wait_for(lambda: len(got) == 1 and waits, what="the listener back at its wait")
+    waits.clear()
+    with bus.subscriptions.dispatch_lock:  # the burst is all there when the listener goes on
+        for i in range(n - 1):
+            bus.publish("/c", i + 1)
+    assert done.wait(60), len(got)
+    assert [w for w in waits if w < n] == [], waits  # no sleep until every message of the burst was delivered
