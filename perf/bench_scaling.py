@@ -488,6 +488,11 @@ def main() -> int:
         p.add_argument("--publishers", type=sizes_arg, default=None, help="publisher counts, e.g. 1,2,4")
         p.add_argument("--listeners", type=sizes_arg, default=None, help="listener/reader counts, e.g. 1,3")
         p.add_argument(
+            "--listener-yield",
+            action="store_true",
+            help="listeners yield the CPU once before they sleep (shmbus.bus.listener.YIELD_BEFORE_SLEEP), for an A/B",
+        )
+        p.add_argument(
             "--wake-listeners",
             type=int,
             default=None,
@@ -495,6 +500,10 @@ def main() -> int:
         )
 
     args = c.parse_args(__doc__ or "", extra=extra)
+    if args.listener_yield:  # set before the children fork: they inherit it
+        from shmbus.bus import listener
+
+        listener.YIELD_BEFORE_SLEEP = True
     quick = args.quick
     rep = c.Report("bench_scaling", "throughput with N publishers and K listeners/readers (processes)", args)
     publishers = args.publishers or default_sizes(quick)

@@ -33,6 +33,16 @@ MIN_KEEPALIVE = 20
 #: messages (the futex word, the metrics, the lock) is a few per cent. Against 4,096: 2% fewer instructions per
 #: delivery in a burst (perf/ab_listen.py).
 BATCH = 256
+#: Having found nothing new, yield the CPU once (``sched_yield``, the GIL released) and look again before sleeping.
+#: Off. A listener that keeps up drains faster than a publisher publishes, so it sleeps every few messages, each
+#: sleep costing it the lock (to count itself) and a system call, and the publisher a wake-up call; the yield saves
+#: most of that CPU (loaded 2-core VM, bench_scaling, 1 publisher, 1 listening: sleeps per 1k deliveries ~150-250 ->
+#: ~1, listener CPU per delivery 1.9-2.3 -> 1.0 us, publisher CPU per publish 3.1-3.4 -> 2.7 us). But a listener
+#: that yields instead of sleeping stays runnable, so with more processes than cores (1 publisher and 2 listening on
+#: 2 cores) the scheduler shares the CPUs evenly and the publisher, the bottleneck, gets less: K=2 / K=1 deliveries
+#: were 1.26 with it against 1.52 without (medians of 3 alternated rounds, load 5-7). Settable for that A/B on a
+#: quiet machine (``perf/bench_scaling.py --listener-yield``; perf/RESULTS.md).
+YIELD_BEFORE_SLEEP = False
 
 
 class _Flushes(Protocol):
@@ -148,16 +158,7 @@ class Listener:
                 if stop.is_set():
                     break
                 metrics.maybe_flush()
-                if not yielded:
-                    # Found nothing: before sleeping, give the CPU to whatever else is runnable (a publisher, the
-                    # other listeners, this worker's threads: the GIL is released) once, and look again. A listener
-                    # that keeps up drains faster than a publisher publishes, so it slept after nearly every few
-                    # messages, each sleep costing it the lock (to count itself) and a system call, and the
-                    # publisher a wake-up call. On the loaded 2-core VM (bench_scaling, 1 publisher, K=1 / K=2):
-                    # listener sleeps per 1k deliveries 203-257 / 86-124 -> 0.6-1.0 / 0.5-1.1, its CPU per delivery
-                    # 2.0-2.3 / 1.4-1.5 -> 0.9-1.0 us, the publisher's per publish 3.2-3.4 / 3.0-3.1 -> 2.6-2.7 us.
-                    # With nothing else to run it costs a system call and a look per sleep; it never delays a
-                    # message (it comes after the delivery), and an idle listener still sleeps at its second look.
+                if YIELD_BEFORE_SLEEP and not yielded:  # off: see its note
                     yielded = True
                     os.sched_yield()
                     continue

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import shmbus
+from shmbus.bus import listener
 from shmbus.bus.engine_table import EngineTable
 from shmbus.bus.listener import BATCH
 from shmbus.bus.results import Subscription
@@ -131,9 +132,14 @@ def test_a_tap_lingers_only_after_a_batch_that_drained_the_ring(make_bus: Callab
     assert len(lingers) <= 2, (lingers, batches)
 
 
-def test_a_burst_costs_the_listener_one_sleep_not_one_per_message(make_bus: Callable[..., shmbus.Bus]) -> None:
+@pytest.mark.parametrize("yield_first", [False, True])
+def test_a_burst_costs_the_listener_one_sleep_not_one_per_message(
+    yield_first: bool, make_bus: Callable[..., shmbus.Bus], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Issue 32's "fan-out without a herd": a woken listener drains everything (batch after batch) before it
-    sleeps again. (An existing property, guarded here: it held before the batches were bounded too.)"""
+    sleeps again, whether it yields the CPU once before sleeping or not. (An existing property, guarded here: it
+    held before the batches were bounded too.)"""
+    monkeypatch.setattr(listener, "YIELD_BEFORE_SLEEP", yield_first)
     bus = make_bus(ring_size=4 << 20)
     n = 3 * BATCH + 1
     got: list[int] = []
