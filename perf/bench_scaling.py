@@ -12,6 +12,15 @@ Rates move with the machine's load; the CPU each process spends per publish (or 
 the publishers' sleeps on the lock per 1,000 publishes (voluntary context switches) move much less, and show what
 contention and wake-ups cost.
 
+Wake-up latency: one publisher at a steady 1,000 msgs/s (each message stamped with the monotonic clock) and
+``--wake-listeners`` processes (default: one per CPU but the publisher's, at most 15), whose callbacks note how long
+each message took to reach them; the p99 over every delivery.
+
+The acceptance of issue 32 is printed as targets, by the CPU count: below 16 CPUs (the 2-core VM), 2 publishers on
+one bus >= 1.2x one, 8 >= 0.9x one, 2 listening processes >= 1.5x the deliveries of one; with 16 or more, 16
+publishers on one bus >= 4x one, 15 listening processes >= 7x one, and the wake-up p99 <= 1 ms with 15 listening.
+A target whose sizes were not measured is named in a note instead (e.g. ``--publishers 1,2,8 --listeners 1,2``).
+
 Sizes default from ``os.cpu_count()``: 1, 2, 4, ... up to the CPU count (``--quick``: 1 and the CPU count);
 ``--publishers 1,2,4`` and ``--listeners 1,3`` choose others. Each round measures every size of a kind once, the
 shared and own rows of a size back to back, so the machine's load hits both alike; figures are medians over rounds.
@@ -40,6 +49,8 @@ FULL_TIMEOUT = 1200
 
 CHANNEL = "/bench/scaling"
 WARM = "/bench/scaling-warm"
+WAKE = "/bench/scaling-wake"
+WAKE_RATE = 1000.0  # msgs/s: the wake-up target's rate
 PAYLOAD = {"user_id": 12345, "topic_id": 67890, "type": "post_created", "body": "x" * 40}  # 100 bytes of JSON
 
 #: a job runs in a forked child: it sets up, calls ``ready()`` (which returns at the common start), works, and
@@ -152,7 +163,7 @@ def publisher(name: str, n: int, *, own: bool) -> Job:
 
 def subscriber(name: str, n: int) -> Job:
     """Count ``n`` messages on CHANNEL; the time of the last one, what the listener lost, and the process's CPU
-    from the start to the last one."""
+    and sleeps (voluntary context switches: its futex waits, mostly) from the start to the last one."""
 
     def job(ready: Callable[[], None]) -> str:
         bus = Bus(name, keepalive_interval=0)
@@ -175,7 +186,54 @@ def subscriber(name: str, n: int) -> Job:
         finally:
             bus.close()
         cpu = u1.ru_utime + u1.ru_stime - u0.ru_utime - u0.ru_stime
-        return f"{count[1]!r} {count[0]} {lost} {cpu!r}"
+        return f"{count[1]!r} {count[0]} {lost} {cpu!r} {u1.ru_nvcsw - u0.ru_nvcsw}"
+
+    return job
+
+
+def wake_publisher(name: str, rate: float, n: int) -> Job:
+    """Publish ``n`` messages at a steady ``rate``, each stamped with ``time.perf_counter_ns()`` just before."""
+
+    def job(ready: Callable[[], None]) -> str:
+        bus = Bus(name, keepalive_interval=0)
+        try:
+            ready()
+            time.sleep(0.2)  # the listeners are asleep on the futex when the first message comes
+            step = 1.0 / rate
+            due = time.perf_counter()
+            for _ in range(n):
+                due += step
+                left = due - time.perf_counter()
+                if left > 0:
+                    time.sleep(left)
+                bus.publish(WAKE, {"t": time.perf_counter_ns(), **PAYLOAD})
+        finally:
+            bus.close()
+        return f"{n}"
+
+    return job
+
+
+def wake_subscriber(name: str, n: int) -> Job:
+    """Note, for each of ``n`` messages on WAKE, the microseconds from its stamp to this callback."""
+
+    def job(ready: Callable[[], None]) -> str:
+        bus = Bus(name, keepalive_interval=0)
+        done = threading.Event()
+        lat: list[float] = []
+
+        def on_message(msg: object) -> None:
+            lat.append((time.perf_counter_ns() - msg.data["t"]) / 1e3)  # type: ignore[attr-defined]
+            if len(lat) == n:
+                done.set()
+
+        try:
+            bus.subscribe(WAKE, on_message)
+            ready()
+            done.wait(60)
+        finally:
+            bus.close()
+        return " ".join(f"{x:.1f}" for x in lat)
 
     return job
 
@@ -267,11 +325,13 @@ def measure_publishers(rep: c.Report, sizes: list[int], n: int, rounds: int) -> 
 
 def measure_listeners(rep: c.Report, sizes: list[int], n: int, rounds: int) -> None:
     """Rates, and the CPU they cost: the publisher's per publish (its wake-up calls), each listener's per delivery
-    (its wake-ups), which the machine's load moves less than rates."""
+    (its wake-ups), which the machine's load moves less than rates; and how often a listener slept (a woken
+    listener drains everything before it sleeps again: far fewer sleeps than deliveries)."""
     published: dict[int, list[float]] = {k: [] for k in sizes}
     delivered: dict[int, list[float]] = {k: [] for k in sizes}
     pub_cpu: dict[int, list[float]] = {k: [] for k in sizes}
     sub_cpu: dict[int, list[float]] = {k: [] for k in sizes}
+    sub_sleeps: dict[int, list[float]] = {k: [] for k in sizes}
     lost_total = 0
     for _ in range(rounds):
         for k in sizes:
@@ -287,6 +347,7 @@ def measure_listeners(rep: c.Report, sizes: list[int], n: int, rounds: int) -> N
             delivered[k].append(k * n / (max(x[0] for x in subs) - pub[0]))
             pub_cpu[k].append(1e6 * pub[3] / n)
             sub_cpu[k].append(1e6 * sum(x[3] for x in subs) / (k * n))
+            sub_sleeps[k].append(1e3 * sum(x[4] for x in subs) / (k * n))
     one = sizes[0]
     for k in sizes:
         rep.add(
@@ -303,6 +364,7 @@ def measure_listeners(rep: c.Report, sizes: list[int], n: int, rounds: int) -> N
         )
         rep.add(f"publisher CPU per publish, {k} listening", pub_cpu[k], "us", higher_is_better=False)
         rep.add(f"listener CPU per delivery, {k} listening", sub_cpu[k], "us", higher_is_better=False)
+        rep.add(f"listener sleeps per 1k deliveries, {k} listening", sub_sleeps[k], "", higher_is_better=False)
     rep.note(
         f"listeners, K/{one}: deliveries "
         + ", ".join(
@@ -317,6 +379,69 @@ def measure_listeners(rep: c.Report, sizes: list[int], n: int, rounds: int) -> N
     )
     if lost_total:
         rep.note(f"listeners lost or missed {lost_total} messages in all (the ring is 64 MiB: they should not)")
+
+
+def measure_wake(rep: c.Report, k: int, n: int, rounds: int) -> None:
+    """The wake-up path: messages at WAKE_RATE, each finding ``k`` listening processes asleep (or nearly)."""
+    p99s: list[float] = []
+    p50s: list[float] = []
+    missing = 0
+    for _ in range(rounds):
+        name = c.unique_name("perfscale-wake")
+        bus = made(name, ring_size=4 << 20)
+        try:
+            lines = race([wake_publisher(name, WAKE_RATE, n)] + [wake_subscriber(name, n) for _ in range(k)])
+        finally:
+            bus.destroy()
+        lat = sorted(x for line in lines[1:] for x in line)
+        missing += k * n - len(lat)
+        p50s.append(lat[len(lat) // 2])
+        p99s.append(lat[min(len(lat) - 1, int(len(lat) * 0.99))])
+    rep.add(f"wake-up p50, {k} listening, {WAKE_RATE:.0f} msgs/s", p50s, "us", higher_is_better=False)
+    rep.add(f"wake-up p99, {k} listening, {WAKE_RATE:.0f} msgs/s", p99s, "us", higher_is_better=False)
+    if missing:
+        rep.note(f"wake-up: {missing} deliveries missing (listeners that did not get every message in 60 s)")
+
+
+def check_targets(rep: c.Report, publishers: list[int], listeners: list[int], wake_k: int) -> None:
+    """Issue 32's acceptance, as ratios of this run's medians; the set by the CPU count."""
+
+    def ratio(kind: str, k: int) -> float:
+        if kind == "publish":
+            return rep.ratio(f"publish, N={k} on one bus", "publish, N=1 on one bus")
+        return rep.ratio(f"deliveries, {k} listening processes", "deliveries, 1 listening processes")
+
+    cpus = os.cpu_count() or 1
+    wanted: list[tuple[str, str, int, float]]
+    if cpus >= 16:
+        wanted = [("publish", "publishers on one bus", 16, 4.0), ("listen", "listening processes", 15, 7.0)]
+    else:
+        wanted = [
+            ("publish", "publishers on one bus", 2, 1.2),
+            ("publish", "publishers on one bus", 8, 0.9),
+            ("listen", "listening processes: deliveries", 2, 1.5),
+        ]
+    unmeasured = []
+    for kind, what, k, goal in wanted:
+        sizes = publishers if kind == "publish" else listeners
+        if 1 in sizes and k in sizes:
+            rep.target(f"{what}, {k} / 1 ({cpus} CPUs)", ratio(kind, k), goal, unit="x")
+        else:
+            unmeasured.append(f"{'--publishers' if kind == 'publish' else '--listeners'} with 1 and {k}")
+    if cpus >= 16:
+        row = f"wake-up p99, 15 listening, {WAKE_RATE:.0f} msgs/s"
+        if wake_k == 15 and row in rep.rows:
+            rep.target(
+                f"wake-up p99, 15 listening at {WAKE_RATE:.0f} msgs/s",
+                rep.rows[row].median,
+                1000.0,
+                at_least=False,
+                unit=" us",
+            )
+        else:
+            unmeasured.append("--wake-listeners 15")
+    if unmeasured:
+        rep.note("targets not checked (sizes not measured): run with " + "; ".join(unmeasured))
 
 
 def measure_backlog(rep: c.Report, sizes: list[int], reads: int, rounds: int) -> None:
@@ -362,8 +487,23 @@ def main() -> int:
     def extra(p: argparse.ArgumentParser) -> None:
         p.add_argument("--publishers", type=sizes_arg, default=None, help="publisher counts, e.g. 1,2,4")
         p.add_argument("--listeners", type=sizes_arg, default=None, help="listener/reader counts, e.g. 1,3")
+        p.add_argument(
+            "--listener-yield",
+            action="store_true",
+            help="listeners yield the CPU once before they sleep (shmbus.bus.listener.YIELD_BEFORE_SLEEP), for an A/B",
+        )
+        p.add_argument(
+            "--wake-listeners",
+            type=int,
+            default=None,
+            help="listening processes for the wake-up latency (default: CPUs - 1, 1 to 15; 0: not measured)",
+        )
 
     args = c.parse_args(__doc__ or "", extra=extra)
+    if args.listener_yield:  # set before the children fork: they inherit it
+        from shmbus.bus import listener
+
+        listener.YIELD_BEFORE_SLEEP = True
     quick = args.quick
     rep = c.Report("bench_scaling", "throughput with N publishers and K listeners/readers (processes)", args)
     publishers = args.publishers or default_sizes(quick)
@@ -372,6 +512,12 @@ def main() -> int:
     measure_publishers(rep, publishers, 50_000 if quick else 200_000, rounds)
     measure_listeners(rep, listeners, 20_000 if quick else 100_000, rounds)
     measure_backlog(rep, listeners, 10 if quick else 100, rounds)
+    wake_k = args.wake_listeners
+    if wake_k is None:
+        wake_k = min(max((os.cpu_count() or 1) - 1, 1), 15)
+    if wake_k > 0:
+        measure_wake(rep, wake_k, 500 if quick else 2000, rounds)
+    check_targets(rep, publishers, listeners, wake_k)
     rep.note(
         f"{os.cpu_count()} CPUs; more processes than CPUs share them (the ideal K/1 or N/1 stops at the CPU count, "
         "less the publisher's for listeners). Load-sensitive: read the ratios, not the absolute figures"

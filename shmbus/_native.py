@@ -141,6 +141,14 @@ for _fn in (_syscall, _syscall_held):
         _fn.restype = ctypes.c_long
 
 
+#: How many more ``trylock`` calls a locker makes on a busy mutex before it sleeps in the kernel (0: none; about
+#: 0.2 us each, with the GIL held). Off: two publishers pinned to the two cores of a loaded 2-core VM slept on the
+#: lock about half as often with 20 (2.4 -> 1.3 times per 1,000 publishes, medians of 3) but spent 3% more CPU per
+#: publish (2.87 -> 2.96 us; perf/ab_spin.py, perf/RESULTS.md), and earlier rounds on an unpinned loaded machine
+#: showed nothing either way. Kept settable for that A/B on a quiet machine (``perf/ab_spin.py --spins 0,20``).
+LOCK_SPIN = 0
+
+
 def mutex_lock(ptr: ctypes.c_void_p, timeout: float) -> bool:
     """Lock within ``timeout`` seconds; True if the previous owner died (the caller repairs, then goes on).
 
@@ -155,6 +163,13 @@ def mutex_lock(ptr: ctypes.c_void_p, timeout: float) -> bool:
     rc = _trylock(ptr)
     if rc == 0:
         return False
+    if rc == errno.EBUSY and LOCK_SPIN:  # a holder running on another core may let go within a few tries
+        for _ in range(LOCK_SPIN):
+            rc = _trylock(ptr)
+            if rc != errno.EBUSY:
+                break
+        if rc == 0:
+            return False
     if rc == errno.EBUSY:
         deadline = time.time() + timeout
         sec = int(deadline)
@@ -262,6 +277,12 @@ def _check(rc: int, what: str) -> None:
         raise OSError(rc, f"{what}: {os.strerror(rc)}")
 
 
+#: Relative timeouts of futex waits, made once per value (the listener's is always the same second): building the
+#: struct cost as much as the wait's system call when it returns at once. The kernel only reads it, so one struct
+#: serves every thread. At most 16 values are kept.
+_timeouts: dict[float, Any] = {}
+
+
 def futex_wait(address: int, expected: int, timeout: float | None) -> None:
     """Sleep while the 32-bit word at ``address`` equals ``expected`` (or until woken / timed out).
 
@@ -271,8 +292,12 @@ def futex_wait(address: int, expected: int, timeout: float | None) -> None:
     if timeout is None:
         ts = None
     else:
-        sec = int(timeout)
-        ts = ctypes.byref(_Timespec(sec, int((timeout - sec) * 1e9)))
+        ts = _timeouts.get(timeout)
+        if ts is None:
+            sec = int(timeout)
+            ts = ctypes.byref(_Timespec(sec, int((timeout - sec) * 1e9)))
+            if len(_timeouts) < 16:
+                _timeouts[timeout] = ts
     _syscall(_SYS_FUTEX, ctypes.c_void_p(address), _FUTEX_WAIT, ctypes.c_uint32(expected), ts, None, 0)
 
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgpack
 
 from .codecs import Codec
 
-__all__ = ["Message", "decode_meta", "encode_meta"]
+__all__ = ["Message", "decode_meta", "encode_meta", "messages_of_rows"]
 
 _EMPTY: tuple[list[Any] | None, list[Any] | None, list[Any] | None] = (None, None, None)
 
@@ -137,3 +138,39 @@ class _Unset:
 
 
 _UNSET: Any = _Unset()
+_new = object.__new__
+
+
+def messages_of_rows(
+    rows: Iterable[tuple[int, int, int, float, bytes, bytes, bytes, bytes]],
+    codec: Codec,
+    epoch: int,
+    names: dict[bytes, str],
+    name_of: Callable[[bytes], str],
+) -> list[Message]:
+    """Messages of records as the segment reads them (``Segment.read_rows``: position, global id, message id,
+    timestamp, channel, site, meta, payload), in one loop: the listener's decode of each batch.
+
+    Each message is made without a call to :meth:`Message.__init__` (in CPython 3.11 a class call with keywords
+    costs more than all the stores it makes), so this sets the same slots as ``__init__`` does, and must be kept in
+    step with it. Channel names are decoded once per process: ``names`` caches them, ``name_of`` decodes (and
+    caches) one not cached yet.
+    """
+    out: list[Message] = []
+    append = out.append
+    for _pos, gid, mid, ts, channel, site, meta, payload in rows:
+        msg = _new(Message)
+        msg.global_id = gid
+        msg.message_id = mid
+        name = names.get(channel)
+        msg.channel = name if name is not None else name_of(channel)
+        msg.raw = payload
+        msg.site_id = site.decode() if site else None
+        msg.timestamp = ts
+        msg.epoch = epoch
+        msg._codec = codec
+        msg._meta = meta
+        msg._targets = None
+        msg._data = _UNSET
+        append(msg)
+    return out

@@ -26,6 +26,23 @@ log = logging.getLogger("shmbus")
 KEEPALIVE_CHANNEL = "/__mb_keepalive__/"
 #: Intervals at or below this many seconds disable the keepalive (as in the gem).
 MIN_KEEPALIVE = 20
+#: The most records the listener reads, decodes and dispatches as one batch (it reads again at once while there are
+#: more, so a woken listener still drains everything before it sleeps). Small enough that a batch's messages are
+#: mostly freed before CPython's young-generation collection runs (each message makes two container objects; it
+#: runs at 700), and that the dispatch lock is let go often; large enough that what a batch costs besides its
+#: messages (the futex word, the metrics, the lock) is a few per cent. Against 4,096: 2% fewer instructions per
+#: delivery in a burst (perf/ab_listen.py).
+BATCH = 256
+#: Having found nothing new, yield the CPU once (``sched_yield``, the GIL released) and look again before sleeping.
+#: Off. A listener that keeps up drains faster than a publisher publishes, so it sleeps every few messages, each
+#: sleep costing it the lock (to count itself) and a system call, and the publisher a wake-up call; the yield saves
+#: most of that CPU (loaded 2-core VM, bench_scaling, 1 publisher, 1 listening: sleeps per 1k deliveries ~150-250 ->
+#: ~1, listener CPU per delivery 1.9-2.3 -> 1.0 us, publisher CPU per publish 3.1-3.4 -> 2.7 us). But a listener
+#: that yields instead of sleeping stays runnable, so with more processes than cores (1 publisher and 2 listening on
+#: 2 cores) the scheduler shares the CPUs evenly and the publisher, the bottleneck, gets less: K=2 / K=1 deliveries
+#: were 1.26 with it against 1.52 without (medians of 3 alternated rounds, load 5-7). Settable for that A/B on a
+#: quiet machine (``perf/bench_scaling.py --listener-yield``; perf/RESULTS.md).
+YIELD_BEFORE_SLEEP = False
 
 
 class _Flushes(Protocol):
@@ -106,8 +123,9 @@ class Listener:
         seg = attachment.segment
         table = self._table
         metrics = self._metrics
-        message = self._names.message
+        messages = self._names.messages
         dispatch = table.dispatch
+        yielded = False
         while not stop.is_set():
             try:
                 if table.owners_gone:  # owners of subscriptions were garbage collected: close theirs
@@ -119,26 +137,32 @@ class Listener:
                     self._cursor = seg.tail()
                     self.position = 0
                     table.forget_replays()
-                recs, self._cursor, lost = seg.read_since(self._cursor)
-                if recs:
+                rows, self._cursor, lost = seg.read_rows(self._cursor, BATCH)  # (pos, global id, ...)
+                if rows:
                     # Only the ring's word means overwritten: ids an engine imposes may jump past messages that
                     # never reached this segment (a bridge's relay counts and reports those itself, with the reason)
                     if lost:
-                        self._count_lost(recs[0].global_id - self.position - 1)
-                    self.position = recs[-1].global_id
+                        self._count_lost(rows[0][1] - self.position - 1)
+                    self.position = rows[-1][1]
                     seg.store_metric("listener_gid", self.position)
                     self._last_received = time.monotonic()
-                    msgs = [message(r, epoch) for r in recs]
+                    yielded = False
+                    msgs = messages(rows, epoch)
                     with table.dispatch_lock:
                         dispatch(msgs)
                     metrics.maybe_flush()  # after the delivery, never in front of it
-                    linger = table.linger()
+                    linger = table.linger() if len(rows) < BATCH else 0.0  # a full batch: more is there already
                     if linger > 0:  # every consumer gathers anyway: let what is published meanwhile come as one
                         stop.wait(linger)
                     continue
                 if stop.is_set():
                     break
                 metrics.maybe_flush()
+                if YIELD_BEFORE_SLEEP and not yielded:  # off: see its note
+                    yielded = True
+                    os.sched_yield()
+                    continue
+                yielded = False
                 seg.wait(word, 1.0)
             except BusLockTimeout as exc:  # a stopped lock holder: say so, keep trying (reads go on meanwhile)
                 if stop.is_set() or attachment.current is None:

@@ -7,8 +7,8 @@ from typing import Any
 
 from ..channels import GLOBAL_PREFIX, SITE_SEPARATOR_BYTES, channel_key, check_site
 from ..codecs import Codec
-from ..message import Message
-from ..segment import Record
+from ..message import Message, messages_of_rows
+from ..segment import Record, Row
 
 __all__ = ["Names"]
 
@@ -57,10 +57,7 @@ class Names:
         """A record as a :class:`Message`; channel names are decoded once per process (cached)."""
         name = self._decoded.get(record.channel)
         if name is None:
-            name = record.channel.decode()
-            if len(self._decoded) > 50_000:
-                self._decoded.clear()
-            self._decoded[record.channel] = name
+            name = self._channel_name(record.channel)
         site = record.site.decode() if record.site else None
         return Message(
             record.global_id,
@@ -73,6 +70,18 @@ class Names:
             timestamp=record.timestamp,
             epoch=epoch,
         )
+
+    def messages(self, rows: list[Row], epoch: int) -> list[Message]:
+        """The rows of a read (``Segment.read_rows``) as messages: the listener's batch, decoded in one loop."""
+        return messages_of_rows(rows, self.codec, epoch, self._decoded, self._channel_name)
+
+    def _channel_name(self, channel: bytes) -> str:
+        """A channel's name as a string, decoded and cached (bounded)."""
+        name = channel.decode()
+        if len(self._decoded) > 50_000:
+            self._decoded.clear()
+        self._decoded[channel] = name
+        return name
 
 
 def _cached_name(cache: dict[str, bytes], name: Any, check: Callable[[Any], bytes], most: int) -> bytes:

@@ -55,6 +55,7 @@ class Subscription:
         "_owner",
         "_owner_ref",
         "channel",
+        "direct",
         "kind",
         "matcher",
         "site_id",
@@ -79,12 +80,16 @@ class Subscription:
         self._owner_ref: weakref.ref[Any] | None = None
         self._callback: Callback = callback
         self._callback_ref: weakref.WeakMethod[Any] | None = None
+        #: the callback, when a delivery needs no other check than ``skip_gid`` (no owner held weakly, no site to
+        #: match): the dispatch calls it inline; None otherwise. Fixed once made, like what it depends on.
+        self.direct: Callback | None = callback if site_id is None else None
         if owner is not None:
             try:
                 self._owner_ref = weakref.ref(owner, (lambda _r: on_owner_gone()) if on_owner_gone else None)
             except TypeError:  # no weak references (e.g. a bare object()): held as given
                 return
             self._owner = None
+            self.direct = None  # the owner may be collected: every delivery checks it
             if inspect.ismethod(callback) and callback.__self__ is owner:
                 self._callback_ref = weakref.WeakMethod(callback)
                 self._callback = _gone  # a strong reference to the bound method would keep the owner alive

@@ -185,6 +185,10 @@ def _table_bytes(max_channels: int) -> int:
     return (max_channels * SLOT_SIZE + 4095) & ~4095
 
 
+#: A record as :meth:`Segment.read_rows` returns it: a plain tuple of :class:`Record`'s fields, in its order
+Row = tuple[int, int, int, float, bytes, bytes, bytes, bytes]
+
+
 class Record(NamedTuple):
     """One committed message as stored: bytes, not decoded (the bus decodes lazily)."""
 

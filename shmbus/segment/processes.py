@@ -59,14 +59,16 @@ class Processes(SegmentState):
         costs the next publish one needless wake-up call. It is never too low: it is zeroed only by a publish that
         has woken every sleeper, and one stopped before that (killed, or an exception) leaves it for the next.
         """
-        if self._counted_for != (seen_word, os.getpid()):
+        counted = (seen_word, os.getpid())
+        if self._counted_for != counted:
             try:
                 self._lock()
                 if self._u32[_I_FUTEX] != seen_word:
                     return
                 self._u32[_I_SLEEPERS] += 1
-                self._set_proc_sleeping(1)  # stays set while attached: a recount never goes below the sleepers
-                self._counted_for = (seen_word, os.getpid())
+                # stays set while attached: a recount never goes below the sleepers
+                self._set_proc_sleeping(1, counted[1])
+                self._counted_for = counted
             finally:
                 self._unlock()
         _native.futex_wait(self._futex_addr, seen_word, timeout)
@@ -240,10 +242,10 @@ class Processes(SegmentState):
         finally:
             self._unlock()
 
-    def _set_proc_sleeping(self, flag: int) -> None:
+    def _set_proc_sleeping(self, flag: int, pid: int) -> None:
         if self._proc_index >= 0:
             off = _OFF_PROCS + self._proc_index * _PROC_SIZE
-            if self._u32[off >> 2] == os.getpid():
+            if self._u32[off >> 2] == pid:
                 self._u32[(off + 4) >> 2] = flag
 
     def _reap_dead_processes(self) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import shmbus
-from shmbus import Bus
+from shmbus import Bus, _native
 from shmbus.segment import Segment, layout, segment_path
 from tests.harness.wait import wait_for
 
@@ -229,7 +229,11 @@ def test_a_garbage_record_raises_typed_errors_and_live_delivery_goes_on(make_bus
 
 
 # ------------------------------------------------------------------ a lock holder that never lets go
-def test_a_stopped_lock_holder_gives_bounded_waits_naming_it(bus_name: str) -> None:
+@pytest.mark.parametrize("spin", [0, 20])
+def test_a_stopped_lock_holder_gives_bounded_waits_naming_it(
+    spin: int, bus_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_native, "LOCK_SPIN", spin)  # a bounded spin before the sleep changes none of it
     seg = Segment.open(bus_name, ring_size=1 << 20)
     seg.append(b"/x", b"", b"1")
     r, w = os.pipe()
