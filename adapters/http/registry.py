@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections import deque
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -63,6 +64,27 @@ class _Group:
         return piece
 
 
+#: A group for more clients than this may be deferred (:meth:`Registry.dispatch`); fewer are delivered at once.
+DEFER_OVER = 64
+
+
+class Deferred:
+    """One large group's delivery, made client by client (:meth:`Registry.serve`) after the dispatch that
+    created it: the clients it was for (the index's at that moment), how far it got, and the clients it gave
+    their piece ahead of their turn (``taken``, with ``at`` the clients' positions, both made on first need)."""
+
+    __slots__ = ("at", "channel", "clients", "group", "ok", "pos", "taken")
+
+    def __init__(self, clients: tuple[Waiter, ...], channel: str, group: _Group, ok: list[bool] | None) -> None:
+        self.clients = clients
+        self.channel = channel
+        self.group = group
+        self.ok = ok
+        self.pos = 0
+        self.at: dict[Waiter, int] | None = None
+        self.taken: set[Waiter] | None = None
+
+
 # ---------------------------------------------------------------------------------------------------- registry
 class Registry:
     """Waiting clients of one middleware in one process (or event loop), indexed by (site, channel) and id.
@@ -82,6 +104,8 @@ class Registry:
         self.max_stream_buffer = max_stream_buffer
         self.is_json = bus.codec.is_json
         self.metrics = bus.metrics
+        #: deferred deliveries not yet served to every client, oldest first (see :meth:`dispatch`)
+        self.owed: deque[Deferred] = deque()
         bus.metrics.add_source(self)
 
     def metrics_gauges(self) -> dict[str, int]:
@@ -161,8 +185,11 @@ class Registry:
             self._deliver(c, key[1], _Group(msgs, self.is_json), self._filter_ok(msgs))
 
     def finish(self, c: Waiter) -> tuple[list[bytes], bytes | None]:
-        """Unregister ``c`` (by identity) and take what it still has to send: ``(pending, status_entry)``."""
+        """Unregister ``c`` (by identity) and take what it still has to send: ``(pending, status_entry)``
+        (a deferred delivery's piece it is still owed included)."""
         with self.lock:
+            if self.owed and c.registered and c.parked:
+                self._settle(c)
             self._unindex(c)
             c.done = True
             pending, c.pending = c.pending, []
@@ -183,11 +210,16 @@ class Registry:
             return None
         return [filter_allows(bus, m) for m in msgs]
 
-    def dispatch(self, msgs: list[Message]) -> list[Waiter]:
+    def dispatch(self, msgs: list[Message], deferred: list[Deferred] | None = None) -> list[Waiter]:
         """Hand a batch from the bus listener to the waiting clients; return the clients to wake.
 
         Each (site, channel) group is encoded once for every recipient; a client gets one piece per channel
         per batch (a shared bytes object unless targeting/filters/its last id require a subset).
+
+        ``deferred``: a group for more than :data:`DEFER_OVER` clients is not delivered now but appended there
+        as a :class:`Deferred`, which the caller serves a slice at a time (:meth:`serve`); meanwhile a client it
+        still owes gets its piece first whenever anything else is delivered to it or it ends (:meth:`_settle`),
+        so each client's pieces stay in publish order.
         """
         index = self.index
         groups: dict[tuple[str | None, str], list[Message]] = {}
@@ -207,6 +239,7 @@ class Registry:
             wake: list[Waiter] = []
             woken: set[Waiter] = set()
             is_json = self.is_json
+            owed = self.owed
             for key, gm in groups.items():
                 clients = index.get(key)
                 if not clients:
@@ -214,11 +247,18 @@ class Registry:
                 group = _Group(gm, is_json)
                 ok = self._filter_ok(gm)
                 channel = key[1]
+                if deferred is not None and len(clients) > DEFER_OVER:
+                    d = Deferred(tuple(clients), channel, group, ok)
+                    owed.append(d)
+                    deferred.append(d)
+                    continue
                 for c in tuple(clients):
                     if not c.parked:
                         if c.held is not None:
                             c.held.extend(gm)
                         continue
+                    if owed:
+                        self._settle(c)
                     before = len(c.pending)
                     self._deliver(c, channel, group, ok)
                     if c.done:
@@ -230,6 +270,56 @@ class Registry:
                         woken.add(c)
                         wake.append(c)
             return wake
+
+    # -- deferred deliveries (a broadcast served in slices)
+    def serve(self, d: Deferred, step: int) -> list[Waiter]:
+        """Deliver ``d`` to its next ``step`` clients (those still waiting; a client it no longer owes is
+        skipped); return those to wake. ``d`` leaves :attr:`owed` once served to its last client."""
+        wake: list[Waiter] = []
+        with self.lock:
+            clients = d.clients
+            pos = d.pos
+            end = min(pos + step, len(clients))
+            d.pos = end
+            channel, group, ok = d.channel, d.group, d.ok
+            taken = d.taken
+            for i in range(pos, end):
+                c = clients[i]
+                if not c.registered or (taken is not None and c in taken):
+                    continue
+                if not c.parked:
+                    if c.held is not None:
+                        c.held.extend(group.msgs)
+                    continue
+                before = len(c.pending)
+                self._deliver(c, channel, group, ok)
+                if c.done:
+                    self._unindex(c)
+                    wake.append(c)
+                elif len(c.pending) != before:
+                    wake.append(c)
+            if end >= len(clients):
+                self.owed.remove(d)
+        return wake
+
+    def _settle(self, c: Waiter) -> None:
+        """Give ``c`` now the pieces of the deferred deliveries that still owe it one (oldest first), before
+        anything newer reaches it (under the lock)."""
+        for d in self.owed:
+            at = d.at
+            if at is None:
+                at = d.at = dict(zip(d.clients, range(len(d.clients))))
+            i = at.get(c)
+            if i is None or i < d.pos:
+                continue
+            taken = d.taken
+            if taken is None:
+                taken = d.taken = set()
+            elif c in taken:
+                continue
+            taken.add(c)
+            if c.registered and c.parked:
+                self._deliver(c, d.channel, d.group, d.ok)
 
     def _deliver(self, c: Waiter, channel: str, group: _Group, ok: list[bool] | None) -> None:
         msgs = group.msgs

@@ -60,7 +60,7 @@ def dispatch_to(eng: LoopFanout, clients: list[Any], took: float = 0.0) -> None:
     """Queue a batch whose dispatch (``took`` seconds of the clock) returns ``clients`` to wake."""
     clock = cast(Clock, eng.clock)
 
-    def deliver(batches: Any) -> list[Any]:
+    def deliver(batches: Any, deferred: Any = None) -> list[Any]:
         clock.now += took
         return clients
 
