@@ -21,6 +21,7 @@ queued (a chat's wake-up took its broadcast piece too) writes nothing.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections import deque
@@ -36,6 +37,8 @@ from .probe import PROBE
 
 __all__ = ["SLICE_BUDGET", "SLICE_STEP", "SMALL_FANOUT", "WINDOW_STRETCH", "LoopFanout"]
 
+log = logging.getLogger("shmbus.adapters")
+
 #: The gathering window stretches to the duration of the last fan-out, up to this many ``batch_window``\ s.
 WINDOW_STRETCH = 10
 #: A large fan-out wakes its clients in slices of about this much of the loop's time (seconds): what a read, a
@@ -43,8 +46,8 @@ WINDOW_STRETCH = 10
 SLICE_BUDGET = 0.001
 #: Wake-ups between two looks at the clock (a look costs ~50 ns; a wake-up on the lean server is a write).
 SLICE_STEP = 8
-#: A fan-out to at most this many clients is small: delivered and woken at once, gathered for ``batch_window``
-#: only (a channel with more clients here is deferred: the registry's threshold).
+#: A fan-out to at most this many clients is small: drained, delivered and woken at once (a channel with more
+#: clients here is deferred: the registry's threshold).
 SMALL_FANOUT = DEFER_OVER
 
 
@@ -75,7 +78,8 @@ class LoopFanout:
     the next batches for many clients are gathered for as long as it took (at most ``WINDOW_STRETCH`` windows).
     Messages that an app publishes one request at a time then travel several to a chunk while fan-out is what
     the loop spends its time on; the latency added is at most the time the last fan-out took. Batches for a few
-    clients (a chat room) keep ``batch_window``: they cost little and must not wait for a broadcast's length.
+    clients (a chat room) are drained as soon as the loop gets them: they cost little, must not wait for a
+    broadcast's length, and the bus listener's linger (``batch_window``) already spaces them.
     """
 
     def __init__(self, bus: Bus, options: Options, loop: asyncio.AbstractEventLoop) -> None:
@@ -114,11 +118,14 @@ class LoopFanout:
 
     # ------------------------------------------------------------------ the loop
     def _drain_soon(self) -> None:
-        """Drain after the window, so batches arriving meanwhile reach each client as one chunk."""
-        wait = self.wait
-        if wait > self.window and self.few_queued():
-            wait = self.window
-        self.loop.call_later(wait, self.drain)
+        """Drain after the window, so batches arriving meanwhile reach each client as one chunk; batches for a
+        few clients at once (the bus listener already lingers ``batch_window`` after each batch it hands over, so
+        a chat room's messages still come at most one batch a window; waiting here too only added the window to
+        their latency and a second wake-up of the loop to each)."""
+        if self.few_queued():
+            self.drain()
+            return
+        self.loop.call_later(self.wait, self.drain)
 
     def few_queued(self) -> bool:
         """The queued batches' channels have at most ``SMALL_FANOUT`` clients on this loop (a look-up per
@@ -204,7 +211,12 @@ class LoopFanout:
                 n = len(d.clients)
                 while d.pos < n:
                     for c in serve(d, step):
-                        wake(c)
+                        waker = c.waker  # what proto.wake does, without its call
+                        if waker is not None:
+                            try:
+                                waker(c)
+                            except Exception:
+                                log.exception("shmbus: waking %r failed", c)
                     if clock() >= deadline:
                         spent = True
                         break

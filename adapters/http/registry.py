@@ -283,14 +283,32 @@ class Registry:
             d.pos = end
             channel, group, ok = d.channel, d.group, d.ok
             taken = d.taken
+            # the common case inline (a stream, a batch of untargeted messages all new to it): _deliver's first
+            # branch, without its calls
+            msgs = group.msgs
+            fast = ok is None and group.plain
+            frame = group.shared_frame() if fast else b""
+            size, count, epoch = len(frame), len(msgs), msgs[0].epoch
+            first, top = msgs[0].message_id, msgs[-1].message_id
+            limit = self.max_stream_buffer
+            delivered = 0
             for i in range(pos, end):
                 c = clients[i]
                 if not c.registered or (taken is not None and c in taken):
                     continue
                 if not c.parked:
                     if c.held is not None:
-                        c.held.extend(group.msgs)
+                        c.held.extend(msgs)
                     continue
+                if fast and c.streaming and c.epoch == epoch and c.bytes_pending + size <= limit:
+                    last = c.last
+                    if first > last.get(channel, 0):
+                        last[channel] = top
+                        c.pending.append(frame)
+                        c.bytes_pending += size
+                        delivered += count
+                        wake.append(c)
+                        continue
                 before = len(c.pending)
                 self._deliver(c, channel, group, ok)
                 if c.done:
@@ -298,6 +316,7 @@ class Registry:
                     wake.append(c)
                 elif len(c.pending) != before:
                     wake.append(c)
+            self.metrics.deliveries += delivered
             if end >= len(clients):
                 self.owed.remove(d)
         return wake
