@@ -46,8 +46,8 @@ WINDOW_STRETCH = 10
 SLICE_BUDGET = 0.001
 #: Wake-ups between two looks at the clock (a look costs ~50 ns; a wake-up on the lean server is a write).
 SLICE_STEP = 8
-#: A fan-out to at most this many clients is small: drained, delivered and woken at once (a channel with more
-#: clients here is deferred: the registry's threshold).
+#: A fan-out to at most this many clients is small: delivered and woken at once, never gathered for longer than
+#: ``batch_window`` (a channel with more clients here is deferred: the registry's threshold).
 SMALL_FANOUT = DEFER_OVER
 
 
@@ -78,8 +78,8 @@ class LoopFanout:
     the next batches for many clients are gathered for as long as it took (at most ``WINDOW_STRETCH`` windows).
     Messages that an app publishes one request at a time then travel several to a chunk while fan-out is what
     the loop spends its time on; the latency added is at most the time the last fan-out took. Batches for a few
-    clients (a chat room) are drained as soon as the loop gets them: they cost little, must not wait for a
-    broadcast's length, and the bus listener's linger (``batch_window``) already spaces them.
+    clients (a chat room) cost little and must not wait for a broadcast's length: they keep ``batch_window``, or
+    are drained as soon as the loop gets them while the bus listener's linger (``batch_window``) spaces them.
     """
 
     def __init__(self, bus: Bus, options: Options, loop: asyncio.AbstractEventLoop) -> None:
@@ -118,14 +118,19 @@ class LoopFanout:
 
     # ------------------------------------------------------------------ the loop
     def _drain_soon(self) -> None:
-        """Drain after the window, so batches arriving meanwhile reach each client as one chunk; batches for a
-        few clients at once (the bus listener already lingers ``batch_window`` after each batch it hands over, so
-        a chat room's messages still come at most one batch a window; waiting here too only added the window to
-        their latency and a second wake-up of the loop to each)."""
+        """Drain after the window, so batches arriving meanwhile reach each client as one chunk. Batches for a
+        few clients are drained at once while the bus listener lingers ``batch_window`` after each batch it hands
+        over (it does unless something in the process subscribes to the bus): a chat room's messages still come
+        at most one batch a window, and waiting here too only added the window to their latency and a second
+        wake-up of the loop to each."""
         if self.few_queued():
-            self.drain()
-            return
-        self.loop.call_later(self.wait, self.drain)
+            if self.proto.bus.subscriptions.linger() >= self.window:
+                self.drain()
+                return
+            wait = self.window
+        else:
+            wait = self.wait
+        self.loop.call_later(wait, self.drain)
 
     def few_queued(self) -> bool:
         """The queued batches' channels have at most ``SMALL_FANOUT`` clients on this loop (a look-up per

@@ -55,8 +55,8 @@ ROOMS = 1000
 
 def request(i):
     body = b"%%2Fbcast=-1&%%2Fchat%%2F%d=-1&__seq=1" % (i % ROOMS)
-    return (b"POST /message-bus/c%dx%d/poll HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            b"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: %d\r\n\r\n%s" % (i, i, len(body), body))
+    head = b"POST /message-bus/c%dx%d/poll HTTP/1.1\r\nHost: 127.0.0.1\r\n" % (i, i)
+    return head + b"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
 
 def drain(socks):
     got = []

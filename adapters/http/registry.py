@@ -327,7 +327,7 @@ class Registry:
         for d in self.owed:
             at = d.at
             if at is None:
-                at = d.at = dict(zip(d.clients, range(len(d.clients))))
+                at = d.at = dict(zip(d.clients, range(len(d.clients)), strict=True))
             i = at.get(c)
             if i is None or i < d.pos:
                 continue
