@@ -31,8 +31,8 @@ from shmbus.bus import Bus
 from shmbus.message import Message
 
 from .http import MessageBusProtocol, Options, Waiter
+from .http.group import DEFER_OVER, Deferred
 from .http.protocol import null_lock
-from .http.registry import DEFER_OVER, Deferred
 from .probe import PROBE
 
 __all__ = ["SLICE_BUDGET", "SLICE_STEP", "SMALL_FANOUT", "WINDOW_STRETCH", "LoopFanout"]

@@ -12,9 +12,10 @@ from shmbus.bus import Bus
 from shmbus.message import Message
 from shmbus.presence import hub_for
 
+from .group import Deferred
 from .interning import intern_bounded
 from .options import Options, Route, match_route
-from .registry import Deferred, Registry
+from .registry import Registry
 from .request import PollRequest, check_client_channel
 from .waiter import Ending, Lookups, Waiter, filter_allows
 from .wire import (

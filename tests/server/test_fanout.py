@@ -18,8 +18,9 @@ from shmbus import Bus
 from shmbus.adapters.asgi import MessageBusMiddleware
 from shmbus.adapters.fanout import SLICE_BUDGET, SLICE_STEP, SMALL_FANOUT, WINDOW_STRETCH, LoopFanout
 from shmbus.adapters.http import Lookups, MessageBusProtocol, Options, Waiter
+from shmbus.adapters.http.group import DEFER_OVER
 from shmbus.adapters.http.protocol import null_lock
-from shmbus.adapters.http.registry import DEFER_OVER, Registry
+from shmbus.adapters.http.registry import Registry
 from shmbus.adapters.server import Server
 from shmbus.adapters.server.serve import connection_factory
 from shmbus.message import Message
