@@ -4,7 +4,7 @@ middleware's, and so the lean server's, where waking a stream is writing to it.
 Why slices sized by time: a broadcast to the ~5,000 streams of a worker is ~5,000 deliveries and writes, tens of
 milliseconds; a chat message published meanwhile to a few clients must not wait for all of them (nor must the read
 of its publish request). A channel with many clients on this loop is delivered and woken in slices of about
-:data:`SLICE_BUDGET` of the loop's time: its dispatch only sets it aside (a :class:`~.http.registry.Deferred`), and
+:data:`SLICE_BUDGET` of the loop's time: its dispatch only sets it aside (a :class:`~.http.group.Deferred`), and
 each slice makes the next clients' pieces and writes them. Each next slice is a timer due at once, which asyncio
 runs after the I/O callbacks of its turn, so between two slices the loop accepts, reads and answers what came in,
 and runs a drain that came due. A small fan-out (:data:`SMALL_FANOUT` clients at most) is delivered and woken at
@@ -44,7 +44,8 @@ WINDOW_STRETCH = 10
 #: A large fan-out wakes its clients in slices of about this much of the loop's time (seconds): what a read, a
 #: request or a small fan-out waits behind it at most (plus one step of wake-ups).
 SLICE_BUDGET = 0.001
-#: Wake-ups between two looks at the clock (a look costs ~50 ns; a wake-up on the lean server is a write).
+#: Deliveries and wake-ups between two looks at the clock (a look costs ~50 ns; a wake-up on the lean server is a
+#: write).
 SLICE_STEP = 8
 #: A fan-out to at most this many clients is small: delivered and woken at once, never gathered for longer than
 #: ``batch_window`` (a channel with more clients here is deferred: the registry's threshold).
@@ -53,7 +54,7 @@ SMALL_FANOUT = DEFER_OVER
 
 class _Run:
     """A large fan-out in progress: the clients to wake (their pieces queued), the next one to wake, the
-    deliveries left to make a client at a time (:class:`~.http.registry.Deferred`), when it began, its oldest
+    deliveries left to make a client at a time (:class:`~.http.group.Deferred`), when it began, its oldest
     publish."""
 
     __slots__ = ("clients", "deferred", "pos", "stamp", "started")
@@ -154,7 +155,7 @@ class LoopFanout:
 
     def drain(self) -> None:
         """Dispatch every queued batch, consecutive batches of one epoch as one. A channel with many clients here
-        is only set aside (a :class:`~.http.registry.Deferred`): its deliveries are made in slices
+        is only set aside (a :class:`~.http.group.Deferred`): its deliveries are made in slices
         (:meth:`_slice`), after the fan-outs already in progress, as are the wake-ups when they are many; a few
         clients' are made and woken at once (ahead of the slices: a client a slice still owes its piece gets it
         first)."""
