@@ -1,22 +1,27 @@
 """One event loop's fan-out of live batches to the clients waiting on it (:class:`LoopFanout`): the ASGI
 middleware's, and so the lean server's, where waking a stream is writing to it.
 
-Why slices sized by time: a broadcast to the ~5,000 streams of a worker is ~5,000 writes, tens of milliseconds;
-a chat message published meanwhile to a few clients must not wait for all of them (nor must the read of its
-publish request). A large fan-out wakes its clients in slices of about :data:`SLICE_BUDGET` of the loop's time;
-each next slice is a timer due at once, which asyncio runs after the I/O callbacks of its turn, so between two
-slices the loop accepts, reads and answers what came in, and runs a drain that came due. A small fan-out
-(:data:`SMALL_FANOUT` clients at most) is woken at once, never queued behind a running one.
+Why slices sized by time: a broadcast to the ~5,000 streams of a worker is ~5,000 deliveries and writes, tens of
+milliseconds; a chat message published meanwhile to a few clients must not wait for all of them (nor must the read
+of its publish request). A channel with many clients on this loop is delivered and woken in slices of about
+:data:`SLICE_BUDGET` of the loop's time: its dispatch only sets it aside (a :class:`~.http.group.Deferred`), and
+each slice makes the next clients' pieces and writes them. Each next slice is a timer due at once, which asyncio
+runs after the I/O callbacks of its turn, so between two slices the loop accepts, reads and answers what came in,
+and runs a drain that came due. A small fan-out (:data:`SMALL_FANOUT` clients at most) is delivered and woken at
+once, never queued behind a running one.
 
-Order and loss: every dispatch runs whole and in the order its batches were published, appending to each
-client's own queue of pieces (``Waiter.pending``); a wake-up writes all of a client's queue, oldest first. Waking
-clients late or out of turn therefore changes when a client's pieces leave, never their order, and a client
-woken with nothing queued (a chat's wake-up took its broadcast piece too) writes nothing.
+Order and loss: dispatches run in the order their batches were published, appending to each client's own queue
+of pieces (``Waiter.pending``); a wake-up writes all of a client's queue, oldest first. A deferred delivery that
+has not reached a client yet gives it its piece first whenever a later dispatch delivers to that client or the
+client ends (:meth:`~.http.registry.Registry.dispatch`), and then skips it. Delivering or waking clients late or
+out of turn therefore changes when a client's pieces leave, never their order, and a client woken with nothing
+queued (a chat's wake-up took its broadcast piece too) writes nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections import deque
@@ -26,29 +31,37 @@ from shmbus.bus import Bus
 from shmbus.message import Message
 
 from .http import MessageBusProtocol, Options, Waiter
+from .http.group import DEFER_OVER, Deferred
 from .http.protocol import null_lock
 from .probe import PROBE
 
 __all__ = ["SLICE_BUDGET", "SLICE_STEP", "SMALL_FANOUT", "WINDOW_STRETCH", "LoopFanout"]
+
+log = logging.getLogger("shmbus.adapters")
 
 #: The gathering window stretches to the duration of the last fan-out, up to this many ``batch_window``\ s.
 WINDOW_STRETCH = 10
 #: A large fan-out wakes its clients in slices of about this much of the loop's time (seconds): what a read, a
 #: request or a small fan-out waits behind it at most (plus one step of wake-ups).
 SLICE_BUDGET = 0.001
-#: Wake-ups between two looks at the clock (a look costs ~50 ns; a wake-up on the lean server is a write).
+#: Deliveries and wake-ups between two looks at the clock (a look costs ~50 ns; a wake-up on the lean server is a
+#: write).
 SLICE_STEP = 8
-#: A fan-out to at most this many clients is small: woken at once, gathered for ``batch_window`` only.
-SMALL_FANOUT = 64
+#: A fan-out to at most this many clients is small: delivered and woken at once, never gathered for longer than
+#: ``batch_window`` (a channel with more clients here is deferred: the registry's threshold).
+SMALL_FANOUT = DEFER_OVER
 
 
 class _Run:
-    """A large fan-out in progress: its clients, the next one to wake, when it began, its oldest publish."""
+    """A large fan-out in progress: the clients to wake (their pieces queued), the next one to wake, the
+    deliveries left to make a client at a time (:class:`~.http.group.Deferred`), when it began, its oldest
+    publish."""
 
-    __slots__ = ("clients", "pos", "stamp", "started")
+    __slots__ = ("clients", "deferred", "pos", "stamp", "started")
 
-    def __init__(self, clients: list[Waiter], started: float, stamp: float) -> None:
+    def __init__(self, clients: list[Waiter], deferred: list[Deferred], started: float, stamp: float) -> None:
         self.clients = clients
+        self.deferred = deferred
         self.pos = 0
         self.started = started
         self.stamp = stamp
@@ -66,7 +79,8 @@ class LoopFanout:
     the next batches for many clients are gathered for as long as it took (at most ``WINDOW_STRETCH`` windows).
     Messages that an app publishes one request at a time then travel several to a chunk while fan-out is what
     the loop spends its time on; the latency added is at most the time the last fan-out took. Batches for a few
-    clients (a chat room) keep ``batch_window``: they cost little and must not wait for a broadcast's length.
+    clients (a chat room) cost little and must not wait for a broadcast's length: they keep ``batch_window``, or
+    are drained as soon as the loop gets them while the bus listener's linger (``batch_window``) spaces them.
     """
 
     def __init__(self, bus: Bus, options: Options, loop: asyncio.AbstractEventLoop) -> None:
@@ -105,10 +119,18 @@ class LoopFanout:
 
     # ------------------------------------------------------------------ the loop
     def _drain_soon(self) -> None:
-        """Drain after the window, so batches arriving meanwhile reach each client as one chunk."""
-        wait = self.wait
-        if wait > self.window and self.few_queued():
+        """Drain after the window, so batches arriving meanwhile reach each client as one chunk. Batches for a
+        few clients are drained at once while the bus listener lingers ``batch_window`` after each batch it hands
+        over (it does unless something in the process subscribes to the bus): a chat room's messages still come
+        at most one batch a window, and waiting here too only added the window to their latency and a second
+        wake-up of the loop to each."""
+        if self.few_queued():
+            if self.proto.bus.subscriptions.linger() >= self.window:
+                self.drain()
+                return
             wait = self.window
+        else:
+            wait = self.wait
         self.loop.call_later(wait, self.drain)
 
     def few_queued(self) -> bool:
@@ -132,8 +154,11 @@ class LoopFanout:
         return True
 
     def drain(self) -> None:
-        """Dispatch every queued batch, consecutive batches of one epoch as one; wake the clients at once if
-        they are few, else in slices (:meth:`_slice`) after the fan-outs already in progress."""
+        """Dispatch every queued batch, consecutive batches of one epoch as one. A channel with many clients here
+        is only set aside (a :class:`~.http.group.Deferred`): its deliveries are made in slices
+        (:meth:`_slice`), after the fan-outs already in progress, as are the wake-ups when they are many; a few
+        clients' are made and woken at once (ahead of the slices: a client a slice still owes its piece gets it
+        first)."""
         with self.lock:
             batches, self.batches = self.batches, []
             self.scheduled = False
@@ -142,31 +167,35 @@ class LoopFanout:
             return
         started = self.clock()
         gathered = time.perf_counter() - queued_at if PROBE is not None else 0.0
-        clients = self.proto.deliver_batches(batches)
+        deferred: list[Deferred] = []
+        clients = self.proto.deliver_batches(batches, deferred)
         small = len(clients) <= SMALL_FANOUT
         stamp = 0.0
         if PROBE is not None:
-            PROBE.note("gather" if small else "gather_large", gathered)
+            PROBE.note("gather" if small and not deferred else "gather_large", gathered)
             PROBE.note("dispatch", self.clock() - started)
             stamp = batches[0][0].timestamp if batches[0] else 0.0
         if small:
             wake = self.proto.wake
             for c in clients:
                 wake(c)
-            self._finished(started, stamp, "small")
-            return
-        self.runs.append(_Run(clients, started, stamp))
+            if not deferred:
+                self._finished(started, stamp, "small")
+                return
+            clients = []
+        self.runs.append(_Run(clients, deferred, started, stamp))
         if not self.slicing:
             self._slice()
 
     def _slice(self) -> None:
-        """Wake clients of the fan-outs in progress, oldest first, for about ``SLICE_BUDGET``; schedule the next
-        slice behind what the loop has to do meanwhile."""
+        """Deliver to and wake clients of the fan-outs in progress, oldest first, for about ``SLICE_BUDGET``;
+        schedule the next slice behind what the loop has to do meanwhile."""
         self.slicing = False
         clock = self.clock
         begun = clock()
         deadline = begun + SLICE_BUDGET
         wake = self.proto.wake
+        serve = self.proto.registry.serve
         runs = self.runs
         step = SLICE_STEP
         while runs:
@@ -182,7 +211,24 @@ class LoopFanout:
                     spent = True
                     break
             run.pos = pos
-            if pos >= n:
+            deferred = run.deferred
+            while deferred and not spent:
+                d = deferred[0]
+                n = len(d.clients)
+                while d.pos < n:
+                    for c in serve(d, step):
+                        waker = c.waker  # what proto.wake does, without its call
+                        if waker is not None:
+                            try:
+                                waker(c)
+                            except Exception:
+                                log.exception("shmbus: waking %r failed", c)
+                    if clock() >= deadline:
+                        spent = True
+                        break
+                if d.pos >= n:
+                    del deferred[0]
+            if pos >= len(clients) and not deferred:
                 runs.popleft()
                 self._finished(run.started, run.stamp, "large")
             if spent:

@@ -10,10 +10,12 @@ Stages, each in seconds:
 * ``listener``: publish (the message's timestamp) -> its batch queued for a loop (the listener thread);
 * ``gather`` / ``gather_large``: queued -> its drain begins, for a small / large fan-out (``batch_window``, for a
   large one stretched after a long fan-out, plus the loop's lag);
-* ``dispatch``: one drain's registry work (per-client pieces): loop time in one piece, never sliced;
+* ``dispatch``: one drain's registry work done at once (the pieces of channels with a few clients here; a
+  channel with many is only set aside, its per-client work is in the slices);
 * ``small`` / ``large``: publish -> the last of its clients woken (written, on the lean server), for a fan-out to
   at most ``SMALL_FANOUT`` clients (a chat room) / more (a broadcast);
-* ``slice``: one slice of a large fan-out's wake-ups (the most another callback waits behind a fan-out);
+* ``slice``: one slice of a large fan-out's deliveries and wake-ups (the most another callback waits behind a
+  fan-out);
 * ``lag``: how late a 10 ms timer of the loop fires (what a request's read or a drain waits for its turn);
 * ``request``: a request the lean server hands to the wrapped ASGI app (the bench's publish route), from its
   start to the end of its response.

@@ -4,7 +4,8 @@ In the style of h11, this package only turns request data into decisions and byt
 (:mod:`shmbus.adapters.wsgi`, :mod:`shmbus.adapters.asgi` and the lean server :mod:`shmbus.adapters.server`)
 read bodies, call lookups, wait and write. Modules: ``wire`` (limits, headers, framing), ``options`` (options and
 routes), ``request`` (poll parsing), ``waiter`` (a waiting request), ``interning`` (one shared copy of common
-values), ``registry`` (delivery to waiting requests), ``protocol`` (backlog reads and the ends of polls) and
+values), ``registry`` (delivery to waiting requests), ``group`` (a channel's messages of a batch, encoded once;
+their delivery to many clients made a few at a time), ``protocol`` (backlog reads and the ends of polls) and
 ``flow`` (the one sequence every request follows) and ``subscribe`` (``subscribe_allowed``: who may read a
 channel).
 

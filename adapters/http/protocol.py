@@ -13,6 +13,7 @@ from shmbus.message import Message
 from shmbus.presence import hub_for
 from shmbus.presence.browser import VIEW_PREFIX, watched
 
+from .group import Deferred
 from .interning import intern_bounded
 from .options import Options, Route, match_route
 from .registry import Registry
@@ -229,11 +230,13 @@ class MessageBusProtocol:
         for c in self.deliver_batches(batches):
             self.wake(c)
 
-    def deliver_batches(self, batches: list[list[Message]]) -> list[Waiter]:
+    def deliver_batches(self, batches: list[list[Message]], deferred: list[Deferred] | None = None) -> list[Waiter]:
         """Deliver batches as one, never mixing epochs (a reset between two batches splits them); the clients to
-        wake, which the caller may wake a slice at a time (a client woken late still writes what it has then)."""
+        wake, which the caller may wake a slice at a time (a client woken late still writes what it has then).
+        ``deferred``: large groups are left there for the caller to serve in slices (:meth:`Registry.dispatch`)."""
+        dispatch = self.registry.dispatch
         if len(batches) == 1:
-            return self.registry.dispatch(batches[0])
+            return dispatch(batches[0], deferred)
         wake: list[Waiter] = []
         merged: list[Message] = []
         epoch = None
@@ -241,13 +244,13 @@ class MessageBusProtocol:
             if not batch:
                 continue
             if merged and (batch[0].epoch != epoch or batch[-1].epoch != epoch):
-                wake += self.registry.dispatch(merged)
+                wake += dispatch(merged, deferred)
                 merged = []
             if not merged:
                 epoch = batch[-1].epoch if batch[0].epoch == batch[-1].epoch else None
             merged.extend(batch)
         if merged:
-            wake += self.registry.dispatch(merged)
+            wake += dispatch(merged, deferred)
         return wake
 
     def read_backlog(self, c: Waiter, channels: Mapping[str, int | None]) -> tuple[list[bytes], dict[str, int]]:

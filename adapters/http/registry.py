@@ -3,64 +3,16 @@
 from __future__ import annotations
 
 import threading
+from collections import deque
 from contextlib import AbstractContextManager
 from typing import Any
 
 from shmbus.bus import Bus
 from shmbus.message import Message
 
-from .visibility import PRIVATE, Piece, Visibility
+from .group import DEFER_OVER, Deferred, Group
 from .waiter import COUNTED, INDEXED, Ending, Move, Stage, Waiter, filter_allows
-from .wire import EMPTY_CHUNK, MAX_STREAM_BUFFER, encode_message, frame_chunk
-
-
-class _Group:
-    """Messages of one (site, channel) in one batch, encoded lazily and once for every recipient."""
-
-    __slots__ = ("enc", "frame", "inner", "is_json", "msgs", "plain", "vis")
-
-    def __init__(self, msgs: list[Message], is_json: bool) -> None:
-        self.msgs = msgs
-        self.is_json = is_json
-        self.plain = not any(m.targeted for m in msgs)
-        self.enc: list[bytes] | None = None
-        self.inner: bytes | None = None
-        self.frame: bytes | None = None
-        self.vis: Visibility | None = None
-
-    def encoded(self) -> list[bytes]:
-        if self.enc is None:
-            self.enc = [encode_message(m, self.is_json) for m in self.msgs]
-        return self.enc
-
-    def shared_inner(self) -> bytes:
-        if self.inner is None:
-            self.inner = b",".join(self.encoded())
-        return self.inner
-
-    def shared_frame(self) -> bytes:
-        if self.frame is None:
-            self.frame = frame_chunk(b"[" + self.shared_inner() + b"]")
-        return self.frame
-
-    def piece_for(self, c: Waiter, ok: list[bool] | None) -> Piece | None:
-        """What ``c`` may see of every message here, computed once per visibility class (see
-        :mod:`.visibility`) and shared by every client of the class; None when ``c`` needs its own."""
-        vis = self.vis
-        if vis is None:
-            vis = self.vis = Visibility(self.msgs)
-        key = vis.key(c.client_id, c.user_id, c.group_ids)
-        if key is PRIVATE:
-            return None
-        piece = vis.pieces.get(key)
-        if piece is None:
-            enc = self.encoded()
-            parts = []
-            for i, m in enumerate(self.msgs):
-                if (ok is None or ok[i]) and c.allowed(m):
-                    parts.append(enc[i])
-            piece = vis.pieces[key] = Piece(b",".join(parts), len(parts), len(parts) < len(enc))
-        return piece
+from .wire import EMPTY_CHUNK, MAX_STREAM_BUFFER, frame_chunk
 
 
 # ---------------------------------------------------------------------------------------------------- registry
@@ -82,6 +34,8 @@ class Registry:
         self.max_stream_buffer = max_stream_buffer
         self.is_json = bus.codec.is_json
         self.metrics = bus.metrics
+        #: deferred deliveries not yet served to every client, oldest first (see :meth:`dispatch`)
+        self.owed: deque[Deferred] = deque()
         bus.metrics.add_source(self)
 
     def metrics_gauges(self) -> dict[str, int]:
@@ -166,11 +120,14 @@ class Registry:
         for m in held:
             groups.setdefault((m.site_id, m.channel), []).append(m)
         for key, msgs in groups.items():
-            self._deliver(c, key[1], _Group(msgs, self.is_json), self._filter_ok(msgs))
+            self._deliver(c, key[1], Group(msgs, self.is_json), self._filter_ok(msgs))
 
     def finish(self, c: Waiter) -> tuple[list[bytes], bytes | None]:
-        """Unregister ``c`` (by identity) and take what it still has to send: ``(pending, status_entry)``."""
+        """Unregister ``c`` (by identity) and take what it still has to send: ``(pending, status_entry)``
+        (a deferred delivery's piece it is still owed included)."""
         with self.lock:
+            if self.owed and c.stage in COUNTED:
+                self._settle(c)
             self._unindex(c, Move.FINISH)
             pending, c.pending = c.pending, []
             c.bytes_pending = 0
@@ -190,11 +147,16 @@ class Registry:
             return None
         return [filter_allows(bus, m) for m in msgs]
 
-    def dispatch(self, msgs: list[Message]) -> list[Waiter]:
+    def dispatch(self, msgs: list[Message], deferred: list[Deferred] | None = None) -> list[Waiter]:
         """Hand a batch from the bus listener to the waiting clients; return the clients to wake.
 
         Each (site, channel) group is encoded once for every recipient; a client gets one piece per channel
         per batch (a shared bytes object unless targeting/filters/its last id require a subset).
+
+        ``deferred``: a group for more than :data:`DEFER_OVER` clients is not delivered now but appended there
+        as a :class:`Deferred`, which the caller serves a slice at a time (:meth:`serve`); meanwhile a client it
+        still owes gets its piece first whenever anything else is delivered to it or it ends (:meth:`_settle`),
+        so each client's pieces stay in publish order.
         """
         index = self.index
         groups: dict[tuple[str | None, str], list[Message]] = {}
@@ -215,17 +177,25 @@ class Registry:
             woken: set[Waiter] = set()
             is_json = self.is_json
             capturing, ending = Stage.CAPTURING, Stage.ENDING
+            owed = self.owed
             for key, gm in groups.items():
                 clients = index.get(key)
                 if not clients:
                     continue
-                group = _Group(gm, is_json)
+                group = Group(gm, is_json)
                 ok = self._filter_ok(gm)
                 channel = key[1]
+                if deferred is not None and len(clients) > DEFER_OVER:
+                    d = Deferred(tuple(clients), channel, group, ok)
+                    owed.append(d)
+                    deferred.append(d)
+                    continue
                 for c in tuple(clients):
                     if c.stage is capturing:
                         c.held.extend(gm)  # type: ignore[union-attr]  # a capturing waiter holds a list
                         continue
+                    if owed:
+                        self._settle(c)
                     before = len(c.pending)
                     self._deliver(c, channel, group, ok)
                     if c.stage is ending:
@@ -238,7 +208,76 @@ class Registry:
                         wake.append(c)
             return wake
 
-    def _deliver(self, c: Waiter, channel: str, group: _Group, ok: list[bool] | None) -> None:
+    # -- deferred deliveries (a broadcast served in slices)
+    def serve(self, d: Deferred, step: int) -> list[Waiter]:
+        """Deliver ``d`` to its next ``step`` clients (those still waiting; a client it no longer owes is
+        skipped); return those to wake. ``d`` leaves :attr:`owed` once served to its last client."""
+        wake: list[Waiter] = []
+        with self.lock:
+            clients = d.clients
+            pos = d.pos
+            end = min(pos + step, len(clients))
+            d.pos = end
+            channel, group, ok = d.channel, d.group, d.ok
+            taken = d.taken
+            # the common case inline (a stream, a batch of untargeted messages all new to it): _deliver's first
+            # branch, without its calls
+            msgs = group.msgs
+            fast = ok is None and group.plain
+            frame = group.shared_frame() if fast else b""
+            size, count, epoch = len(frame), len(msgs), msgs[0].epoch
+            first, top = msgs[0].message_id, msgs[-1].message_id
+            limit = self.max_stream_buffer
+            delivered = 0
+            for i in range(pos, end):
+                c = clients[i]
+                stage = c.stage
+                if stage not in INDEXED or (taken is not None and c in taken):
+                    continue
+                if stage is Stage.CAPTURING:
+                    c.held.extend(msgs)  # type: ignore[union-attr]  # a capturing waiter holds a list
+                    continue
+                if fast and c.streaming and c.epoch == epoch and c.bytes_pending + size <= limit:
+                    last = c.last
+                    if first > last.get(channel, 0):
+                        last[channel] = top
+                        c.pending.append(frame)
+                        c.bytes_pending += size
+                        delivered += count
+                        wake.append(c)
+                        continue
+                before = len(c.pending)
+                self._deliver(c, channel, group, ok)
+                if c.stage is Stage.ENDING:
+                    self._unindex(c, Move.RELEASE)
+                    wake.append(c)
+                elif len(c.pending) != before:
+                    wake.append(c)
+            self.metrics.deliveries += delivered
+            if end >= len(clients):
+                self.owed.remove(d)
+        return wake
+
+    def _settle(self, c: Waiter) -> None:
+        """Give ``c`` now the pieces of the deferred deliveries that still owe it one (oldest first), before
+        anything newer reaches it (under the lock)."""
+        for d in self.owed:
+            at = d.at
+            if at is None:
+                at = d.at = dict(zip(d.clients, range(len(d.clients)), strict=True))
+            i = at.get(c)
+            if i is None or i < d.pos:
+                continue
+            taken = d.taken
+            if taken is None:
+                taken = d.taken = set()
+            elif c in taken:
+                continue
+            taken.add(c)
+            if c.stage in COUNTED:
+                self._deliver(c, d.channel, d.group, d.ok)
+
+    def _deliver(self, c: Waiter, channel: str, group: Group, ok: list[bool] | None) -> None:
         msgs = group.msgs
         if msgs[0].epoch != c.epoch:
             c.end(Ending.RESET)

@@ -53,10 +53,27 @@ class BusConnection(Protocol):
 
 
 def _wake(w: Waiter) -> None:
-    """The core's waker: ``w.signal`` is the connection, whose parked poll (once the flow has returned) is ``w``'s."""
-    parked = w.signal.parked
-    if parked is not None:
-        parked.woken(w)
+    """The core's waker: ``w.signal`` is the connection, whose parked poll (once the flow has returned) is ``w``'s.
+
+    A broadcast calls it once per stream, so the common case is here inline: a stream with chunks queued whose
+    transport takes writes gets them written (what :meth:`ParkedPoll.woken` does, without its calls)."""
+    conn = w.signal
+    parked = conn.parked
+    if parked is None:
+        return
+    if w.ending is None and not w.done and w.streaming and parked.waiter is w and not conn.paused_w:
+        chunks = w.pending
+        if chunks:
+            # the server's registry is its loop's own (no lock): take the queue as Registry.take does
+            w.pending = []
+            w.bytes_pending = 0
+            if len(chunks) == 1:
+                conn.transport.write(parked.routes.srv.http_chunk(chunks[0]))
+            else:
+                data = b"".join(chunks)
+                conn.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+        return
+    parked.woken(w)
 
 
 class BusRoutes:

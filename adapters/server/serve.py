@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import socket
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -14,7 +15,13 @@ from .connection import HttpConnection
 from .limits import Limits
 from .server import Server
 
-__all__ = ["connection_factory", "serve"]
+__all__ = ["SWITCH_INTERVAL", "connection_factory", "serve"]
+
+#: The interpreter's switch interval while :func:`serve` runs (seconds; CPython's default is 5 ms): how long the
+#: bus listener thread may wait for the GIL while the loop thread runs a slice of a broadcast's writes, which is
+#: what a message waits before it is even queued for the loop. Each ``send`` releases the GIL, but the loop thread
+#: takes it back before the woken listener can; only the interval forces the hand-over.
+SWITCH_INTERVAL = 0.0005
 
 
 def connection_factory(srv: Server) -> Callable[[], HttpConnection]:
@@ -36,7 +43,42 @@ async def serve(
     backlog: int = 2048,
     limits: Limits | None = None,
 ) -> None:
-    """Serve ``app`` on already-bound listening ``sockets`` until ``stop`` is set (or ``max_requests``)."""
+    """Serve ``app`` on already-bound listening ``sockets`` until ``stop`` is set (or ``max_requests``), with the
+    interpreter's switch interval at most :data:`SWITCH_INTERVAL` meanwhile."""
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(min(switch, SWITCH_INTERVAL))
+    try:
+        await _serve(
+            app,
+            sockets,
+            options=options,
+            keepalive=keepalive,
+            max_requests=max_requests,
+            graceful_timeout=graceful_timeout,
+            stop=stop,
+            heartbeat=heartbeat,
+            heartbeat_interval=heartbeat_interval,
+            backlog=backlog,
+            limits=limits,
+        )
+    finally:
+        sys.setswitchinterval(switch)
+
+
+async def _serve(
+    app: Any,
+    sockets: Sequence[socket.socket],
+    *,
+    options: dict[str, Any] | None,
+    keepalive: float,
+    max_requests: int,
+    graceful_timeout: float,
+    stop: asyncio.Event | None,
+    heartbeat: Callable[[], Any] | None,
+    heartbeat_interval: float,
+    backlog: int,
+    limits: Limits | None,
+) -> None:
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
     srv = Server(

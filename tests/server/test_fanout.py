@@ -17,7 +17,10 @@ import pytest
 from shmbus import Bus
 from shmbus.adapters.asgi import MessageBusMiddleware
 from shmbus.adapters.fanout import SLICE_BUDGET, SLICE_STEP, SMALL_FANOUT, WINDOW_STRETCH, LoopFanout
-from shmbus.adapters.http import Options
+from shmbus.adapters.http import Lookups, MessageBusProtocol, Options, Waiter
+from shmbus.adapters.http.group import DEFER_OVER
+from shmbus.adapters.http.protocol import null_lock
+from shmbus.adapters.http.registry import Registry
 from shmbus.adapters.server import Server
 from shmbus.adapters.server.serve import connection_factory
 from shmbus.message import Message
@@ -60,7 +63,7 @@ def dispatch_to(eng: LoopFanout, clients: list[Any], took: float = 0.0) -> None:
     """Queue a batch whose dispatch (``took`` seconds of the clock) returns ``clients`` to wake."""
     clock = cast(Clock, eng.clock)
 
-    def deliver(batches: Any) -> list[Any]:
+    def deliver(batches: Any, deferred: Any = None) -> list[Any]:
         clock.now += took
         return clients
 
@@ -116,13 +119,18 @@ def test_a_small_fan_out_is_woken_whole_ahead_of_the_large_ones_under_way(shared
     assert len(loop.pending()) == 0
 
 
+def _no_op(msgs: list[Message]) -> None:
+    pass
+
+
 def _msg(bus: Bus, channel: str) -> Message:
     return Message(1, 1, channel, b'"x"', bus.codec)
 
 
 def test_the_window_stretches_after_a_long_fan_out_for_many_clients_only(shared_bus: Bus) -> None:
     """After a fan-out longer than ``batch_window`` the next batches for many clients gather for as long (at most
-    WINDOW_STRETCH windows); batches for a few clients keep ``batch_window``; a quick fan-out restores it."""
+    WINDOW_STRETCH windows); batches for a few clients keep ``batch_window``, or are drained at once while the bus
+    listener lingers that long after each batch (it spaces them already); a quick fan-out restores the window."""
     eng, loop, clock = fanout(shared_bus, window=0.002)
     fake_wakes(eng, clock, [0.0002])
     dispatch_to(eng, list(range(60)), took=0.001)  # small: woken at once, 13 ms in all
@@ -136,13 +144,27 @@ def test_the_window_stretches_after_a_long_fan_out_for_many_clients_only(shared_
     index = eng.proto.registry.index
     index[(None, "/bcast")] = set(range(500))  # type: ignore[arg-type]
     index[(None, "/room")] = set(range(3))  # type: ignore[arg-type]
-    for channel, wait in (("/room", 0.002), ("/bcast", 0.002 * WINDOW_STRETCH)):
+    drained: list[Any] = []
+    eng.drain = lambda: drained.append(eng.batches)  # type: ignore[method-assign]
+    for channel, wait in (("/room", 0.002), ("/bcast", 0.002 * WINDOW_STRETCH)):  # the listener does not linger
         eng.batches = [[_msg(shared_bus, channel)]]
         eng._drain_soon()
         assert loop.pending()[-1].when - loop.now == pytest.approx(wait), channel
         loop.pending()[-1].cancel()
+    shared_bus.tap(_no_op, 0.002)  # as the middleware's own tap: the listener lingers the window after a batch
+    try:
+        eng.batches = [[_msg(shared_bus, "/room")]]
+        eng._drain_soon()
+        assert drained and not loop.pending(), "a batch for a few clients waited for a window the listener had"
+        eng.batches = [[_msg(shared_bus, "/bcast")]]
+        eng._drain_soon()
+        assert len(drained) == 1 and loop.pending()[-1].when - loop.now == pytest.approx(0.002 * WINDOW_STRETCH)
+        loop.pending()[-1].cancel()
+    finally:
+        shared_bus.untap(_no_op)
+    del eng.drain
     eng.batches = [[_msg(shared_bus, "/room")], [_msg(shared_bus, "/bcast")]]
-    assert not eng.few_queued(), "a chat batch queued with a broadcast's decides the window alone"
+    assert not eng.few_queued(), "a chat batch queued with a broadcast's was drained without the broadcast's window"
     dispatch_to(eng, [])
     eng.drain()
     assert eng.wait == 0.002, "a quick fan-out did not restore the window"
@@ -150,6 +172,69 @@ def test_the_window_stretches_after_a_long_fan_out_for_many_clients_only(shared_
     dispatch_to(zero, [], took=0.005)
     zero.drain()
     assert zero.wait == 0
+
+
+# ---------------------------------------------------------------------------------------------------- deferred
+def _streams(bus: Bus, reg: Registry, channels: dict[str, list[str]]) -> dict[str, Waiter]:
+    """Parked streams by name, each on its channels from their current last ids."""
+    out = {}
+    for name, chans in channels.items():
+        c = Waiter(name, 1, Lookups(), chans, True, bus.epoch)
+        for ch in chans:
+            c.last[ch] = bus.last_id(ch)
+        reg.capture(c)
+        assert reg.park(c)[0]
+        out[name] = c
+    return out
+
+
+def _published(bus: Bus, channel: str, data: str) -> list[Message]:
+    last = bus.last_id(channel)
+    bus.publish(channel, data)
+    return list(bus.backlog(channel, last))
+
+
+def test_a_deferred_delivery_gives_a_client_its_piece_before_anything_newer(shared_bus: Bus) -> None:
+    """A channel with more than DEFER_OVER clients is set aside at dispatch (nothing queued yet) and delivered a
+    step at a time; a chat message for a client it has not reached yet gives that client the broadcast first
+    (then the chat), and the rest of the broadcast skips it; a client that ends meanwhile gets its piece with its
+    end. Every stream gets the broadcast once."""
+    proto = MessageBusProtocol(shared_bus, Options(), null_lock())
+    reg = proto.registry
+    plan = {f"b{i}": ["/bcast"] for i in range(DEFER_OVER + 36)}
+    plan |= {"both": ["/bcast", "/room"], "ends": ["/bcast"]}
+    streams = _streams(shared_bus, reg, plan)
+    deferred: list[Any] = []
+    assert reg.dispatch(_published(shared_bus, "/bcast", "BCAST"), deferred) == []
+    assert len(deferred) == 1 and not any(c.pending for c in streams.values()), "the broadcast was not deferred"
+    d = deferred[0]
+    order = list(d.clients)
+    both, ends = streams["both"], streams["ends"]
+    first = min(order.index(both), order.index(ends))
+    woken = reg.serve(d, first)
+    assert woken == order[:first] and all(b"BCAST" in c.pending[0] for c in woken)
+    assert not both.pending and not ends.pending
+    assert reg.dispatch(_published(shared_bus, "/room", "CHAT"), deferred) == [both] and len(deferred) == 1
+    assert len(both.pending) == 2 and b"BCAST" in both.pending[0] and b"CHAT" in both.pending[1], (
+        "the chat message overtook the broadcast on a stream that has both"
+    )
+    pending, _ = reg.finish(ends)
+    assert len(pending) == 1 and b"BCAST" in pending[0], "an ending stream lost the broadcast it was owed"
+    rest = reg.serve(d, len(order))
+    assert both not in rest and ends not in rest and d not in reg.owed
+    assert sorted(c.client_id for c in woken + rest) == sorted(n for n in plan if n not in ("both", "ends"))
+    for c in streams.values():
+        if c is not ends:
+            assert sum(p.count(b"BCAST") for p in c.pending) == 1, c
+
+
+def test_a_small_channel_is_not_deferred(shared_bus: Bus) -> None:
+    """DEFER_OVER clients on a channel: delivered at once, even when a caller takes deferred ones."""
+    reg = MessageBusProtocol(shared_bus, Options(), null_lock()).registry
+    streams = _streams(shared_bus, reg, {f"r{i}": ["/room"] for i in range(DEFER_OVER)})
+    deferred: list[Any] = []
+    assert len(reg.dispatch(_published(shared_bus, "/room", "CHAT"), deferred)) == DEFER_OVER and not deferred
+    assert all(len(c.pending) == 1 for c in streams.values())
 
 
 # ---------------------------------------------------------------------------------------------------- the server
@@ -217,6 +302,8 @@ async def test_a_chat_message_is_written_before_the_rest_of_a_broadcast_under_wa
         await asyncio.sleep(0)  # one turn: the drain dispatches and writes the first slice
         first = [who for who, _ in wire.log]
         assert 0 < len(first) < STREAMS, f"the broadcast was not sliced by time: {len(first)} writes in its first slice"
+        held = [w for w in eng.proto.registry.by_id.values() if w.pending]
+        assert not held, f"the broadcast's dispatch was not sliced: {len(held)} streams hold its piece unwritten"
         shared_bus.publish("/room", "CHAT-1")
         assert queued.wait(10), "the chat message never reached the loop's fan-out"
         await asyncio.sleep(0)  # the next turn: the chat's drain, then (a timer) the broadcast's next slice

@@ -73,7 +73,7 @@ def test_the_fan_out_notes_its_stages_when_the_probe_is_on(
     eng.proto.wake = woken.append  # type: ignore[method-assign,assignment]
     msg = Message(1, 1, "/x", b'"x"', shared_bus.codec, timestamp=time.time())
     for clients in (["a", "b"], list(range(100))):
-        eng.proto.deliver_batches = lambda batches, clients=clients: clients  # type: ignore[method-assign,misc]
+        eng.proto.deliver_batches = lambda batches, deferred=None, clients=clients: clients  # type: ignore[method-assign,misc]
         eng.add([msg])
         eng.drain()
         while eng.runs:

@@ -538,7 +538,7 @@ def test_no_duplicate_when_backlog_already_had_the_message(bus: Bus, driver: Any
     reg = proto.registry
     orig = reg.dispatch
     held: list[Any] = []
-    reg.dispatch = lambda msgs: held.append(msgs) or []  # hold live batches back
+    reg.dispatch = lambda msgs, deferred=None: held.append(msgs) or []  # hold live batches back
     try:
         r = d.poll("abc", {"/foo": 0}, chunk=True)
         assert [m["message_id"] for m in J(split_stream(r.next_piece() or b"")[0])] == [1]
