@@ -1,0 +1,40 @@
+"""The RabbitMQ relay's doorbell: its stream consumer (:mod:`.reader`), on a connection of its own."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..bridge.rows import Ring
+from .reader import StreamReader
+
+if TYPE_CHECKING:
+    from .backend import RabbitBackend
+
+__all__ = ["RabbitDoorbell"]
+
+
+class RabbitDoorbell:
+    """The relay's connection: the stream declared where missing, its consumer started by the first read."""
+
+    def __init__(self, backend: RabbitBackend) -> None:
+        self.backend = backend
+        self.conn = backend.connect()
+        try:
+            backend.ensure_stream(self.conn, 3)
+            self.reader = StreamReader(self.conn, backend.stream, backend.command_timeout)
+        except BaseException:
+            self.conn.close(0.1)
+            raise
+
+    def ring(self, timeout: float) -> Ring:
+        return self.reader.ring(timeout)
+
+    def keepalive(self) -> None:
+        """A round trip (a channel opened and closed): a dead connection raises."""
+        timeout = self.backend.command_timeout
+        self.conn.open_channel(3, timeout)
+        self.conn.close_channel(3, timeout)
+
+    def close(self) -> None:
+        self.backend.closed_bell(self)
+        self.conn.close(0.2)
