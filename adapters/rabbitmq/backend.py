@@ -99,6 +99,24 @@ class RabbitBackend:
         conn.sock.settimeout(self.command_timeout)
         return conn
 
+    def connect_ready(self) -> AmqpConnection:
+        """A connection on which the stream exists and is ready (:meth:`ensure_stream`): a broker that crashed the
+        connection on a stream created a moment ago (541) is asked again on a new one, a few times."""
+        for attempt in range(6):
+            conn = self.connect()
+            try:
+                self.ensure_stream(conn, 3)
+                return conn
+            except Closed as exc:
+                conn.close(0.1)
+                if exc.code != 541 or attempt == 5:
+                    raise
+            except BaseException:
+                conn.close(0.1)
+                raise
+            time.sleep(0.05 * (attempt + 1))
+        raise AssertionError("unreachable")
+
     def ensure_stream(self, conn: AmqpConnection, channel: int) -> None:
         """Declare the stream where missing, on ``channel`` (opened and closed here). A passive declare first: an
         existing stream keeps the retention it was created with, whatever this process's arguments say."""
@@ -121,9 +139,8 @@ class RabbitBackend:
             self.after_fork()
         pub: Publisher | None = getattr(self._tls, "pub", None)
         if pub is None or pub.conn.closed:
-            conn = self.connect()
+            conn = self.connect_ready()
             try:
-                self.ensure_stream(conn, 3)
                 pub = Publisher(conn, self.stream, self.command_timeout)
             except BaseException:
                 conn.close()

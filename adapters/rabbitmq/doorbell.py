@@ -18,9 +18,8 @@ class RabbitDoorbell:
 
     def __init__(self, backend: RabbitBackend) -> None:
         self.backend = backend
-        self.conn = backend.connect()
+        self.conn = backend.connect_ready()
         try:
-            backend.ensure_stream(self.conn, 3)
             self.reader = StreamReader(self.conn, backend.stream, backend.command_timeout)
         except BaseException:
             self.conn.close(0.1)

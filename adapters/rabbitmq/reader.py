@@ -4,10 +4,11 @@ The stream *is* the history, and its consumer delivers it in offset order with t
 on every message, so a message's global id is its offset + 1 on every host. :meth:`StreamReader.ring` waits for
 deliveries (the doorbell: what arrived is the broker's own record, not anyone's notice); :meth:`read_after`
 hands the kit the buffered messages after its position, restarting the consumer at that offset when it needs
-older ones. Offsets are dense, so a jump between two deliveries (or a first delivery past the offset asked for)
-is what retention deleted: :attr:`StreamReader.gone` (the kit counts what this host never stored as lost). An
-entry that is not a message (a body that is no ``channel|envelope``: a history probe, or anyone's bytes) is
-passed over: its id is never a message, as a rolled-back id on PostgreSQL.
+older ones. An entry that is not a message (a body that is no ``channel|envelope``: a history probe, or anyone's bytes) is
+passed over: its id is never a message, as a rolled-back id on PostgreSQL. Offsets are not dense (the broker's
+own entries, a segment's tracking chunk, take offsets and are never delivered), so a jump between deliveries
+(or a first delivery past the offset asked for) asks the stream for its oldest message: only what lies below it
+was deleted by retention (:attr:`StreamReader.gone`; the kit counts what this host never stored as lost).
 
 :meth:`StreamReader.message_at` answers the kit's history check: the stream's entry at an offset, or whether
 the stream is shorter (a deleted and recreated stream restarts its offsets at 0).
@@ -93,8 +94,8 @@ class StreamReader:
             gid = d.offset + 1
             if gid < expect:
                 continue  # the chunk the consumer started in holds entries before the one asked for
-            if gid > expect:
-                self.gone = max(self.gone, gid - 1)  # dense offsets: retention deleted the ones in between
+            if gid > expect and gid - 1 > self.gone:
+                self.gone = max(self.gone, min(self.deleted_upto(), gid - 1))
             expect = gid + 1
             row = parse_body(gid, d.body)
             if row is None:
@@ -104,6 +105,21 @@ class StreamReader:
         self.expect = expect
         self.newest = max(self.newest, expect - 1)
         conn.ack(_MAIN, mine[-1].tag)
+
+    def deleted_upto(self) -> int:
+        """Ids at or below this one were deleted: the offset of the stream's oldest message (its id - 1).
+
+        A jump between two deliveries is not enough to say so: the broker's own entries (a segment's tracking
+        chunk) take offsets too and are never delivered."""
+        conn = self.conn
+        conn.open_channel(_SIDE, self.timeout)
+        try:
+            conn.consume(_SIDE, self.stream, "shmbus-first", "first", 1, self.timeout)
+            first = self._side_until(lambda d: d.offset is not None)
+            return int(first.offset or 0)
+        finally:
+            conn.deliveries = [d for d in conn.deliveries if d.channel != _SIDE]
+            conn.close_channel(_SIDE, self.timeout)
 
     def ring(self, timeout: float) -> Ring:
         """Wait up to ``timeout`` s for deliveries; the newest id buffered (the kit then reads them)."""
