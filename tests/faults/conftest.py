@@ -20,7 +20,7 @@ import pytest
 from tests import harness
 from tests.harness.services import PostgresServer, find_postgres_bindir
 
-from .faults_backends import Backend, PostgresBackend, RedisBackend
+from .faults_backends import Backend, PostgresBackend, RabbitBackend, RedisBackend
 from .faults_checker import Verdict, check
 from .faults_hosts import Cluster
 
@@ -40,9 +40,35 @@ def faults_pg_server() -> Iterator[PostgresServer]:
         server.close()
 
 
-@pytest.fixture(params=["redis", "postgres"])
+@pytest.fixture(scope="session")
+def faults_rabbit_server() -> Iterator[Any]:
+    """A private RabbitMQ node for this worker's fault scenarios (they kill, freeze and restart it)."""
+    from tests.harness.rabbitmq import RabbitServer, find_rabbitmq_sbin
+
+    sbin = find_rabbitmq_sbin()
+    if sbin is None:
+        harness.skip_or_fail("no rabbitmq-server binaries for a private node (apt-get install rabbitmq-server)")
+    server = RabbitServer(sbin)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(params=["redis", "postgres", "rabbitmq"])
 def backend(request: pytest.FixtureRequest, bus_name: str) -> Iterator[Backend]:
     channel = f"_mb_{bus_name}"
+    if request.param == "rabbitmq":
+        server = request.getfixturevalue("faults_rabbit_server")
+        rabbit_backend = RabbitBackend(server, f"s_{bus_name}")
+        try:
+            yield rabbit_backend
+        finally:
+            server.thaw()
+            server.start()  # a scenario may have left it down
+            rabbit_backend.wipe()
+        return
     if request.param == "redis":
         harness.require_module("redis")
         redis_backend = RedisBackend(request.getfixturevalue("redis_server"), channel)
