@@ -123,11 +123,12 @@ class StreamReader:
 
     def ring(self, timeout: float) -> Ring:
         """Wait up to ``timeout`` s for deliveries; the newest id buffered (the kit then reads them)."""
+        self._take()  # what an earlier read's pump left buffered
         if not self.rows:
             self.conn.pump(timeout)
             while self.conn.pump(0):
                 pass
-        self._take()
+            self._take()
         return Ring(self.rows[-1].global_id, [], {}) if self.rows else NO_RING
 
     def read_after(self, after: int, limit: int) -> list[Row]:
