@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from shmbus import Bus
+from shmbus import Bus, DistributedCache
 from shmbus.adapters.rabbitmq import RabbitBridge, RabbitUnavailable
 from shmbus.adapters.rabbitmq import amqp
 from shmbus.adapters.rabbitmq.connection import AmqpConnection
@@ -193,3 +193,26 @@ def test_a_script_without_a_relay_learns_its_ids_from_the_stream(
         wait_for(lambda: ids(a, "/s") == [1, 2, 3, 4], what="the script's messages on a")
     finally:
         script.destroy()
+
+
+def test_distributed_cache_across_hosts(make_host: Callable[..., Bus]) -> None:
+    a, b = make_host("a"), make_host("b")
+    wait_relaying(a, b)
+    ca, cb = DistributedCache("settings", bus=a), DistributedCache("settings", bus=b)
+    try:
+        ca["theme"] = "dark"
+        wait_for(lambda: cb.get("theme") == "dark", what="the cache entry on host b")
+        del cb["theme"]
+        wait_for(lambda: ca.get("theme") is None, what="the delete on host a")
+    finally:
+        ca.close()
+        cb.close()
+
+
+def test_a_msgpack_bus_bridges_too(make_host: Callable[..., Bus]) -> None:
+    a, b = make_host("a", bus_options={"codec": "msgpack"}), make_host("b", bus_options={"codec": "msgpack"})
+    wait_relaying(a, b)
+    mid = a.publish("/m", {"bytes": b"\x00|\xff", "n": 1}, user_ids=[3])
+    wait_for(lambda: ids(b, "/m") == [mid], what="the msgpack message on b")
+    (m,) = b.backlog("/m")
+    assert m.data == {"bytes": b"\x00|\xff", "n": 1} and m.user_ids == [3]
