@@ -19,7 +19,6 @@ import json
 import os
 import random
 import subprocess
-import sys
 import time
 from typing import Any
 
@@ -191,10 +190,10 @@ def main() -> None:
             helper, lambda i: confirmed.basic_publish("", base, (envelope % time.perf_counter_ns()).encode()), n_lat
         )
         pairs = (
-            ("bridge publish, one at a time (confirmed, id returned)", "bs", "pika basic_publish, confirm_delivery", "ps"),
-            ("bridge publish_many x100 (confirmed, ids returned)", "b100", "pika basic_publish x100, no confirms", "p100"),
-            ("bridge publish_many x1000 (confirmed, ids returned)", "b1000", "pika basic_publish x1000, no confirms", "p1000"),
-        )  # fmt: skip
+            ("bridge publish, one at a time (confirmed, id returned)", "bs", "pika basic_publish, confirmed", "ps"),
+            ("bridge publish_many x100 (confirmed, ids returned)", "b100", "pika x100, no confirms", "p100"),
+            ("bridge publish_many x1000 (confirmed, ids returned)", "b1000", "pika x1000, no confirms", "p1000"),
+        )
         for name, key, base_name, base_key in pairs:
             rep.add(base_name, rows[base_key], "msgs/s")
             rep.add(name, rows[key], "msgs/s", baselines=[base_name])
@@ -214,7 +213,9 @@ def main() -> None:
         rep.rows["bridge cross-host latency p99"].baselines = ["pika publish->consumer latency p99"]
         for name, _, base_name, _ in pairs:
             rep.target(f"{name} >= 0.8x {base_name}", rep.ratio(name, base_name), 0.8)
-        rep.note("bridge: the bus's own AMQP framing (shmbus.adapters.rabbitmq.amqp); baseline: pika " + pika.__version__)
+        rep.note(
+            "bridge: the bus's own AMQP framing (shmbus.adapters.rabbitmq.amqp); baseline: pika " + pika.__version__
+        )
         rep.note("RabbitMQ, the relay (helper process) and the publisher share the machine's CPUs")
     finally:
         c.stop_helpers(helpers)

@@ -11,6 +11,7 @@ the handful of methods the bridge uses into plain tuples; :func:`stream_offset` 
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 __all__ = [
@@ -83,12 +84,12 @@ def _value(value: object) -> bytes:
         return b"l" + _Q.pack(value)
     if isinstance(value, (str, bytes)):
         return b"S" + longstr(value.encode() if isinstance(value, str) else value)
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         return b"F" + encode_table(value)
     raise TypeError(f"no AMQP field type for {type(value).__name__}")
 
 
-def encode_table(table: dict[str, object]) -> bytes:
+def encode_table(table: Mapping[str, object]) -> bytes:
     body = b"".join(shortstr(k) + _value(v) for k, v in table.items())
     return longstr(body)
 
@@ -221,7 +222,7 @@ def parse_method(channel: int, payload: bytes) -> Method:
     kind = _METHOD_HEAD.unpack_from(payload)
     c = _Cursor(payload)
     args: tuple[Any, ...] = ()
-    if kind == BASIC_ACK or kind == BASIC_NACK:
+    if kind in (BASIC_ACK, BASIC_NACK):
         args = _ACK.unpack_from(payload, 4)  # delivery tag, bits (multiple first)
     elif kind == BASIC_DELIVER:
         args = (c.shortstr(), c.take("Q"))  # consumer tag, delivery tag
@@ -235,7 +236,7 @@ def parse_method(channel: int, payload: bytes) -> Method:
         args = (c.longstr().split(),)  # mechanisms
     elif kind == QUEUE_DECLARE_OK:
         args = (c.shortstr(), c.take("I"), c.take("I"))
-    elif kind == BASIC_CONSUME_OK or kind == BASIC_CANCEL:
+    elif kind in (BASIC_CONSUME_OK, BASIC_CANCEL):
         args = (c.shortstr(),)
     elif kind == BASIC_RETURN:
         args = (c.take("H"), c.shortstr().decode(errors="replace"))

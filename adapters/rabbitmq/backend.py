@@ -20,7 +20,6 @@ segments from the start: ids a relay never read count as lost (``relay_lost``, a
 
 from __future__ import annotations
 
-import contextlib
 import secrets
 import threading
 import time
@@ -176,7 +175,9 @@ class RabbitBackend:
     # ------------------------------------------------------------------ publish
     def publish(self, bus: BusHost, envelopes: list[Envelope]) -> Acknowledged:
         codec = bus.codec
-        bodies = [line_tail(backend_name(e.channel, e.site_id), encode_envelope(codec, e.payload, e.meta)) for e in envelopes]
+        bodies = [
+            line_tail(backend_name(e.channel, e.site_id), encode_envelope(codec, e.payload, e.meta)) for e in envelopes
+        ]
         seg = bus.segment
         epoch, after = seg.read_epoch(), seg.global_id()  # the stream gives our messages larger offsets
         try:
@@ -188,7 +189,9 @@ class RabbitBackend:
         except (OSError, Closed, ValueError) as exc:  # nothing sent
             self._drop_publisher()
             self.status.set_state("unreachable" if isinstance(exc, OSError) else "error", exc)
-            raise RabbitUnavailable(f"RabbitMQ at {self.where} is unreachable; not published: {cause_text(exc)}") from exc
+            raise RabbitUnavailable(
+                f"RabbitMQ at {self.where} is unreachable; not published: {cause_text(exc)}"
+            ) from exc
         except BaseException as exc:
             if not isinstance(exc, Exception):
                 note_unknown(exc, self.kind)
@@ -196,8 +199,8 @@ class RabbitBackend:
             raise
         ids = self._ids(bus, envelopes, bodies, after, epoch)
         if ids is None:
-            lost = ReplyLost(TimeoutError("confirmed, but its offset was not seen in time"), sent=True)
-            raise outcome_unknown(self.kind, self.where, envelopes, lost)
+            unseen = ReplyLost(TimeoutError("confirmed, but its offset was not seen in time"), sent=True)
+            raise outcome_unknown(self.kind, self.where, envelopes, unseen)
         return Acknowledged([(g, g) for g in ids], None)
 
     def _send(self, bodies: list[bytes]) -> None:
@@ -215,7 +218,9 @@ class RabbitBackend:
             cause = RabbitBridgeError(f"{returned} of {len(bodies)} messages returned unroutable: stream deleted?")
             raise ReplyLost(cause, sent=True)
 
-    def _ids(self, bus: BusHost, envelopes: list[Envelope], bodies: list[bytes], after: int, epoch: int) -> list[int] | None:
+    def _ids(
+        self, bus: BusHost, envelopes: list[Envelope], bodies: list[bytes], after: int, epoch: int
+    ) -> list[int] | None:
         """The ids of our confirmed messages: from the segment where this host's relay stores them, else read
         from the stream."""
         seg, first_after = bus.segment, after

@@ -113,7 +113,9 @@ class AmqpConnection:
         return int(self.call(channel, amqp.QUEUE_DECLARE, args, amqp.QUEUE_DECLARE_OK, timeout).args[1])
 
     def delete(self, channel: int, queue: str, timeout: float) -> None:
-        self.call(channel, amqp.QUEUE_DELETE, b"\x00\x00" + amqp.shortstr(queue) + b"\x00", amqp.QUEUE_DELETE_OK, timeout)
+        self.call(
+            channel, amqp.QUEUE_DELETE, b"\x00\x00" + amqp.shortstr(queue) + b"\x00", amqp.QUEUE_DELETE_OK, timeout
+        )
 
     def consume(self, channel: int, queue: str, tag: str, offset: object, prefetch: int, timeout: float) -> None:
         """Consume ``queue`` (a stream) from ``offset`` (an int, ``"first"``, ``"last"``, ``"next"``)."""
@@ -142,11 +144,11 @@ class AmqpConnection:
         raises :class:`socket.timeout` (a reply is due)."""
         if timeout <= 0:
             if wait:
-                raise socket.timeout("the broker did not answer in time")
+                raise TimeoutError("the broker did not answer in time")
             timeout = 0
         if not select.select([self.sock], [], [], timeout)[0]:
             if wait:
-                raise socket.timeout("the broker did not answer in time")
+                raise TimeoutError("the broker did not answer in time")
             return False
         data = self.sock.recv(_READ)
         if not data:

@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..bridge.rows import Ring
+from .connection import AmqpConnection
 from .reader import StreamReader
 
-if TYPE_CHECKING:
-    from .backend import RabbitBackend
+__all__ = ["Opener", "RabbitDoorbell"]
 
-__all__ = ["RabbitDoorbell"]
+
+class Opener(Protocol):
+    """What the doorbell needs of its backend (:class:`~.backend.RabbitBackend`)."""
+
+    stream: str
+    command_timeout: float
+
+    def connect_ready(self) -> AmqpConnection: ...
+    def closed_bell(self, bell: RabbitDoorbell) -> None: ...
 
 
 class RabbitDoorbell:
     """The relay's connection: the stream declared where missing, its consumer started by the first read."""
 
-    def __init__(self, backend: RabbitBackend) -> None:
+    def __init__(self, backend: Opener) -> None:
         self.backend = backend
         self.conn = backend.connect_ready()
         try:

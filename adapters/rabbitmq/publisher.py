@@ -9,7 +9,6 @@ of dropping them silently.
 
 from __future__ import annotations
 
-import socket
 import time
 
 from ..bridge.outcome import ReplyLost
@@ -95,9 +94,9 @@ class Publisher:
                 mine = [d for d in conn.deliveries if d.channel == _FIND]
                 conn.deliveries = [d for d in conn.deliveries if d.channel != _FIND]
                 for d in mine:
-                    if d.offset is not None and d.offset >= after and len(found) < len(bodies):
-                        if d.body == bodies[len(found)]:
-                            found.append(d.offset + 1)
+                    if d.offset is not None and d.offset >= after and len(found) < len(bodies) \
+                            and d.body == bodies[len(found)]:  # fmt: skip
+                        found.append(d.offset + 1)
                 if mine:
                     conn.ack(_FIND, mine[-1].tag)
                 if len(found) == len(bodies):
@@ -107,7 +106,7 @@ class Publisher:
                     return None
                 try:
                     conn.pump(left)
-                except socket.timeout:
+                except TimeoutError:
                     return None
         finally:
             conn.deliveries = [d for d in conn.deliveries if d.channel != _FIND]

@@ -4,8 +4,8 @@ The stream *is* the history, and its consumer delivers it in offset order with t
 on every message, so a message's global id is its offset + 1 on every host. :meth:`StreamReader.ring` waits for
 deliveries (the doorbell: what arrived is the broker's own record, not anyone's notice); :meth:`read_after`
 hands the kit the buffered messages after its position, restarting the consumer at that offset when it needs
-older ones. An entry that is not a message (a body that is no ``channel|envelope``: a history probe, or anyone's bytes) is
-passed over: its id is never a message, as a rolled-back id on PostgreSQL. Offsets are not dense (the broker's
+older ones. An entry that is not a message (a body that is no ``channel|envelope``: a history probe, or anyone's
+bytes) is passed over: its id is never a message, as a rolled-back id on PostgreSQL. Offsets are not dense (the broker's
 own entries, a segment's tracking chunk, take offsets and are never delivered), so a jump between deliveries
 (or a first delivery past the offset asked for) asks the stream for its oldest message: only what lies below it
 was deleted by retention (:attr:`StreamReader.gone`; the kit counts what this host never stored as lost).
@@ -16,7 +16,6 @@ the stream is shorter (a deleted and recreated stream restarts its offsets at 0)
 
 from __future__ import annotations
 
-import socket
 import time
 
 from ..bridge.backend import Row
@@ -181,6 +180,5 @@ class StreamReader:
             conn.deliveries = [d for d in conn.deliveries if d.channel != _SIDE]
             left = deadline - time.monotonic()
             if left <= 0:
-                raise socket.timeout(f"no entry of {self.stream!r} arrived within {self.timeout} s")
+                raise TimeoutError(f"no entry of {self.stream!r} arrived within {self.timeout} s")
             conn.pump(left)
-

@@ -10,8 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from shmbus import Bus, DistributedCache
-from shmbus.adapters.rabbitmq import RabbitBridge, RabbitUnavailable
-from shmbus.adapters.rabbitmq import amqp
+from shmbus.adapters.rabbitmq import RabbitBridge, RabbitUnavailable, amqp
 from shmbus.adapters.rabbitmq.connection import AmqpConnection
 from shmbus.adapters.rabbitmq.errors import parse_url
 from shmbus.engine_urls import engine_from_url
@@ -128,9 +127,7 @@ def test_a_deleted_stream_resets_every_host(make_host: Callable[..., Bus], amqp_
         assert ids(host, "/d") == [new]
 
 
-def test_entries_that_are_no_message_are_passed_over(
-    make_host: Callable[..., Bus], amqp_url: str, stream: str
-) -> None:
+def test_entries_that_are_no_message_are_passed_over(make_host: Callable[..., Bus], amqp_url: str, stream: str) -> None:
     a, b = make_host("a"), make_host("b")
     wait_relaying(a, b)
     first = a.publish("/f", "one")
