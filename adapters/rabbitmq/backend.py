@@ -141,6 +141,8 @@ class RabbitBackend:
             conn = self.connect_ready()
             try:
                 pub = Publisher(conn, self.stream, self.command_timeout)
+                if not self.relay_running():  # its ids will be read from the stream: from its end, not its start
+                    pub.seen = pub.tail(min(1.0, self.command_timeout))
             except BaseException:
                 conn.close()
                 raise
@@ -212,6 +214,7 @@ class RabbitBackend:
             pub = self._publisher()
         returned = pub.send(bodies)
         if returned == len(bodies):
+            pub.seen = 0  # the stream was deleted: the new one's offsets start at 0
             self.ensure_stream(pub.conn, 3)
             returned = pub.send(bodies)
         if returned:
@@ -240,7 +243,10 @@ class RabbitBackend:
                     break
                 seg.wait(word, min(left, 0.05))
         try:
-            return self._publisher().find(bodies, 0 if seg.read_epoch() != epoch else first_after, self.command_timeout)
+            pub = self._publisher()
+            if seg.read_epoch() != epoch:
+                pub.seen, first_after = 0, 0  # another history: its offsets start again
+            return pub.find(bodies, first_after, self.command_timeout)
         except (OSError, Closed, ValueError):
             self._drop_publisher()
             return None

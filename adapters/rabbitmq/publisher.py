@@ -31,6 +31,7 @@ class Publisher:
         self.acked = 0  #: every number up to this one is acknowledged
         self.nacked = False
         self.returned = 0
+        self.seen = 0  #: an id at or below which none of this publisher's next messages can be (see :meth:`find`)
         self.prefix = amqp.publish_prefix(_PUB, stream)
         conn.on_confirm = self._confirmed
         conn.on_return = self._returned
@@ -81,9 +82,31 @@ class Publisher:
             raise ReplyLost(Closed(_PUB, 0, "the broker nacked a message (it may not be stored)"), sent=True)
         return self.returned
 
+    def tail(self, timeout: float) -> int:
+        """The newest id the stream holds now, as far as its last chunk arrives within ``timeout`` (0: empty, or
+        not seen in time): a lower bound for the ids of what this publisher sends next."""
+        conn = self.conn
+        conn.open_channel(_FIND, timeout)
+        newest = 0
+        try:
+            conn.consume(_FIND, self.stream, "shmbus-tail", "last", 1000, timeout)
+            deadline = time.monotonic() + timeout
+            while not any(d.channel == _FIND for d in conn.deliveries) and time.monotonic() < deadline:
+                conn.pump(deadline - time.monotonic())
+            while conn.pump(0):
+                pass
+            newest = max([d.offset + 1 for d in conn.deliveries if d.channel == _FIND and d.offset is not None] or [0])
+        finally:
+            conn.deliveries = [d for d in conn.deliveries if d.channel != _FIND]
+            if not conn.closed:
+                conn.close_channel(_FIND, timeout)
+        return newest
+
     def find(self, bodies: list[bytes], after: int, timeout: float) -> list[int] | None:
-        """The ids of ``bodies`` (published, confirmed) read from the stream after id ``after``, matched in order;
-        None when they did not all appear within ``timeout``."""
+        """The ids of ``bodies`` (published, confirmed) read from the stream after id ``after`` (or :attr:`seen`,
+        the newest this publisher found before), matched in order; None when they did not all appear within
+        ``timeout``."""
+        after = max(after, self.seen)
         conn = self.conn
         conn.open_channel(_FIND, timeout)
         found: list[int] = []
@@ -100,6 +123,7 @@ class Publisher:
                 if mine:
                     conn.ack(_FIND, mine[-1].tag)
                 if len(found) == len(bodies):
+                    self.seen = max(self.seen, found[-1])
                     break
                 left = deadline - time.monotonic()
                 if left <= 0:
