@@ -141,6 +141,8 @@ class Options:
                 redis_prefix=get("redisKeyPrefix") or "",
                 postgres_dsn=get("postgres_dsn") or get("postgresDsn") or None,
                 postgres_channel=get("postgres_notify_channel") or get("postgresNotifyChannel") or None,
+                rabbitmq_url=get("rabbitmq_url") or get("rabbitmqUrl") or None,
+                rabbitmq_stream=get("rabbitmq_stream") or get("rabbitmqStream") or None,
                 site_id=get("siteId") or get("site_id") or None,
             ),
             channels=_channels(get("channels") or get("channel")),
@@ -162,8 +164,8 @@ class Options:
     def require_source(self) -> None:
         if not self.location.remote and not self.location.bus:
             raise ValueError(
-                "the shmbus source needs .option('bus', NAME) (same host), .option('redis_url', URL) or "
-                ".option('postgres_dsn', DSN)"
+                "the shmbus source needs .option('bus', NAME) (same host), .option('redis_url', URL), "
+                ".option('postgres_dsn', DSN) or .option('rabbitmq_url', URL)"
             )
         if not self.channels:
             raise ValueError("the shmbus source needs .option('channels', '/a,/b') (comma list or JSON list)")

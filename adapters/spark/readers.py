@@ -15,7 +15,6 @@ Two backends read the same logical thing, "messages of channel C with ``after < 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from shmbus import jsonlib
@@ -26,53 +25,9 @@ from shmbus.segment import Segment
 
 from ..bridge.wire import required_line
 from ..redis import layout
+from .chunks import Chunk, Location
 
 __all__ = ["Chunk", "Location", "Reader", "RedisReader", "ShmReader", "open_reader"]
-
-
-@dataclass
-class Chunk:
-    """Columns of one channel range, oldest first, plus what the store said about the range.
-
-    ``payloads`` are codec bytes (JSON text when ``is_json``); ``metas`` are shmbus targeting blobs (``b""`` for
-    untargeted messages); ``timestamps`` are epoch seconds (None where the store keeps none, i.e. Redis).
-    ``first_available`` is the oldest id the store still had at or after ``after + 1``: above ``after + 1`` means
-    messages in the range are gone.
-    """
-
-    message_ids: list[int] = field(default_factory=list)
-    global_ids: list[int] = field(default_factory=list)
-    timestamps: list[float | None] = field(default_factory=list)
-    payloads: list[bytes] = field(default_factory=list)
-    metas: list[bytes] = field(default_factory=list)
-    first_available: int = 0
-    last_id: int = 0
-    is_json: bool = True
-    sparse: bool = False  # message ids are global ids (PostgreSQL): a channel's ids have gaps
-
-
-@dataclass(frozen=True)
-class Location:
-    """Where the bus is, as plain picklable data (what crosses process and host boundaries)."""
-
-    bus: str | None = None
-    redis_url: str | None = None
-    redis_prefix: str = ""
-    site_id: str | None = None
-    postgres_dsn: str | None = None
-    postgres_channel: str | None = None  # the bridge's notify channel (default: the gem's _message_bus_0)
-
-    @property
-    def remote(self) -> bool:
-        """Read or write through a shared backend (a cluster) rather than this host's segment."""
-        return bool(self.redis_url or self.postgres_dsn)
-
-    def describe(self) -> str:
-        if self.postgres_dsn:
-            from ..postgres.bridge import redact_dsn
-
-            return f"postgres {redact_dsn(self.postgres_dsn)}"
-        return f"redis {self.redis_url}" if self.redis_url else f"bus {self.bus!r}"
 
 
 class Reader(Protocol):
@@ -343,7 +298,11 @@ class PostgresReader:
 
 
 def open_reader(location: Location) -> Reader:
-    """Open the backend ``location`` names (Redis or PostgreSQL when given, else the segment by name)."""
+    """Open the backend ``location`` names (RabbitMQ, Redis or PostgreSQL when given, else the segment by name)."""
+    if location.rabbitmq_url:
+        from .rabbit_reader import RabbitReader
+
+        return RabbitReader(location)
     if location.postgres_dsn:
         return PostgresReader(location)
     if location.redis_url:

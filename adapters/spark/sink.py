@@ -130,6 +130,8 @@ class _BusWriterBase:
             return ShmReader(loc).bus
         if loc.postgres_dsn:
             return _BridgeSinkBus.postgres(loc.postgres_dsn, loc.postgres_channel)
+        if loc.rabbitmq_url:
+            return _BridgeSinkBus.rabbitmq(loc.rabbitmq_url, loc.rabbitmq_stream)
         return _BridgeSinkBus.redis(loc.redis_url or "")
 
     def _sink_markers(self, bus: Any, sink: str) -> list[Any]:
@@ -300,6 +302,12 @@ class _BridgeSinkBus:
         from ..postgres import PostgresBridge
 
         return cls(PostgresBridge(dsn, notify_channel=notify_channel, relay=False, local_wait=0))
+
+    @classmethod
+    def rabbitmq(cls, url: str, stream: str | None) -> _BridgeSinkBus:
+        from ..rabbitmq import RabbitBridge
+
+        return cls(RabbitBridge(url, stream=stream, relay=False, local_wait=0))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.bus, name)
