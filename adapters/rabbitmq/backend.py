@@ -191,9 +191,8 @@ class RabbitBackend:
         except (OSError, Closed, ValueError) as exc:  # nothing sent
             self._drop_publisher()
             self.status.set_state("unreachable" if isinstance(exc, OSError) else "error", exc)
-            raise RabbitUnavailable(
-                f"RabbitMQ at {self.where} is unreachable; not published: {cause_text(exc)}"
-            ) from exc
+            what = "is unreachable" if isinstance(exc, OSError) else "refused the connection or the stream"
+            raise RabbitUnavailable(f"RabbitMQ at {self.where} {what}; not published: {cause_text(exc)}") from exc
         except BaseException as exc:
             if not isinstance(exc, Exception):
                 note_unknown(exc, self.kind)
@@ -226,7 +225,7 @@ class RabbitBackend:
     ) -> list[int] | None:
         """The ids of our confirmed messages: from the segment where this host's relay stores them, else read
         from the stream."""
-        seg, first_after = bus.segment, after
+        seg, first_after, first_epoch = bus.segment, after, epoch
         wants = [(e.channel.encode(), (e.site_id or "").encode(), e.payload, e.meta) for e in envelopes]
         found: list[int] = []
         if self.relay_running() and self.local_wait > 0:
@@ -244,7 +243,7 @@ class RabbitBackend:
                 seg.wait(word, min(left, 0.05))
         try:
             pub = self._publisher()
-            if seg.read_epoch() != epoch:
+            if seg.read_epoch() != first_epoch:
                 pub.seen, first_after = 0, 0  # another history: its offsets start again
             return pub.find(bodies, first_after, self.command_timeout)
         except (OSError, Closed, ValueError):
