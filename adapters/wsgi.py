@@ -242,7 +242,7 @@ class MessageBusMiddleware:
         deadline = time.monotonic() + opts.long_polling_interval
         if poll.mode == "long":
             try:
-                _wait(c, deadline, sock)
+                _wait(proto, c, deadline, sock)
                 body = proto.long_poll_response(c)
             except BaseException:
                 proto.abandon(c)
@@ -253,7 +253,7 @@ class MessageBusMiddleware:
         return _stream(proto, c, poll.first_chunk, deadline, sock)
 
 
-def _wait(c: Any, deadline: float, sock: Any, once: bool = False) -> None:
+def _wait(proto: MessageBusProtocol, c: Any, deadline: float, sock: Any, once: bool = False) -> None:
     """Block until ``c`` is woken (once), done, its client went away, or ``deadline``."""
     lock = c.signal
     while not c.done:
@@ -266,7 +266,7 @@ def _wait(c: Any, deadline: float, sock: Any, once: bool = False) -> None:
                     return
                 continue
             if peer_closed(sock):
-                c.end(Ending.DROPPED)
+                proto.end(c, Ending.DROPPED)  # under the registry's lock: the listener may be ending it too
                 return
             continue
         if lock.acquire(True, remaining) and once:
@@ -279,7 +279,7 @@ def _stream(proto: MessageBusProtocol, c: Any, first: bytes, deadline: float, so
         while not c.done and not c.dropped:
             if time.monotonic() >= deadline:
                 break
-            _wait(c, deadline, sock, once=True)
+            _wait(proto, c, deadline, sock, once=True)
             chunks = proto.stream_chunks(c)
             if chunks:
                 yield chunks[0] if len(chunks) == 1 else b"".join(chunks)

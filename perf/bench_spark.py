@@ -58,11 +58,11 @@ def fill(bus: Bus, n: int) -> float:
 
 def baseline_reader(bus_name: str, n: int) -> float:
     """The source's read path without Spark, partition by partition, in this process (one core)."""
-    from shmbus.adapters.spark.options import Options, schema_for
+    from shmbus.adapters.spark.options import SparkOptions, schema_for
     from shmbus.adapters.spark.readers import open_reader
     from shmbus.adapters.spark.reading import _plan, read_partition
 
-    opts = Options.parse({"bus": bus_name, "channels": ",".join(CHANNELS)})
+    opts = SparkOptions.parse({"bus": bus_name, "channels": ",".join(CHANNELS)})
     reader = open_reader(opts.location)
     try:
         parts = _plan(opts, dict.fromkeys(CHANNELS, 0), reader.last_ids(CHANNELS), reader.epoch())

@@ -13,6 +13,7 @@ __all__ = [
     "BusNotFound",
     "ChannelTableFull",
     "EngineError",
+    "IllegalTransition",
     "InvalidArgument",
     "InvalidChannel",
     "InvalidMessage",
@@ -102,6 +103,12 @@ class BusLockTimeout(ShmbusError, TimeoutError):
 
 class ChannelTableFull(ShmbusError):
     """Every channel slot holds a channel with live messages; raise ``max_channels``."""
+
+
+class IllegalTransition(ShmbusError, RuntimeError):
+    """A state machine asked to take a step its table does not allow (a waiting request finished before it was
+    parked, a connection answering twice): a fault in the code that drives it, never bad input. The message names
+    the machine, its state and the step."""
 
 
 class EngineError(ShmbusError):

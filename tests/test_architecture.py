@@ -7,7 +7,9 @@
   no import statement of any kind, and no adapter module named in its code as a string (what ``importlib``,
   ``__import__`` or a table of module names would import); what the core reaches of the adapters at run time it
   finds in the package's entry points (``shmbus/providers.py``);
-* no module over ``MAX_LINES`` lines.
+* no module over ``MAX_LINES`` lines;
+* no class name defined twice in ``shmbus`` and ``adapters`` (a name means one thing), but for the few in
+  ``SHARED_CLASS_NAMES``, each with why.
 
 Run as a script for the report: ``python tests/test_architecture.py``.
 """
@@ -234,6 +236,54 @@ def test_no_module_over_the_size_limit() -> None:
     assert not big_modules(), f"modules over {MAX_LINES} lines: {big_modules()}"
 
 
+#: Class names defined in more than one place on purpose: the name -> the files that define it, and why.
+SHARED_CLASS_NAMES: dict[str, set[str]] = {
+    # message_bus's own name for its middleware, one class per shell (the same options, routes and protocol core):
+    # an app imports the one of the shell it runs, ``shmbus.adapters.asgi`` or ``shmbus.adapters.wsgi``.
+    "MessageBusMiddleware": {"adapters/asgi.py", "adapters/wsgi.py"},
+}
+
+
+def class_definitions(sources: dict[str, str]) -> dict[str, set[str]]:
+    """Every class name -> the files (of ``sources``: path -> text) that define a class of that name, at any depth."""
+    found: dict[str, set[str]] = {}
+    for path, text in sources.items():
+        for node in ast.walk(ast.parse(text, path)):
+            if isinstance(node, ast.ClassDef):
+                found.setdefault(node.name, set()).add(path)
+    return found
+
+
+def twice_defined(sources: dict[str, str], shared: dict[str, set[str]]) -> dict[str, list[str]]:
+    """The class names of ``sources`` defined in two or more files, but for those ``shared`` allows (exactly)."""
+    return {
+        name: sorted(paths)
+        for name, paths in class_definitions(sources).items()
+        if len(paths) > 1 and shared.get(name) != paths
+    }
+
+
+def test_no_class_name_is_defined_twice() -> None:
+    sources = {str(path.relative_to(ROOT)): path.read_text() for path in modules().values()}
+    found = twice_defined(sources, SHARED_CLASS_NAMES)
+    assert not found, (
+        "class names defined in more than one module (rename one, or add it, with why, to SHARED_CLASS_NAMES):\n"
+        + "\n".join(f"{name}: {', '.join(paths)}" for name, paths in sorted(found.items()))
+    )
+    defined = class_definitions(sources)
+    stale = {name: paths for name, paths in SHARED_CLASS_NAMES.items() if defined.get(name) != paths}
+    assert not stale, f"SHARED_CLASS_NAMES lists names no longer defined exactly there: {stale}"
+
+
+def test_a_class_name_defined_twice_is_seen() -> None:
+    sources = {"a.py": "class Ring:\n    pass", "b.py": "def f():\n    class Ring:\n        pass", "c.py": "Ring = 1"}
+    assert twice_defined(sources, {}) == {"Ring": ["a.py", "b.py"]}
+    assert twice_defined(sources, {"Ring": {"a.py", "b.py"}}) == {}
+    assert twice_defined({**sources, "c.py": "class Ring: ..."}, {"Ring": {"a.py", "b.py"}}) == {
+        "Ring": ["a.py", "b.py", "c.py"]
+    }
+
+
 if __name__ == "__main__":
     edges = graph()
     for component in circles(edges):
@@ -245,4 +295,7 @@ if __name__ == "__main__":
         print(f"big: {path} {lines} lines")
     for use in core_adapter_uses():
         print(f"layering: {use}")
-    sys.exit(1 if circles(edges) or big_modules() or core_adapter_uses() else 0)
+    twice = twice_defined({str(p.relative_to(ROOT)): p.read_text() for p in modules().values()}, SHARED_CLASS_NAMES)
+    for name, paths in sorted(twice.items()):
+        print(f"class {name} defined in: {', '.join(paths)}")
+    sys.exit(1 if circles(edges) or big_modules() or core_adapter_uses() or twice else 0)

@@ -3,7 +3,7 @@
 * :class:`~.engine.BridgeEngine`: the engine the bus calls (publish with size check and landing, batch, hooks,
   health, fork), composed of the objects below and a backend.
 * :class:`~.backend.Backend` (a ``typing.Protocol``): the backend-specific half (publish, read the history after an
-  id, name the history, the doorbell, trims, gap fills); :class:`~.rows.Row`, :class:`~.rows.Ring`,
+  id, name the history, the doorbell, trims, gap fills); :class:`~.rows.Row`, :class:`~.rows.DoorbellRing`,
   :class:`~.backend.Doorbell`; :class:`~.engine.RelayOptions`.
 * :class:`~.machine.RelayMachine`: the relay's rules and state, sans-IO (catch-up with loss accounting, history
   check and reset, storing lines the backend sealed: :mod:`.seals`), and :class:`~.relay.Relay`, the thread that
@@ -25,8 +25,12 @@ from .landing import Landing
 from .machine import RelayMachine
 from .queue import PublishQueue
 from .relay import Relay
-from .rows import Ring
+from .rows import DoorbellRing
 from .status import BridgeStatus
+
+#: The name the doorbell's answer had before (``Ring``, which is also the segment's ring), kept for bridges that
+#: import it.
+Ring = DoorbellRing
 
 __all__ = [
     "Backend",
@@ -34,6 +38,7 @@ __all__ = [
     "BridgeEngine",
     "BridgeStatus",
     "Doorbell",
+    "DoorbellRing",
     "Landing",
     "PublishQueue",
     "Relay",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from .rows import Ring, Row
+from .rows import DoorbellRing, Row
 
 if TYPE_CHECKING:
     from shmbus.bus import Backlog
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from shmbus.host import BusHost
     from shmbus.segment import BridgeRecord, Segment
 
-__all__ = ["Acknowledged", "Backend", "Doorbell", "Page", "Ring", "Row"]
+__all__ = ["Acknowledged", "Backend", "Doorbell", "Page", "DoorbellRing", "Row"]
 
 
 class Acknowledged(NamedTuple):
@@ -46,7 +46,7 @@ class Doorbell(Protocol):
     """A backend's notification connection (SUBSCRIBE, LISTEN), opened before the catch-up read so nothing published
     after that read goes unnoticed."""
 
-    def ring(self, timeout: float) -> Ring:
+    def ring(self, timeout: float) -> DoorbellRing:
         """Wait up to ``timeout`` s for notices: what they brought. Its ``top`` is a hint only (whether to read);
         only lines whose seal verifies may be stored without a read (:mod:`.seals`). Raises the backend's
         connection errors (the relay reconnects)."""

@@ -7,6 +7,9 @@ topic); no I/O: each method returns the next action.
   segment records whose id is the very next after the position.
 * **Loss is counted**: ids the backend no longer holds when the relay reads past them go to ``relay_lost``
   (:class:`~.losses.LossBook`), and on sparse ids every channel's next message starts a new chain.
+* **A host's own messages are its publisher's**: a message the backend trimmed from its channel before the relay
+  read it (a burst larger than the channel's backlog) may be one a publisher of this host is landing; the relay
+  waits for it (``landing_wait``, once per catch-up when it does not come) before counting it lost.
 * **No duplicate window**: a read starts after ``max(position, segment's id)`` and the segment skips ids it holds.
 """
 
@@ -23,19 +26,21 @@ from .events import (
     Done,
     GoneUpto,
     Halted,
+    Landed,
     Newest,
     PageRead,
     Read,
     Settled,
     Stored,
     StoreRows,
+    WaitLanded,
 )
 from .history import CatchUpFor, HistoryRules
 from .seals import Sealer, sealed_rows
 from .steps import Step
 
 if TYPE_CHECKING:
-    from .backend import Page, Ring, Row
+    from .backend import DoorbellRing, Page, Row
 
 __all__ = ["PAGE", "CatchUpRules"]
 
@@ -57,6 +62,7 @@ class CatchUpRules(HistoryRules):
         self._run_i = 0  # the next of them it has not stored yet
         self._sealed: list[Row] | None = None  # the sealed rows being stored (None: a catch-up's rows)
         self._sealed_i = 0
+        self._landing_missed = False  # a wait for a publisher of this host ran out in this catch-up
 
     # ------------------------------------------------------------------ the catch-up
     def catch_up(self, purpose: CatchUpFor) -> Action:
@@ -71,6 +77,7 @@ class CatchUpRules(HistoryRules):
         self._timed_out = 0  # missing ids at or below this one had a writer that outlived the timeout: lost
         self._rereads = 0
         self._sealed = None
+        self._landing_missed = False
         return self._next_page()
 
     def _next_page(self) -> Action:
@@ -146,13 +153,37 @@ class CatchUpRules(HistoryRules):
             if gid != pos + 1:
                 if gid - 1 > max(self._settled, self._timed_out):
                     return self._page_done(waited=True)  # a hole that may still fill: wait for its writers, read again
+                wait = self._landing(pos + 1)  # gone from the backend's history: a publisher here may hold them
+                if wait is not None:
+                    return wait
                 self.step = Step.GAP
                 return ASK_GONE
-            self._i, self._pos = i + 1, gid  # the id existed; its message is gone (trimmed from its channel since)
+            # the id existed; its message is gone (trimmed from its channel since), unless a publisher here lands it
+            wait = self._landing(gid)
+            if wait is not None:
+                return wait
+            self._i, self._pos = i + 1, gid
             self.relay.position = gid
             if self.lose(gid, gid, gid):
                 self.step = Step.BREAKING
                 return BREAK_CHAINS
+
+    def _landing(self, gid: int) -> WaitLanded | None:
+        """The wait for ``gid``'s publisher on this host, before it counts as lost (None: no wait: none is set,
+        one ran out in this catch-up, or the segment holds it already)."""
+        wait = self.config.landing_wait
+        if wait <= 0 or self._landing_missed or self.view.global_id() >= gid:
+            return None
+        self.step = Step.LANDING
+        return WaitLanded(gid, wait)
+
+    def landed(self, event: Landed) -> Action:
+        """The wait for a trimmed message's publisher ended: what it landed (and anything after) is in the segment,
+        the rows up to it are passed; if it did not come, no later one in this catch-up is waited for."""
+        if not event.ok:
+            self._landing_missed = True
+        self._pos = max(self._pos, self.view.global_id())
+        return self._walk()
 
     def gap_gone(self, event: GoneUpto) -> Action:
         gid = self._rows[self._i].global_id
@@ -219,6 +250,9 @@ class CatchUpRules(HistoryRules):
     def tail_gone(self, event: GoneUpto) -> Action:
         gone = event.upto
         if gone > self._pos:  # the newest ids are gone too (trimmed or expired before this read)
+            wait = self._landing(self._pos + 1)
+            if wait is not None:
+                return wait
             first, self._pos = self._pos + 1, gone
             return self._break_if(self.lose(first, gone, gone), Step.BREAKING_TAIL)
         return self.finish_catch_up()
@@ -249,7 +283,7 @@ class CatchUpRules(HistoryRules):
         return self.finish_catch_up() if then is Step.BREAKING_TAIL else self.go_on_storing()
 
     # ------------------------------------------------------------------ sealed lines
-    def store_sealed(self, ring: Ring, key: bytes | None) -> Action:
+    def store_sealed(self, ring: DoorbellRing, key: bytes | None) -> Action:
         """Store the sealed runs of ``ring`` that continue the position one id after another; when that covers
         every id it names no read is needed, else catch up. A seal proves its lines are the backend's, written in
         the history the segment records; only runs that continue the position are taken, so nothing is skipped,

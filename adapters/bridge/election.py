@@ -2,6 +2,7 @@
 
 The lock is taken on a file descriptor each process opens itself (after fork), so the kernel releases it when the
 holder dies. The functions need no backend client, so ``shmbus stats`` can ask who holds it without redis-py.
+The same election, on a file of its own, elects Web Push's sender on one host (``push.election.FileElector``).
 """
 
 from __future__ import annotations
@@ -44,18 +45,20 @@ def relay_active(path_or_bus: str) -> bool:
 
 
 class RelayElection:
-    """This process's side of the election for one segment file: its own lock descriptor (opened lazily, never
-    shared across fork), taking and releasing the lock, and asking whether another process holds it."""
+    """This process's side of the election for one file (a bus's segment, for its relay): its own lock descriptor
+    (opened lazily, never shared across fork), taking and releasing the lock, and asking whether another process
+    holds it. ``create``: open the file, creating it (mode 0600) when missing; a segment is never created here."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, create: bool = False) -> None:
         self.path = path
+        self._flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
         self._fd = -1
         self._birth = Birth()  # the descriptor is this process's; a child opens its own
         self.held = False
 
     def _ensure_fd(self) -> int:
         if self._fd < 0:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+            self._fd = os.open(self.path, self._flags, 0o600)
         return self._fd
 
     def try_take(self) -> bool:

@@ -8,7 +8,8 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any, NamedTuple
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from shmbus.engines import BacklogGap, Engine, Envelope, RelayFigures
 from shmbus.errors import EngineError
@@ -30,8 +31,10 @@ __all__ = ["Batch", "BridgeEngine", "RelayOptions"]
 GROUP = 1000  # envelopes per backend publish call (one round trip)
 
 
-class RelayOptions(NamedTuple):
-    """The options every bridge takes for its relay and landing (documented on ``RedisBridge``)."""
+@dataclass(frozen=True, kw_only=True)
+class RelayOptions:
+    """The options every bridge takes for its relay and landing (documented on ``RedisBridge``). Built and read by
+    name only: keyword-only and not a tuple, so nothing can unpack or build it by position."""
 
     relay: bool
     election_interval: float
@@ -115,6 +118,7 @@ class BridgeEngine(Engine):
             election_interval=options.election_interval,
             reconnect_max=options.reconnect_max,
             trim_interval=options.trim_interval,
+            landing_wait=options.local_wait,
         )
         if options.autostart:
             self.start()

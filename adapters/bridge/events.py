@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
-from .backend import Page, Ring, Row
+from .backend import DoorbellRing, Page, Row
 
 __all__ = [
     "ASK_GONE",
@@ -37,6 +37,7 @@ __all__ = [
     "GoneUpto",
     "Halted",
     "HistoryNamed",
+    "Landed",
     "Maintain",
     "Newest",
     "PageRead",
@@ -50,6 +51,7 @@ __all__ = [
     "Simple",
     "Stored",
     "StoreRows",
+    "WaitLanded",
     "WaitRing",
 ]
 
@@ -130,6 +132,15 @@ class WaitRing(NamedTuple):
     timeout: float
 
 
+class WaitLanded(NamedTuple):
+    """Wait up to ``timeout`` s (cut short when told to stop) for the segment to hold ``global_id``: a message the
+    backend trimmed before the relay read it, which a publisher of this host may still be landing ->
+    :class:`Landed`."""
+
+    global_id: int
+    timeout: float
+
+
 class Maintain(NamedTuple):
     """``backend.maintain(bus, position, active)`` (the backend's trims) -> :data:`DONE`."""
 
@@ -137,7 +148,7 @@ class Maintain(NamedTuple):
     active: dict[str, int]
 
 
-Action = Simple | PauseFor | ConfirmHistory | RecordHistory | Read | StoreRows | WaitRing | Maintain
+Action = Simple | PauseFor | ConfirmHistory | RecordHistory | Read | StoreRows | WaitRing | WaitLanded | Maintain
 
 
 # ---------------------------------------------------------------------------------------------------- events
@@ -193,6 +204,10 @@ class Settled(NamedTuple):
     ok: bool  #: False: a writer outlived the backend's timeout (the ids it may hold count as lost)
 
 
+class Landed(NamedTuple):
+    ok: bool  #: the segment holds the id now (its publisher landed it); False: the wait ran out
+
+
 class Refusal(NamedTuple):
     """Why the segment did not take a row: ``too_large`` for this host's ring (a loss, with its reason), or
     ``unstorable`` (it does not decode: skipped and counted)."""
@@ -218,7 +233,7 @@ class Newest(NamedTuple):
 class Rang(NamedTuple):
     """What one wait on the doorbell brought, and the backend's seal key as last read (when it brought seals)."""
 
-    ring: Ring
+    ring: DoorbellRing
     seal_key: bytes | None
 
 
@@ -234,6 +249,7 @@ Event = (
     | PageRead
     | GoneUpto
     | Settled
+    | Landed
     | Stored
     | Newest
     | Rang

@@ -17,7 +17,8 @@ __all__ = ["RelayKeywords", "relay_options"]
 class RelayKeywords(TypedDict, total=False):
     """``relay=False``: this process never relays (a script). ``election_interval``: how often a standby process
     tries the relay lock. ``reconnect_max``: cap of the relay's reconnect backoff (seconds). ``local_wait``: how
-    long a publish waits for the relay to store it locally when it cannot do so itself. ``autostart``: start the
+    long a publish waits for the relay to store it locally when it cannot do so itself, and the relay for a publisher
+    of this host landing a message the backend trimmed before the relay read it. ``autostart``: start the
     election thread when attached (False: call ``start()``)."""
 
     relay: bool

@@ -14,12 +14,18 @@ if TYPE_CHECKING:
 
 __all__ = ["Landing"]
 
+LANDING_SLICE = 0.05  # seconds of one futex wait while a publisher and the relay wait on each other
+
 
 class Landing:
     """A message that directly follows the segment's newest is appended by its publisher (checked under the
     segment's lock: ``expect_global_id``), so the segment stays contiguous and the relay finds it there. Otherwise
-    another message sits in between: the publisher waits up to ``local_wait`` for the relay, which stores them in
-    order (not at all when no process of the host relays).
+    another message sits in between: the publisher waits up to ``local_wait`` for the relay to store it, and lands
+    its own as soon as they follow the segment's newest again (not at all when no process of the host relays).
+
+    Landing its own is the publisher's job, not the relay's: when a channel's backlog is trimmed in the backend
+    before the relay read it (a burst larger than ``max_backlog_size``), only the publisher still holds the
+    message, and the relay waits for it (:meth:`~.catchup.CatchUpRules.landed`) instead of counting it lost.
 
     Only in the history the segment holds: when the backend wrote the messages into another one (Redis after a
     FLUSHDB restarts its ids at 1, so a new id can directly follow the segment's newest of the old history), the
@@ -38,16 +44,33 @@ class Landing:
         if history is not None and recorded and history != recorded:
             self.wait(bus, items[-1][1])
             return
-        for env, gid, mid in items:
-            if seg.global_id() >= gid:
+        deadline = epoch = None
+        i = 0
+        while i < len(items):
+            env, gid, mid = items[i]
+            word = seg.futex_word()  # read first: a store after the check below ends the wait at once
+            newest = seg.global_id()
+            if newest >= gid:
+                i += 1  # the relay stored it (or a reset passed it)
                 continue
-            try:
-                if bus.store(env, global_id=gid, message_id=mid, expect_global_id=gid - 1):
-                    continue
-            except Exception:
-                self.log.exception("shmbus bridge: storing published message %d locally failed", gid)
-            self.wait(bus, items[-1][1])
-            return
+            if newest == gid - 1:
+                try:
+                    if bus.store(env, global_id=gid, message_id=mid, expect_global_id=gid - 1):
+                        i += 1
+                    continue  # else another store came in between: look again
+                except Exception:
+                    self.log.exception("shmbus bridge: storing published message %d locally failed", gid)
+                    self.wait(bus, items[-1][1])
+                    return
+            # messages of other publishers sit in between: the relay stores them, then this one lands its own
+            if self.local_wait <= 0 or not self.election.running():
+                return
+            now = time.monotonic()
+            if deadline is None:
+                deadline, epoch = now + self.local_wait, seg.read_epoch()
+            if now >= deadline or seg.read_epoch() != epoch:
+                return
+            seg.wait(word, min(deadline - now, LANDING_SLICE))
 
     def wait(self, bus: BusHost, gid: int) -> None:
         """Wait until the segment holds ``gid`` (or was reset), at most ``local_wait``, if a relay runs."""
@@ -63,4 +86,4 @@ class Landing:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            seg.wait(word, min(left, 0.05))
+            seg.wait(word, min(left, LANDING_SLICE))

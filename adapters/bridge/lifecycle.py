@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import get_args
 
+from shmbus.errors import IllegalTransition
 from shmbus.figures import RelayState
 
 __all__ = ["MOVES", "STALL_AFTER", "HELD", "IllegalMove", "RelayLifecycle"]
@@ -39,7 +40,7 @@ MOVES: dict[RelayState, frozenset[RelayState]] = {
 assert set(MOVES) == set(get_args(RelayState))
 
 
-class IllegalMove(RuntimeError):
+class IllegalMove(IllegalTransition):
     """A move :data:`MOVES` does not allow: a fault in the relay's rules, never a backend's."""
 
 

@@ -28,7 +28,7 @@ from shmbus.channels import backend_name
 from shmbus.errors import EngineError
 from shmbus.segment import BridgeRecord
 
-from .backend import Acknowledged, Page, Ring, Row
+from .backend import Acknowledged, DoorbellRing, Page, Row
 from .engine import BridgeEngine
 from .keywords import RelayKeywords, relay_options
 from .seals import NO_RING, mac
@@ -262,7 +262,7 @@ class MemoryDoorbell:
         self.seals: dict[int, tuple[int, bytes]] = {}
         self.closed = False
 
-    def ring(self, timeout: float) -> Ring:
+    def ring(self, timeout: float) -> DoorbellRing:
         backend = self.backend
         with backend.cond:
             if not self.lines and not self.seals and not self.closed:
@@ -275,7 +275,7 @@ class MemoryDoorbell:
         if not lines and not seals:
             return NO_RING
         ids = [parse_id(line.partition(b"|")[0]) for line in lines]
-        return Ring(max([g for g in ids if g is not None], default=0), lines, seals)
+        return DoorbellRing(max([g for g in ids if g is not None], default=0), lines, seals)
 
     def keepalive(self) -> None:
         self.backend._call("keepalive")

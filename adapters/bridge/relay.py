@@ -15,6 +15,9 @@ The rules, written once (in :class:`~.machine.RelayMachine`, which does no I/O; 
   records the one it holds. Only a different name, confirmed by :meth:`Backend.history_continues` on a message
   of the segment read first, empties the bus. Ids compared at different moments never decide it, so a local
   publisher landing its own message cannot make the segment look ahead.
+* **A host's own messages are its publisher's.** A message trimmed from its channel in the backend before the
+  relay read it may be one a publisher of this host is landing (:mod:`.landing`): the relay waits for it, bounded
+  by ``landing_wait`` and once per catch-up when it does not come, before counting it lost.
 * **No duplicate window.** The position is the only memory: a read starts after ``max(position, segment's id)``
   and the segment skips ids it holds, so nothing is stored twice and nothing newer is ever taken for "already
   stored" (a reset sets the position back to 0 with the bus).
@@ -47,6 +50,7 @@ from .events import (
     Failed,
     GoneUpto,
     HistoryNamed,
+    Landed,
     Maintain,
     Newest,
     PageRead,
@@ -60,8 +64,10 @@ from .events import (
     Simple,
     Stored,
     StoreRows,
+    WaitLanded,
     WaitRing,
 )
+from .landing import LANDING_SLICE
 from .machine import RelayMachine
 from .status import BridgeStatus
 from .steps import RelayConfig
@@ -102,6 +108,7 @@ class Relay:
         election_interval: float,
         reconnect_max: float,
         trim_interval: float = 0.0,
+        landing_wait: float = 0.0,
         pause: Callable[[float], object] | None = None,
     ) -> None:
         self.bus = bus
@@ -122,6 +129,7 @@ class Relay:
             election_interval=election_interval,
             reconnect_max=reconnect_max,
             trim_interval=trim_interval,
+            landing_wait=landing_wait,
         )
         self.machine = RelayMachine(config, status, _Segment(bus), log)
         self.pending: Action | None = None  #: the action the machine asked for and the thread performs next
@@ -144,6 +152,7 @@ class Relay:
             Simple: lambda action: self._simple[action.what](),
             StoreRows: lambda action: self._store(action.rows),
             WaitRing: self._wait_ring,
+            WaitLanded: self._wait_landed,
             Read: lambda action: PageRead(self.backend.read_after(action.after, action.limit)),
             PauseFor: self._pause_for,
             ConfirmHistory: lambda action: Confirmed(
@@ -215,6 +224,24 @@ class Relay:
     def _wait_ring(self, action: WaitRing) -> Rang:
         ring = self._doorbell().ring(action.timeout)
         return Rang(ring, self.backend.seal_key() if ring.seals else None)
+
+    def _wait_landed(self, action: WaitLanded) -> Landed:
+        """Wait on the segment's futex until it holds the id (its publisher landed it), the time is up, the bus was
+        reset or the relay is told to stop. Timed on the relay's clock (a test's fake one moves with ``pause``)."""
+        seg, clock, gid = self.bus.segment, self.status.relay.clock, action.global_id
+        deadline = clock() + action.timeout
+        epoch = seg.read_epoch()
+        while True:
+            word = seg.futex_word()  # read first: a store after the check below ends the wait at once
+            if seg.global_id() >= gid or seg.read_epoch() != epoch:
+                return Landed(seg.global_id() >= gid)
+            left = deadline - clock()
+            if left <= 0 or self.stop.is_set():
+                return Landed(False)
+            if self.pause is not None:
+                self.pause(min(left, LANDING_SLICE))
+            else:
+                seg.wait(word, min(left, LANDING_SLICE))
 
     def _pause_for(self, action: PauseFor) -> Event:
         if self.pause is not None:

@@ -1,11 +1,11 @@
 """What a backend hands the relay: a message of its history (:class:`Row`) and what a doorbell brought
-(:class:`Ring`). Plain tuples with no imports, so :mod:`.seals` can use them without the backend protocol's."""
+(:class:`DoorbellRing`). Plain tuples with no imports, so :mod:`.seals` can use them without the backend protocol's."""
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["Ring", "Row"]
+__all__ = ["DoorbellRing", "Row"]
 
 
 class Row(NamedTuple):
@@ -17,7 +17,7 @@ class Row(NamedTuple):
     value: bytes | None  #: the gem's envelope; None: the id existed, but the backend no longer holds the message
 
 
-class Ring(NamedTuple):
+class DoorbellRing(NamedTuple):
     """What one wait on the doorbell brought: the highest id the notices name (0: none; a hint), the gem's lines
     (bytes), and the seals that came with them (a run's first id -> its last id and mac) (:mod:`.seals`)."""
 

@@ -23,12 +23,12 @@ import importlib
 from collections.abc import Callable
 from typing import Protocol
 
-from .rows import Ring, Row
+from .rows import DoorbellRing, Row
 from .wire import parse_id, parse_line
 
 __all__ = ["NO_RING", "Sealer", "mac", "seal_of", "sealed_rows"]
 
-NO_RING = Ring(0, [], {})  #: a wait that brought nothing
+NO_RING = DoorbellRing(0, [], {})  #: a wait that brought nothing
 _MAC_MAX = 128  # bytes of a seal's mac (sha1: 40 hex digits, sha256: 64); anything longer is no seal
 
 
@@ -111,7 +111,7 @@ def _by_id(lines: list[bytes]) -> dict[int, bytes]:
     return out
 
 
-def sealed_rows(ring: Ring, sealer: Sealer, after: int) -> list[Row]:
+def sealed_rows(ring: DoorbellRing, sealer: Sealer, after: int) -> list[Row]:
     """The rows after ``after`` that the sealed runs of ``ring`` vouch for, in id order, continuing ``after`` one id
     after another; it stops before a gap, a run with a line missing, or a seal that does not verify (the read
     decides the rest). Lines at or below ``after`` are not verified.

@@ -7,6 +7,8 @@ from __future__ import annotations
 import enum
 from typing import Protocol
 
+from shmbus.errors import IllegalTransition
+
 __all__ = ["OUTSIDE", "IllegalEvent", "RelayConfig", "SegmentView", "Step"]
 
 
@@ -17,7 +19,7 @@ class SegmentView(Protocol):
     def history_id(self) -> int: ...
 
 
-class IllegalEvent(RuntimeError):
+class IllegalEvent(IllegalTransition):
     """An event the machine's step does not take: a fault in the driver or the rules, never the backend's."""
 
 
@@ -35,6 +37,7 @@ class RelayConfig:
         election_interval: float,
         reconnect_max: float,
         trim_interval: float = 0.0,
+        landing_wait: float = 0.0,
     ) -> None:
         self.bus_name = bus_name
         self.sparse_ids = sparse_ids
@@ -44,6 +47,7 @@ class RelayConfig:
         self.election_interval = election_interval
         self.reconnect_max = reconnect_max
         self.trim_interval = trim_interval
+        self.landing_wait = landing_wait  # how long a trimmed message may wait for its publisher on this host
 
 
 class Step(enum.Enum):
@@ -66,6 +70,7 @@ class Step(enum.Enum):
     BREAKING = "break_chains, then go on"  # -> Done
     BREAKING_TAIL = "break_chains, then finish the catch-up"  # -> Done
     SETTLING = "settle"  # -> Settled
+    LANDING = "wait_landed"  # -> Landed
     FINISHING = "ask_newest"  # -> Newest
     FLUSH_CAUGHT_UP = "flush_metrics, then follow the doorbell"
     RINGING = "wait_ring"  # -> Rang | Halted

@@ -298,6 +298,10 @@ class MessageBusProtocol:
         pending.append(frame_chunk(b"[" + st + b"]") if st is not None else EMPTY_CHUNK)
         return pending
 
+    def end(self, c: Waiter, ending: Ending) -> None:
+        """End ``c`` now for ``ending`` (the shell saw its client go); a thread-safe :meth:`Waiter.end`."""
+        self.registry.end(c, ending)
+
     def abandon(self, c: Waiter) -> None:
         """The client went away: unregister at once."""
         self.registry.finish(c)

@@ -10,7 +10,7 @@ from shmbus.bus import Bus
 from shmbus.message import Message
 
 from .visibility import PRIVATE, Piece, Visibility
-from .waiter import Ending, Waiter, filter_allows
+from .waiter import COUNTED, INDEXED, Ending, Move, Stage, Waiter, filter_allows
 from .wire import EMPTY_CHUNK, MAX_STREAM_BUFFER, encode_message, frame_chunk
 
 
@@ -92,6 +92,7 @@ class Registry:
     def capture(self, c: Waiter) -> None:
         """Start collecting live messages for ``c`` (before its backlog is read: closes the park race)."""
         with self.lock:
+            c.move(Move.CAPTURE)
             index = self.index
             for key in c.keys:
                 s = index.get(key)
@@ -99,12 +100,13 @@ class Registry:
                     index[key] = {c}
                 else:
                     s.add(c)
-            c.registered = True
 
-    def _unindex(self, c: Waiter) -> None:
-        if not c.registered:
+    def _unindex(self, c: Waiter, move: Move) -> None:
+        """Take ``move`` (one that leaves the index) and drop ``c`` from the index if it was there."""
+        before = c.stage
+        c.move(move)
+        if before not in INDEXED:
             return
-        c.registered = False
         index = self.index
         for key in c.keys:
             s = index.get(key)
@@ -112,7 +114,7 @@ class Registry:
                 s.discard(c)
                 if not s:
                     del index[key]
-        if c.parked:
+        if before in COUNTED:
             self.parked -= 1
             if c.streaming:
                 self.streams -= 1
@@ -120,8 +122,15 @@ class Registry:
             del self.by_id[c.client_id]
 
     def discard(self, c: Waiter) -> None:
+        """Drop ``c`` before it was parked: it is answered at once (or its backlog read failed)."""
         with self.lock:
-            self._unindex(c)
+            self._unindex(c, Move.LEAVE)
+            c.held = None
+
+    def end(self, c: Waiter, ending: Ending) -> None:
+        """End ``c`` for ``ending`` from the shell's side (the client went away), under the lock."""
+        with self.lock:
+            c.end(ending)
 
     def park(self, c: Waiter) -> tuple[bool, list[Waiter]]:
         """Make ``c`` the parked request of its client id; deliver what arrived since capture.
@@ -133,17 +142,16 @@ class Registry:
         wake: list[Waiter] = []
         with self.lock:
             old = self.by_id.get(c.client_id)
-            if old is not None and old is not c:
-                if old.seq > c.seq:
-                    self._unindex(c)
-                    c.held = None
-                    return False, wake
-                old.done = True
-                self._unindex(old)
+            if old is not None and old.seq > c.seq:
+                self._unindex(c, Move.LEAVE)
+                c.held = None
+                return False, wake
+            c.move(Move.PARK)  # first: an illegal park raises before anything changed
+            if old is not None:
+                self._unindex(old, Move.FINISH)  # superseded: it ends with what it has
                 wake.append(old)
             self.by_id[c.client_id] = c
             held, c.held = c.held, None
-            c.parked = True
             self.parked += 1
             if c.streaming:
                 self.streams += 1
@@ -163,8 +171,7 @@ class Registry:
     def finish(self, c: Waiter) -> tuple[list[bytes], bytes | None]:
         """Unregister ``c`` (by identity) and take what it still has to send: ``(pending, status_entry)``."""
         with self.lock:
-            self._unindex(c)
-            c.done = True
+            self._unindex(c, Move.FINISH)
             pending, c.pending = c.pending, []
             c.bytes_pending = 0
             return pending, c.status_entry()
@@ -207,6 +214,7 @@ class Registry:
             wake: list[Waiter] = []
             woken: set[Waiter] = set()
             is_json = self.is_json
+            capturing, ending = Stage.CAPTURING, Stage.ENDING
             for key, gm in groups.items():
                 clients = index.get(key)
                 if not clients:
@@ -215,14 +223,13 @@ class Registry:
                 ok = self._filter_ok(gm)
                 channel = key[1]
                 for c in tuple(clients):
-                    if not c.parked:
-                        if c.held is not None:
-                            c.held.extend(gm)
+                    if c.stage is capturing:
+                        c.held.extend(gm)  # type: ignore[union-attr]  # a capturing waiter holds a list
                         continue
                     before = len(c.pending)
                     self._deliver(c, channel, group, ok)
-                    if c.done:
-                        self._unindex(c)
+                    if c.stage is ending:
+                        self._unindex(c, Move.RELEASE)
                         if c not in woken:
                             woken.add(c)
                             wake.append(c)
@@ -288,5 +295,5 @@ class Registry:
                 c.end(Ending.DROPPED)
                 c.pending = []
                 c.bytes_pending = 0
-        elif not c.done:
-            c.done = True  # a long poll ends with its first delivery
+        elif c.stage is Stage.PARKED:
+            c.end()  # a long poll ends with its first delivery

@@ -8,18 +8,18 @@ from typing import Protocol
 import psycopg
 from psycopg import sql as pgsql
 
-from ..bridge.backend import Ring
+from ..bridge.backend import DoorbellRing
 from ..bridge.seals import NO_RING, seal_of
 from ..bridge.wire import parse_id, unescape_channel
 from . import sql
 from .connection import TimedConnection
 
-__all__ = ["Listener", "PostgresDoorbell"]
+__all__ = ["NotificationListener", "PostgresDoorbell"]
 
 _NOTICED_MAX = 10_000  # channels named by notices kept for one trim pass (bounds what forged notices can cost)
 
 
-class Listener(Protocol):
+class NotificationListener(Protocol):
     """What the doorbell needs of its backend (:class:`~.backend.PostgresBackend`)."""
 
     notify_channel: str
@@ -40,7 +40,7 @@ class PostgresDoorbell:
     again). Notices psycopg reads during a statement on this connection (LISTEN, the keepalive) reach
     ``_pending`` through a notify handler."""
 
-    def __init__(self, backend: Listener) -> None:
+    def __init__(self, backend: NotificationListener) -> None:
         self.backend = backend
         self.conn = backend.connect()
         self.seals = backend.notify_channel + sql.SEAL_SUFFIX
@@ -83,7 +83,7 @@ class PostgresDoorbell:
         enc = self.conn.info.encoding
         return channel.decode(enc).encode(), payload.decode(enc).encode()
 
-    def ring(self, timeout: float) -> Ring:
+    def ring(self, timeout: float) -> DoorbellRing:
         top = 0
         lines: list[bytes] = []
         seals: dict[int, tuple[int, bytes]] = {}
@@ -107,7 +107,7 @@ class PostgresDoorbell:
                     noticed.add(unescape_channel(parts[2]))
                 except UnicodeDecodeError:  # a channel that is not UTF-8
                     continue
-        return Ring(top, lines, seals) if lines or seals else NO_RING
+        return DoorbellRing(top, lines, seals) if lines or seals else NO_RING
 
     def keepalive(self) -> None:
         self.conn.execute("SELECT 1")

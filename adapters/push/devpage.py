@@ -1,4 +1,4 @@
-"""What the development push service keeps of a push (:class:`Delivery`) and how a developer sees it: the page at
+"""What the development push service keeps of a push (:class:`ReceivedPush`) and how a developer sees it: the page at
 ``GET /`` and the JSON of ``GET /deliveries``. Sans-IO (the server is :mod:`.devservice`)."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Delivery", "deliveries_view", "delivery_json", "index_page"]
+__all__ = ["ReceivedPush", "deliveries_view", "delivery_json", "index_page"]
 
 
 @dataclass
-class Delivery:
+class ReceivedPush:
     """A push the service took: the subscription's token, what the browser would get, the RFC 8030 headers."""
 
     token: str
@@ -26,13 +26,16 @@ class Delivery:
     seq: int = 0  # 1, 2, ... in the order taken (``GET /deliveries?after=SEQ``)
 
 
-def delivery_json(d: Delivery, origin: str) -> dict[str, Any]:
+def delivery_json(d: ReceivedPush, origin: str) -> dict[str, Any]:
     return {"seq": d.seq, "endpoint": f"{origin}/push/{d.token}", "payload": d.payload, "ttl": d.ttl,
             "urgency": d.urgency, "topic": d.topic, "at": d.at}  # fmt: skip
 
 
 def deliveries_view(
-    query: dict[str, list[str]], deliveries: Sequence[Delivery], refusals: Sequence[tuple[str, int, str]], origin: str
+    query: dict[str, list[str]],
+    deliveries: Sequence[ReceivedPush],
+    refusals: Sequence[tuple[str, int, str]],
+    origin: str,
 ) -> dict[str, Any]:
     """``GET /deliveries``: those of one subscription (``endpoint`` or ``token``) newer than ``after``, and the
     refusals of that subscription (all of both without them)."""
@@ -55,7 +58,7 @@ _STYLE = (
 
 
 def index_page(
-    origin: str, subscriptions: int, deliveries: Sequence[Delivery], refusals: Sequence[tuple[str, int, str]]
+    origin: str, subscriptions: int, deliveries: Sequence[ReceivedPush], refusals: Sequence[tuple[str, int, str]]
 ) -> str:
     """The page a developer keeps open: what to do with the service, then the newest pushes first (it reloads
     itself every 2 s)."""

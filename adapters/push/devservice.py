@@ -40,9 +40,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from .devchecks import b64url, check_push, decode_payload, unb64url
-from .devpage import Delivery, deliveries_view, index_page
+from .devpage import ReceivedPush, deliveries_view, index_page
 
-__all__ = ["DEFAULT_PORT", "Delivery", "PushService", "b64url", "main"]
+__all__ = ["DEFAULT_PORT", "ReceivedPush", "PushService", "b64url", "main"]
 
 DEFAULT_PORT = 8030  # after RFC 8030
 MAX_SUBSCRIBE = 4096  # bytes of a POST /subscriptions body
@@ -76,7 +76,7 @@ class PushService:
     port: int = 0
     keep: int | None = None
     on_push: Callable[[str, int, str], None] | None = None
-    deliveries: list[Delivery] = field(default_factory=list)
+    deliveries: list[ReceivedPush] = field(default_factory=list)
     refusals: list[tuple[str, int, str]] = field(default_factory=list)
     attempts: list[tuple[str, float, int]] = field(default_factory=list)  # (token, time, status answered)
     accepted: int = 0
@@ -178,7 +178,7 @@ class PushService:
             sub = self._subs[self.token_of(subscription)]
             sub.mode, sub.count, sub.arg = mode, count, arg
 
-    def received(self, subscription: dict[str, Any] | str) -> list[Delivery]:
+    def received(self, subscription: dict[str, Any] | str) -> list[ReceivedPush]:
         token = self.token_of(subscription)
         with self._lock:
             return [d for d in self.deliveries if d.token == token]
@@ -293,8 +293,8 @@ class PushService:
             self._seq += 1
             head = req.headers
             ttl = int(head.get("TTL") or 0)
-            self.deliveries.append(Delivery(token, payload, ttl, head.get("Urgency"), head.get("Topic"), time.time(),
-                                            self._seq))  # fmt: skip
+            got = ReceivedPush(token, payload, ttl, head.get("Urgency"), head.get("Topic"), time.time(), self._seq)
+            self.deliveries.append(got)
             self.accepted += 1
             if self.keep is not None and len(self.deliveries) > self.keep:
                 del self.deliveries[: len(self.deliveries) - self.keep]

@@ -37,7 +37,7 @@ from . import amqp
 from .connection import AmqpConnection, Closed
 from .doorbell import RabbitDoorbell
 from .errors import RabbitBridgeError, RabbitUnavailable, parse_url, redact_url
-from .publisher import Publisher
+from .publisher import StreamPublisher
 from .reader import PROBE
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ class RabbitBackend:
         """What must not cross a fork: connections (the parent's are abandoned, never closed: its sockets)."""
         self._birth = Birth()
         self._tls = threading.local()
-        self._publishers: list[Publisher] = []
+        self._publishers: list[StreamPublisher] = []
         self._lock = threading.Lock()
         self._bell: RabbitDoorbell | None = None
         self._session = 0
@@ -133,14 +133,14 @@ class RabbitBackend:
         conn.cancel(channel, "shmbus-ready", self.command_timeout)
         conn.close_channel(channel, self.command_timeout)
 
-    def _publisher(self) -> Publisher:
+    def _publisher(self) -> StreamPublisher:
         if not self._birth.here:
             self.after_fork()
-        pub: Publisher | None = getattr(self._tls, "pub", None)
+        pub: StreamPublisher | None = getattr(self._tls, "pub", None)
         if pub is None or pub.conn.closed:
             conn = self.connect_ready()
             try:
-                pub = Publisher(conn, self.stream, self.command_timeout)
+                pub = StreamPublisher(conn, self.stream, self.command_timeout)
                 if not self.relay_running():  # its ids will be read from the stream: from its end, not its start
                     pub.seen = pub.tail(min(1.0, self.command_timeout))
             except BaseException:

@@ -20,6 +20,7 @@ only configures it with :class:`~.backend.RabbitBackend`. The AMQP client is the
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import TYPE_CHECKING
 
@@ -82,7 +83,9 @@ class RabbitBridge(BridgeEngine):
             command_timeout=command_timeout,
             local_wait=max(options.local_wait, command_timeout),
         )
-        super().__init__(backend, status, log, options)
+        # the kit's landing never waits: a publisher returns once its host's relay stored its messages (their ids),
+        # and the relay never waits for a publisher to land what the stream no longer holds (none lands its own)
+        super().__init__(backend, status, log, dataclasses.replace(options, local_wait=0.0))
         self.rabbit = backend
         backend.relay_running = self._relay_running
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ..bridge.rows import Ring
+from ..bridge.rows import DoorbellRing
 from .connection import AmqpConnection
 from .reader import StreamReader
 
@@ -33,7 +33,7 @@ class RabbitDoorbell:
             self.conn.close(0.1)
             raise
 
-    def ring(self, timeout: float) -> Ring:
+    def ring(self, timeout: float) -> DoorbellRing:
         return self.reader.ring(timeout)
 
     def keepalive(self) -> None:

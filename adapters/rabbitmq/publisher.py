@@ -15,12 +15,12 @@ from ..bridge.outcome import ReplyLost
 from . import amqp
 from .connection import AmqpConnection, Closed
 
-__all__ = ["Publisher"]
+__all__ = ["StreamPublisher"]
 
 _PUB, _FIND = 1, 2
 
 
-class Publisher:
+class StreamPublisher:
     """Channel 1 of ``conn`` in confirm mode, publishing to ``stream`` through the default exchange."""
 
     def __init__(self, conn: AmqpConnection, stream: str, timeout: float) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 
 from ..bridge.backend import Row
-from ..bridge.rows import Ring
+from ..bridge.rows import DoorbellRing
 from ..bridge.seals import NO_RING
 from ..bridge.wire import unescape_channel
 from .connection import AmqpConnection, Delivery
@@ -120,7 +120,7 @@ class StreamReader:
             conn.deliveries = [d for d in conn.deliveries if d.channel != _SIDE]
             conn.close_channel(_SIDE, self.timeout)
 
-    def ring(self, timeout: float) -> Ring:
+    def ring(self, timeout: float) -> DoorbellRing:
         """Wait up to ``timeout`` s for deliveries; the newest id buffered (the kit then reads them)."""
         self._take()  # what an earlier read's pump left buffered
         if not self.rows:
@@ -128,7 +128,7 @@ class StreamReader:
             while self.conn.pump(0):
                 pass
             self._take()
-        return Ring(self.rows[-1].global_id, [], {}) if self.rows else NO_RING
+        return DoorbellRing(self.rows[-1].global_id, [], {}) if self.rows else NO_RING
 
     def read_after(self, after: int, limit: int) -> list[Row]:
         """The buffered messages after ``after`` (at most ``limit``); the consumer is restarted at ``after`` when

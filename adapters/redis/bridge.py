@@ -52,7 +52,8 @@ class RedisBridge(BridgeEngine):
     ``election_interval``: how often a standby process tries the relay lock. ``reconnect_max``: cap of the
     relay's reconnect backoff. ``socket_timeout``: how long a publish waits for Redis before
     :class:`RedisUnavailable`. ``local_wait``: how long a publish waits for the relay to store it locally when it
-    cannot do so itself. ``autostart``: start the election thread when attached (False: call :meth:`start`).
+    cannot do so itself (and the relay for this host's publisher, see ``docs/faults.md``). ``autostart``: start
+    the election thread when attached (False: call :meth:`start`).
     """
 
     def __init__(

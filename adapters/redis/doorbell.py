@@ -16,7 +16,7 @@ from typing import Any
 
 import redis
 
-from ..bridge.backend import Ring
+from ..bridge.backend import DoorbellRing
 from ..bridge.seals import NO_RING, seal_of
 from ..bridge.wire import parse_id
 
@@ -73,7 +73,7 @@ class RedisDoorbell:
                     self._sock = sock
                     self._reader = _hiredis.Reader()
 
-    def ring(self, timeout: float) -> Ring:
+    def ring(self, timeout: float) -> DoorbellRing:
         """Wait up to ``timeout`` s; what the notices of one read brought."""
         if self._sock is None:
             return self._ring_via_redis_py(timeout)
@@ -96,7 +96,7 @@ class RedisDoorbell:
                 raise redis.exceptions.ConnectionError(why) from exc
         return self._collect(replies)
 
-    def _collect(self, replies: list[Any]) -> Ring:
+    def _collect(self, replies: list[Any]) -> DoorbellRing:
         top = 0
         lines: list[bytes] = []
         seals: dict[int, tuple[int, bytes]] = {}
@@ -118,14 +118,14 @@ class RedisDoorbell:
                         top = gid
             elif kind == b"pong":
                 self.ping_sent = 0.0
-        return Ring(top, lines, seals) if lines or seals else NO_RING
+        return DoorbellRing(top, lines, seals) if lines or seals else NO_RING
 
-    def _quiet(self) -> Ring:
+    def _quiet(self) -> DoorbellRing:
         if self.ping_sent and time.monotonic() - self.ping_sent > self.socket_timeout:
             raise redis.exceptions.TimeoutError("no PING reply on the subscription connection")
         return NO_RING
 
-    def _ring_via_redis_py(self, timeout: float) -> Ring:
+    def _ring_via_redis_py(self, timeout: float) -> DoorbellRing:
         conn = self.conn
         if self._more:  # the last ring stopped at its bound: the rest may wait in redis-py's buffer, unseen by poll
             readable = conn.can_read(timeout=0)

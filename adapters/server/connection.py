@@ -18,7 +18,7 @@ from typing import Any
 
 from .asgi_bridge import Cycle
 from .bus_routes import BusRoutes, ParkedPoll
-from .lifetime import ConnectionLifetime
+from .lifetime import Awaiting, ConnectionLifetime, ConnState
 from .limits import FEED_STEP, MAX_BUFFERED
 from .reader import RequestReader
 from .request import Request, asgi_scope
@@ -48,14 +48,13 @@ class HttpConnection(ConnectionLifetime, asyncio.Protocol):
         self.paused_r = False
         self.paused_w = False
         self.pumping = False
-        self.closing = False
+        self.state = ConnState.OPEN  # changed by _move alone (the table: lifetime.CONNECTION_MOVES)
         self.buffered = 0  # body bytes of a bridged request not yet taken by the app
         self.inbox = bytearray()  # pipelined input held (not parsed) while a request is answered
         self.feeding = False
         self.deadline = 0.0  # when the request being read must be complete (0: none); the tick enforces it
-        self.phase = "request head"  # what the deadline waits for
+        self.awaiting = Awaiting.HEAD  # what the deadline waits for
         self.linger_until = 0.0  # a lingering close ends then at the latest
-        self.eof = False  # the client half-closed: answer what it sent, then close
 
     # ------------------------------------------------------------------ asyncio.Protocol
     def connection_made(self, transport: Any) -> None:
@@ -67,8 +66,7 @@ class HttpConnection(ConnectionLifetime, asyncio.Protocol):
         srv = self.srv
         srv.connections.add(self)
         if srv.stopping:
-            transport.close()
-            self.closing = True
+            self._close()
             return
         if len(srv.connections) > srv.limits.max_connections:
             log.warning(
@@ -95,14 +93,14 @@ class HttpConnection(ConnectionLifetime, asyncio.Protocol):
         if self.cur is None and not self.queue and not self.inbox:
             if self.reader.req is None:
                 return None  # idle: close
-            self.eof = True
+            self._move(ConnState.HALF_CLOSED)
             self.fail(400, "the client closed its side in the middle of a request")  # it can never complete
             return True  # the lingering close ends the connection
-        self.eof = True  # half-closed after sending a request: answer what it sent, then close
+        self._move(ConnState.HALF_CLOSED)  # after sending a request: answer what it sent, then close
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closing = True
+        self._move(ConnState.CLOSED)
         self.srv.connections.discard(self)
         if self.parked is not None:
             self.parked.abandon()
@@ -150,7 +148,7 @@ class HttpConnection(ConnectionLifetime, asyncio.Protocol):
             return
         data, self.inbox = bytes(self.inbox), bytearray()
         if self.reader.req is not None:  # its clock stopped while we held its bytes
-            self._arm_deadline("request body" if self.reader.req.head_done else "request head")
+            self._arm_deadline(Awaiting.BODY if self.reader.req.head_done else Awaiting.HEAD)
         self._feed(data)
 
     def _update_reading(self) -> None:
@@ -167,15 +165,15 @@ class HttpConnection(ConnectionLifetime, asyncio.Protocol):
             self.transport.resume_reading()
             req = self.reader.req
             if req is not None and not self.deadline:  # its clock runs again from now
-                self._arm_deadline("request body" if req.head_done else "request head")
+                self._arm_deadline(Awaiting.BODY if req.head_done else Awaiting.HEAD)
 
     # ------------------------------------------------------------------ the reader's events (ReaderOwner)
     def message_begun(self) -> None:
         self.idle = 0.0
-        self._arm_deadline("request head")
+        self._arm_deadline(Awaiting.HEAD)
 
     def head_ready(self, req: Request) -> None:
-        self._arm_deadline("request body")
+        self._arm_deadline(Awaiting.BODY)
         if self.queue is None:
             self.queue = [req]
         else:
@@ -187,7 +185,10 @@ class HttpConnection(ConnectionLifetime, asyncio.Protocol):
             self.fail(400, "upgrade not supported")
         else:
             self.cur.keep = False
-            self.closing = True
+            if self.cycle is not None:  # the app's answer to it, under way: it ends the connection too
+                self.cycle.keep = False
+            if self.state is ConnState.OPEN:  # (a half-closed client sends nothing more anyway)
+                self._move(ConnState.FINISHING)
 
     def body_buffered(self, req: Request, nbytes: int) -> None:
         self.buffered += nbytes
@@ -281,7 +282,7 @@ class HttpConnection(ConnectionLifetime, asyncio.Protocol):
         if self.cycle is cycle:
             self.cycle = None
         cycle.req.cycle = None
-        if not self.closing:
+        if self.state not in (ConnState.LINGERING, ConnState.CLOSED):  # (finishing: its answer ends the connection)
             self.done(cycle.req, keep)
 
     def write(self, data: bytes) -> None:

@@ -1,11 +1,19 @@
 """What decides a lean-server connection's end (:class:`ConnectionLifetime`, the base of
 :class:`~.connection.HttpConnection`): the server's clock (head and body deadlines, idle keep-alive, a lingering
 close's end, a parked poll's expiry) and the ends themselves (a refused request, an abort, a lingering close,
-shutdown)."""
+shutdown).
+
+A connection's life is one :class:`ConnState`; :data:`CONNECTION_MOVES` is every legal change, in one place, and
+:meth:`ConnectionLifetime._move` the only code that makes one (anything else raises
+:class:`~shmbus.errors.IllegalTransition`). What a deadline waits for is an :class:`Awaiting`.
+"""
 
 from __future__ import annotations
 
+import enum
 from typing import Any
+
+from shmbus.errors import IllegalTransition
 
 from .asgi_bridge import Cycle, ResponsePhase
 from .bus_routes import ParkedPoll
@@ -13,27 +21,59 @@ from .reader import RequestReader
 from .request import Request
 from .server import Server
 
-__all__ = ["ConnectionLifetime"]
+__all__ = ["CONNECTION_MOVES", "Awaiting", "ConnState", "ConnectionLifetime"]
+
+
+class ConnState(enum.Enum):
+    """Where a connection is in its life."""
+
+    #: reading requests and answering them
+    OPEN = "open"
+    #: the client closed its side after sending a request: answer what it sent, then close
+    HALF_CLOSED = "half-closed"
+    #: the client asked for an upgrade: the current request is answered, nothing after it is read
+    FINISHING = "finishing"
+    #: answered: our write side is shut and input is drained (discarded) until the client closes or ``linger`` ends
+    LINGERING = "lingering"
+    #: the transport is closed or aborted
+    CLOSED = "closed"
+
+
+#: Every legal change of state, from -> to (staying in a state is always legal: closing twice, say).
+CONNECTION_MOVES: dict[ConnState, frozenset[ConnState]] = {
+    ConnState.OPEN: frozenset({ConnState.HALF_CLOSED, ConnState.FINISHING, ConnState.LINGERING, ConnState.CLOSED}),
+    ConnState.HALF_CLOSED: frozenset({ConnState.CLOSED}),  # nothing to drain: a half-closed client is closed at once
+    ConnState.FINISHING: frozenset({ConnState.LINGERING, ConnState.CLOSED}),
+    ConnState.LINGERING: frozenset({ConnState.CLOSED}),  # (lingering again restarts its clock)
+    ConnState.CLOSED: frozenset(),
+}
+assert set(CONNECTION_MOVES) == set(ConnState)
+
+
+class Awaiting(enum.Enum):
+    """What a connection's deadline waits for (its value is how the 408 answer names it)."""
+
+    HEAD = "request head"
+    BODY = "request body"
 
 
 class ConnectionLifetime:
     """The deadlines and ends of one connection; :class:`~.connection.HttpConnection` sets the state below."""
 
     __slots__ = (
-        "closing",
+        "awaiting",
         "cur",
         "cycle",
         "deadline",
-        "eof",
         "idle",
         "inbox",
         "linger_until",
         "parked",
         "paused_r",
-        "phase",
         "queue",
         "reader",
         "srv",
+        "state",
         "transport",
     )
 
@@ -45,23 +85,45 @@ class ConnectionLifetime:
     parked: ParkedPoll | None
     cycle: Cycle | None
     idle: float
-    closing: bool
+    state: ConnState
     paused_r: bool
     inbox: bytearray
     deadline: float
-    phase: str
+    awaiting: Awaiting
     linger_until: float
-    eof: bool
+
+    # ------------------------------------------------------------------ the state
+    def _move(self, to: ConnState) -> None:
+        """Change state to ``to`` (:data:`CONNECTION_MOVES`); an illegal change raises and changes nothing."""
+        now = self.state
+        if to is not now and to not in CONNECTION_MOVES[now]:
+            raise IllegalTransition(f"connection: {now.value} -> {to.value} is not a legal move")
+        self.state = to
+
+    @property
+    def closing(self) -> bool:
+        """Nothing more is read (input is discarded) and no new request starts (finishing, lingering, closed)."""
+        state = self.state  # (asked on every read: identity, not an Enum's hash)
+        return state is not ConnState.OPEN and state is not ConnState.HALF_CLOSED
+
+    @property
+    def eof(self) -> bool:
+        """The client half-closed: answer what it sent, then close."""
+        return self.state is ConnState.HALF_CLOSED
+
+    def _close(self) -> None:
+        self._move(ConnState.CLOSED)
+        self.transport.close()
 
     # ------------------------------------------------------------------ the clock: deadlines, idle, linger
     def _deadline_limit(self) -> float:
         limits = self.srv.limits
-        return limits.body_timeout if self.phase == "request body" else limits.header_timeout
+        return limits.body_timeout if self.awaiting is Awaiting.BODY else limits.header_timeout
 
-    def _arm_deadline(self, phase: str) -> None:
+    def _arm_deadline(self, awaiting: Awaiting) -> None:
         limits = self.srv.limits  # (no call to _deadline_limit: twice per request)
-        self.phase = phase
-        self.deadline = self.srv.now + (limits.body_timeout if phase == "request body" else limits.header_timeout)
+        self.awaiting = awaiting
+        self.deadline = self.srv.now + (limits.body_timeout if awaiting is Awaiting.BODY else limits.header_timeout)
 
     def tick(self, now: float, idle_cutoff: float) -> None:
         """The server's clock, once a second: parked polls' ends, idle keep-alive, head and body deadlines,
@@ -69,6 +131,7 @@ class ConnectionLifetime:
         if self.closing:
             if self.linger_until and now >= self.linger_until:
                 self.linger_until = 0.0
+                self._move(ConnState.CLOSED)
                 self.transport.abort()  # the client neither read the response nor closed: enough
             return
         parked = self.parked
@@ -80,7 +143,7 @@ class ConnectionLifetime:
             self._idle_expired(idle_cutoff)
         elif self.deadline and now >= self.deadline:
             self.deadline = 0.0
-            self.fail(408, f"{self.phase} not received within {self._deadline_limit():g} s")
+            self.fail(408, f"{self.awaiting.value} not received within {self._deadline_limit():g} s")
 
     def _arm_idle(self) -> None:
         if not self.idle:
@@ -88,8 +151,7 @@ class ConnectionLifetime:
 
     def _idle_expired(self, cutoff: float) -> None:
         if self.idle <= cutoff and self.cur is None and self.reader.req is None and not self.queue and not self.closing:
-            self.closing = True
-            self.transport.close()
+            self._close()
 
     # ------------------------------------------------------------------ ends: errors, closes, shutdown
     def fail(self, status: int, reason: str) -> None:
@@ -111,21 +173,21 @@ class ConnectionLifetime:
         self._linger_close()
 
     def abort(self) -> None:
-        self.closing = True
+        self._move(ConnState.CLOSED)
         self.transport.abort()
 
     def _linger_close(self) -> None:
         """Close after the response: shut the write side, drain (discard) input until the client closes or
         ``linger`` passes. Closing with unread input would make the kernel send a reset, which can destroy the
         response before the client reads it."""
-        self.closing = True
         self.deadline = 0.0
         self.inbox = bytearray()
         t = self.transport
         if t.is_closing():
+            self._move(ConnState.CLOSED)
             return
         if self.eof:  # the client already closed its side: nothing left to drain
-            t.close()
+            self._close()
             return
         if self.paused_r:
             self.paused_r = False
@@ -135,8 +197,9 @@ class ConnectionLifetime:
                 raise OSError("no half-close")
             t.write_eof()
         except (OSError, RuntimeError, NotImplementedError):
-            t.close()
+            self._close()
             return
+        self._move(ConnState.LINGERING)
         self.linger_until = self.srv.now + self.srv.limits.linger
 
     def stop(self) -> None:
@@ -144,8 +207,7 @@ class ConnectionLifetime:
         if self.parked is not None:
             self.parked.expire()
         elif self.cur is None and self.reader.req is None and not self.closing:
-            self.closing = True
-            self.transport.close()
+            self._close()
 
     @property
     def responding(self) -> bool:
@@ -154,5 +216,4 @@ class ConnectionLifetime:
     def close_now(self) -> None:
         if self.cycle is not None and self.cycle.task is not None:
             self.cycle.task.cancel()
-        self.closing = True
-        self.transport.close()
+        self._close()

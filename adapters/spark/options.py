@@ -108,7 +108,7 @@ def _channels(value: Any) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class Options:
+class SparkOptions:
     """Every option parsed once (Spark passes them as strings, keys case-insensitive) into plain data."""
 
     location: Location
@@ -128,7 +128,7 @@ class Options:
     max_backlog_age: float | None
 
     @classmethod
-    def parse(cls, options: Any) -> Options:
+    def parse(cls, options: Any) -> SparkOptions:
         get = options.get
         data_format = str(get("dataFormat", "string")).lower()
         write_format = str(get("dataFormat", "json")).lower()

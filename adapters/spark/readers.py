@@ -27,10 +27,10 @@ from ..bridge.wire import required_line
 from ..redis import layout
 from .chunks import Chunk, Location
 
-__all__ = ["Chunk", "Location", "Reader", "RedisReader", "ShmReader", "open_reader"]
+__all__ = ["Chunk", "Location", "LocationReader", "RedisReader", "ShmReader", "open_reader"]
 
 
-class Reader(Protocol):
+class LocationReader(Protocol):
     """What the source and sink need of a backend (:class:`ShmReader` or :class:`RedisReader`)."""
 
     location: Location
@@ -297,7 +297,7 @@ class PostgresReader:
         self.conn.close()
 
 
-def open_reader(location: Location) -> Reader:
+def open_reader(location: Location) -> LocationReader:
     """Open the backend ``location`` names (RabbitMQ, Redis or PostgreSQL when given, else the segment by name)."""
     if location.rabbitmq_url:
         from .rabbit_reader import RabbitReader

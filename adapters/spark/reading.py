@@ -20,7 +20,7 @@ from pyspark.sql.types import (
 
 from shmbus.message import decode_meta
 
-from .readers import Chunk, Reader, open_reader
+from .readers import Chunk, LocationReader, open_reader
 from .stopping import is_held
 
 try:  # 4.2+: admission control and Trigger.AvailableNow
@@ -36,7 +36,7 @@ except ImportError as exc:  # pragma: no cover - guarded by the extra's version 
 from .options import (
     _LIST_STR,
     BusDataLossError,
-    Options,
+    SparkOptions,
     decode_offset,
     encode_offset,
 )
@@ -55,7 +55,9 @@ class BusPartition(InputPartition):
     epoch: int
 
 
-def _resolve_start(opts: Options, reader: Reader, channels: Sequence[str], spec: str, default: str) -> dict[str, int]:
+def _resolve_start(
+    opts: SparkOptions, reader: LocationReader, channels: Sequence[str], spec: str, default: str
+) -> dict[str, int]:
     """Per-channel "last id already consumed" for ``startingOffsets`` (earliest | latest | JSON)."""
     spec = spec or default
     if spec == "latest":
@@ -78,7 +80,7 @@ def _resolve_start(opts: Options, reader: Reader, channels: Sequence[str], spec:
     return out
 
 
-def _plan(opts: Options, start_ids: dict[str, int], end_ids: dict[str, int], epoch: int) -> list[BusPartition]:
+def _plan(opts: SparkOptions, start_ids: dict[str, int], end_ids: dict[str, int], epoch: int) -> list[BusPartition]:
     """Split ``(start, end]`` per channel into chunks of at most ``maxRecordsPerPartition`` ids."""
     parts: list[BusPartition] = []
     size = opts.max_records_per_partition
@@ -94,7 +96,7 @@ def _plan(opts: Options, start_ids: dict[str, int], end_ids: dict[str, int], epo
     return parts
 
 
-def _loss(opts: Options, message: str) -> None:
+def _loss(opts: SparkOptions, message: str) -> None:
     if opts.fail_on_data_loss:
         raise BusDataLossError(
             message + " (set failOnDataLoss=false to skip lost messages instead, or delete the "
@@ -119,7 +121,9 @@ def _targets(metas: list[bytes]) -> tuple[pa.Array, pa.Array, pa.Array]:
     return pa.array(users, _LIST_STR), pa.array(groups, _LIST_STR), pa.array(clients, _LIST_STR)
 
 
-def _to_arrow(opts: Options, reader: Reader, channel: str, chunk: Chunk, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+def _to_arrow(
+    opts: SparkOptions, reader: LocationReader, channel: str, chunk: Chunk, schema: pa.Schema
+) -> Iterator[pa.RecordBatch]:
     """Columns -> RecordBatches of the source schema (about 2x faster in Spark than yielding tuples)."""
     import pyarrow.compute as pc  # here, not at the top: the planner process never needs it (~50 ms to import)
 
@@ -172,7 +176,7 @@ def _arrow_schema(schema: StructType) -> pa.Schema:
     return to_arrow_schema(schema, timezone="UTC")
 
 
-def read_partition(opts: Options, schema: StructType, part: BusPartition) -> Iterator[pa.RecordBatch]:
+def read_partition(opts: SparkOptions, schema: StructType, part: BusPartition) -> Iterator[pa.RecordBatch]:
     """What every executor task runs: attach, read ``(after, upto]``, check it is complete, detach, yield."""
     reader = open_reader(opts.location)
     try:
@@ -214,7 +218,7 @@ class BusBatchReader(DataSourceReader):
     """``spark.read.format("shmbus")``: the backlog between ``startingOffsets`` (default earliest) and
     ``endingOffsets`` (default latest), snapshotted when the query is planned."""
 
-    def __init__(self, opts: Options, schema: StructType) -> None:
+    def __init__(self, opts: SparkOptions, schema: StructType) -> None:
         self.opts = opts
         self.schema = schema
 
@@ -241,10 +245,10 @@ class BusStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     when pickled); ``read()`` runs on executors and opens its own.
     """
 
-    def __init__(self, opts: Options, schema: StructType) -> None:
+    def __init__(self, opts: SparkOptions, schema: StructType) -> None:
         self.opts = opts
         self.schema = schema
-        self._reader: Reader | None = None
+        self._reader: LocationReader | None = None
         self._target: tuple[int, dict[str, int]] | None = None
         self._initial: dict[str, Any] | None = None
 
@@ -253,7 +257,7 @@ class BusStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         state["_reader"] = None
         return state
 
-    def _reader_open(self) -> Reader:
+    def _reader_open(self) -> LocationReader:
         if self._reader is None:
             self._reader = open_reader(self.opts.location)
         return self._reader

@@ -22,7 +22,7 @@ from shmbus.channels import check_channel
 
 from .options import (
     SINK_BACKLOG,
-    Options,
+    SparkOptions,
     sink_channel,
 )
 
@@ -66,7 +66,7 @@ class _BusWriterBase:
     their plain Python value.
     """
 
-    def __init__(self, opts: Options, schema: StructType) -> None:
+    def __init__(self, opts: SparkOptions, schema: StructType) -> None:
         if not opts.location.bus and not opts.location.remote:
             raise ValueError(
                 "the shmbus sink needs .option('bus', NAME) (same host), .option('redis_url', URL) or "

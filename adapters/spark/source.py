@@ -38,7 +38,7 @@ from pyspark.sql.types import (
 
 from .options import (
     FORMAT_NAME,
-    Options,
+    SparkOptions,
     schema_for,
 )
 from .reading import (
@@ -97,7 +97,7 @@ class ShmbusDataSource(DataSource):
 
     def __init__(self, options: Any) -> None:
         super().__init__(options)
-        self.opts = Options.parse(options)
+        self.opts = SparkOptions.parse(options)
 
     def schema(self) -> StructType:
         return schema_for("binary" if self.opts.data_format == "binary" else "string")

@@ -19,7 +19,7 @@ def site_matches(msg: Message, site: str | None) -> bool:
 
 
 @dataclass
-class Replay:
+class Replayed:
     """Messages to replay (oldest first, by global id) and whether some the caller asked for are gone."""
 
     messages: list[Message]
@@ -34,7 +34,7 @@ def replay_since(
     site: str | None,
     after_gid: int,
     upto_gid: int,
-) -> Replay:
+) -> Replayed:
     """Messages with ``after_gid < global_id <= upto_gid`` on ``channels`` or matching ``patterns``.
 
     Exact channels are read from their own backlogs (they hold ``max_backlog_size`` messages each). A gap is
@@ -64,4 +64,4 @@ def replay_since(
                 continue
             if site_matches(m, site) and any(match(m.channel) for _, match in pats):
                 out[m.global_id] = m
-    return Replay([out[g] for g in sorted(out)], bool(gaps), gaps)
+    return Replayed([out[g] for g in sorted(out)], bool(gaps), gaps)

@@ -32,7 +32,7 @@ from ..segment import Segment
 from .attachment import Attachment
 from .engine_table import EngineTable
 from .lifecycle import BusLifecycle
-from .limits import Forwarded, Limits
+from .limits import Forwarded, RetentionLimits
 from .listener import Listener
 from .names import Names
 from .publishing import Publisher
@@ -104,7 +104,7 @@ class Bus(BusLifecycle):
         self.codec: Codec = get_codec(codec)
         self.client_message_filters: list[tuple[str, Callable[[Message], bool]]] = []
         self._birth = Birth()
-        self._limits = limits = Limits(max_backlog_size, max_global_backlog_size, max_backlog_age, clear_every)
+        self._limits = limits = RetentionLimits(max_backlog_size, max_global_backlog_size, max_backlog_age, clear_every)
         self._names = names = Names(self.codec, site_id_lookup)
         self._attachment = at = Attachment(
             name, ring_size, max_channels, self.codec.name, path, create, mode, lock_timeout

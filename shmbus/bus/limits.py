@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Generic, TypeVar, cast
 
-__all__ = ["Forwarded", "Limits"]
+__all__ = ["Forwarded", "RetentionLimits"]
 
 T = TypeVar("T")
 
 
-class Limits:
+class RetentionLimits:
     """``max_backlog_size`` (per channel), ``max_global_backlog_size``, ``max_backlog_age`` (seconds) and
     ``clear_every``, as :class:`~shmbus.bus.Bus` validated them."""
 

@@ -16,7 +16,7 @@ from ..message import Message, encode_meta
 from ..segment import Segment
 from .attachment import Attachment
 from .engine_table import EngineTable
-from .limits import Limits
+from .limits import RetentionLimits
 from .names import Names
 from .validation import check_count, check_seconds, check_targets
 
@@ -44,7 +44,7 @@ class Publisher:
         host: BusHost,
         attachment: Attachment,
         names: Names,
-        limits: Limits,
+        limits: RetentionLimits,
         engines: EngineTable,
         deliver_here: DeliverHere,
     ) -> None:

@@ -12,7 +12,7 @@ from ..message import Message
 from ..patterns import compile_pattern
 from .attachment import Attachment
 from .engine_table import EngineTable
-from .limits import Limits
+from .limits import RetentionLimits
 from .names import Names
 from .results import Backlog
 
@@ -25,7 +25,9 @@ class Reader:
     """Answers every read of :class:`~shmbus.bus.Bus` from the attached segment; a backlog with a gap is offered
     to the default engine (:meth:`Engine.backlog <shmbus.engines.Engine.backlog>`), which may keep more."""
 
-    def __init__(self, host: BusHost, attachment: Attachment, names: Names, limits: Limits, engines: EngineTable):
+    def __init__(
+        self, host: BusHost, attachment: Attachment, names: Names, limits: RetentionLimits, engines: EngineTable
+    ):
         self._host = host
         self._attachment = attachment
         self._names = names

@@ -18,16 +18,24 @@ from __future__ import annotations
 
 from .chunks import AnswerTooLarge, ProtocolViolation
 from .core import AsyncMessageBusClient, ClientStats, PollFailed
-from .message import Message
+from .message import ClientMessage
 from .outcomes import HeadersFailed
-from .positions import Reset, Subscription
+from .positions import ClientSubscription, Reset
 from .store import FilePositionStore, PositionStore
 from .sync import MessageBusClient
+
+#: The names these classes had before (``shmbus.client.Message``, ``shmbus.client.Subscription``), kept for code that
+#: imports them; the classes are renamed so that ``Message`` and ``Subscription`` each name one thing in the package
+#: (the bus's own: :class:`shmbus.Message`, :class:`shmbus.Subscription`).
+Message = ClientMessage
+Subscription = ClientSubscription
 
 __all__ = [
     "AnswerTooLarge",
     "AsyncMessageBusClient",
+    "ClientMessage",
     "ClientStats",
+    "ClientSubscription",
     "FilePositionStore",
     "HeadersFailed",
     "Message",

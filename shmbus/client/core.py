@@ -31,11 +31,11 @@ from .chunks import MAX_BODY_BYTES
 from .dispatch import Dispatcher, Overflow
 from .exchange import Headers
 from .hooks import Hook, Hooks
-from .message import STATUS_CHANNEL, AsyncCallback, Message
+from .message import STATUS_CHANNEL, AsyncCallback, ClientMessage
 from .outcomes import ClientStats, PollFailed
 from .pacing import MIN_RETRY_AFTER
 from .polling import PollLoop
-from .positions import Subscription, Tracker
+from .positions import ClientSubscription, Tracker
 from .runs import Run, on_asyncio
 from .store import PositionSaver, PositionStore, check_positions
 
@@ -146,7 +146,7 @@ class AsyncMessageBusClient:
         )
         self._dispatcher = Dispatcher(self._stats, decoder, max_pending, overflow)
         self._loop = PollLoop(self, self._tracker, self._stats, self._hooks, self._dispatcher)
-        self._listeners: set[MemoryObjectSendStream[Message]] = set()
+        self._listeners: set[MemoryObjectSendStream[ClientMessage]] = set()
         self._state = "new"
         self._run: Run | None = None
         self._blocks: list[TaskGroup | None] = []  # the ``async with client:`` blocks open: the first one's group
@@ -303,7 +303,7 @@ class AsyncMessageBusClient:
         return list(self._tracker.by_channel())
 
     # ------------------------------------------------------------------------------------------------ subscriptions
-    def subscribe(self, channel: str, callback: AsyncCallback, last_id: int | None = None) -> Subscription:
+    def subscribe(self, channel: str, callback: AsyncCallback, last_id: int | None = None) -> ClientSubscription:
         """Call ``callback(message)`` for each message on ``channel`` after ``last_id``: -1 (default, unless
         ``positions`` names the channel) from now, 0 the whole backlog, ``n`` after id n, ``-k`` the last k-1.
         A poll in flight is aborted and the next one includes the channel at once."""
@@ -328,16 +328,16 @@ class AsyncMessageBusClient:
             self._poll_again()
         return removed
 
-    def remove(self, subscription: Subscription) -> None:
+    def remove(self, subscription: ClientSubscription) -> None:
         """Remove one subscription (the value :meth:`subscribe` returned)."""
         if subscription.active:
             self._tracker.discard([subscription])
             self._poll_again()
 
-    async def listen(self, channel: str, last_id: int | None = None) -> AsyncIterator[Message]:
+    async def listen(self, channel: str, last_id: int | None = None) -> AsyncIterator[ClientMessage]:
         """``async for msg in client.listen("/chat")``: the channel's messages until the client stops (or the
         loop is left: the subscription ends with it). Starts the client if needed (see :meth:`start`)."""
-        send, receive = anyio.create_memory_object_stream[Message](math.inf)
+        send, receive = anyio.create_memory_object_stream[ClientMessage](math.inf)
         sub = self.subscribe(channel, send.send_nowait, last_id)
         self._listeners.add(send)
         try:

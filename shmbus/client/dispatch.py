@@ -19,9 +19,9 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
-from .message import Message
+from .message import ClientMessage
 from .outcomes import ClientStats
-from .positions import Delivery
+from .positions import CallbackDelivery
 from .runs import Flag
 
 __all__ = ["OVERFLOW_POLICIES", "Dispatcher", "Overflow"]
@@ -54,7 +54,7 @@ class Dispatcher:
         self.decoder = decoder
         self.max_pending = max_pending
         self.overflow = overflow
-        self.queue: deque[Delivery] = deque()
+        self.queue: deque[CallbackDelivery] = deque()
         #: set by stop() before anything else (from any thread): no callback runs after it
         self.halted = False
         self._warned = False
@@ -77,7 +77,7 @@ class Dispatcher:
     def clear(self) -> None:
         self.queue.clear()
 
-    def deliver(self, deliveries: Iterable[Delivery]) -> None:
+    def deliver(self, deliveries: Iterable[CallbackDelivery]) -> None:
         queue = self.queue
         queue.extend(deliveries)
         if self.max_pending is not None and self.overflow == "drop_oldest" and len(queue) > self.max_pending:
@@ -112,7 +112,7 @@ class Dispatcher:
         queue, queued, resumed, drained = self.queue, self._queued, self.resumed, self._drained
         assert queued is not None and resumed is not None and drained is not None
         stats, decoder, limit = self._stats, self.decoder, self.max_pending
-        raw: Message | None = None  # the last message decoded (its subscriptions follow one another in the queue)
+        raw: ClientMessage | None = None  # the last message decoded (its subscriptions follow one another in the queue)
         decoded: Any = None
         while True:
             if not queue:
@@ -146,7 +146,7 @@ class Dispatcher:
                     log.exception("shmbus.client: callback %r on %s failed", sub.callback, sub.channel)
             sub.delivered = position
 
-    def _decode(self, decoder: Callable[[Any], Any], message: Message) -> Any:
+    def _decode(self, decoder: Callable[[Any], Any], message: ClientMessage) -> Any:
         try:
             return message._replace(data=decoder(message.data))
         except Exception:

@@ -20,7 +20,7 @@ from .chunks import AnswerTooLarge, ChunkParser, decode_array, is_streamed
 from .inflate import ACCEPT_ENCODING, Inflater
 from .outcomes import ClientStats, HeadersFailed, NoFirstChunk, PollFailed, RateLimited
 from .pacing import retry_after_seconds
-from .positions import PollRequest
+from .positions import NextPoll
 
 __all__ = ["MAX_ERROR_BYTES", "Headers", "PollExchange", "PollSettings"]
 
@@ -31,7 +31,7 @@ MAX_CONNECT_TIMEOUT = 10.0
 MAX_ERROR_BYTES = 4096
 #: how long closing a response may take once its poll was aborted or stopped (seconds; it only closes a socket)
 CLOSE_TIMEOUT = 5.0
-Take = Callable[[PollRequest, list[dict[str, Any]]], bool]
+Take = Callable[[NextPoll, list[dict[str, Any]]], bool]
 #: A client's ``headers``: a mapping, or a callable called before each poll that returns one (or an awaitable of
 #: one): a token that rotates, a session cookie (``{"Cookie": ...}``) read from where it is kept fresh.
 Headers: TypeAlias = Mapping[str, str] | Callable[[], Mapping[str, str] | Awaitable[Mapping[str, str]]]
@@ -102,7 +102,7 @@ class PollExchange:
         return value
 
     def _request(
-        self, http: httpx.AsyncClient, request: PollRequest, extra: Mapping[str, str]
+        self, http: httpx.AsyncClient, request: NextPoll, extra: Mapping[str, str]
     ) -> tuple[httpx.Request, bool]:
         settings = self._settings
         long_poll = settings.long_polling and not request.resolving
@@ -126,7 +126,7 @@ class PollExchange:
         timeout = httpx.Timeout(settings.timeout, connect=min(settings.timeout, MAX_CONNECT_TIMEOUT))
         return http.build_request("POST", url, content=body.encode(), headers=headers, timeout=timeout), chunked
 
-    async def poll(self, http: httpx.AsyncClient, request: PollRequest) -> bool:
+    async def poll(self, http: httpx.AsyncClient, request: NextPoll) -> bool:
         """One poll: True if the server sent anything (messages or positions)."""
         http_request, chunked = self._request(http, request, await self._headers())
         self._stats.polls += 1
@@ -178,7 +178,7 @@ class PollExchange:
         return bytes(data[:limit])
 
     async def _read_stream(
-        self, request: PollRequest, response: httpx.Response, first_by: float | None, limit: int
+        self, request: NextPoll, response: httpx.Response, first_by: float | None, limit: int
     ) -> bool:
         parser = ChunkParser(limit)
         inflater = Inflater(response.headers.get("content-encoding"))
@@ -206,7 +206,7 @@ class PollExchange:
             got = self._feed(request, parser, inflater.feed(raw)) or got
         return self._feed(request, parser, inflater.flush()) or got
 
-    def _feed(self, request: PollRequest, parser: ChunkParser, pieces: Iterable[bytes]) -> bool:
+    def _feed(self, request: NextPoll, parser: ChunkParser, pieces: Iterable[bytes]) -> bool:
         got = False
         for data in pieces:
             for payload in parser.feed(data):

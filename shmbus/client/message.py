@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
-__all__ = ["AsyncCallback", "Callback", "Message", "STATUS_CHANNEL"]
+__all__ = ["AsyncCallback", "Callback", "ClientMessage", "STATUS_CHANNEL"]
 
 #: The channel of the server's position reports (``{"channel": "/__status", "data": {channel: last_id}}``).
 STATUS_CHANNEL = "/__status"
 
 
-class Message(NamedTuple):
+class ClientMessage(NamedTuple):
     """One message as the server sent it (a named tuple: immutable, and cheap to make by the thousand).
 
     One argument instead of the clients' positional ones settles their difference: the Ruby client calls
@@ -25,6 +25,6 @@ class Message(NamedTuple):
 
 
 #: A callback of the sync client (and one the async client may take too).
-Callback = Callable[[Message], Any]
+Callback = Callable[[ClientMessage], Any]
 #: A callback of the async client: plain, or a coroutine function (awaited before the next message).
-AsyncCallback = Callable[[Message], Any] | Callable[[Message], Awaitable[Any]]
+AsyncCallback = Callable[[ClientMessage], Any] | Callable[[ClientMessage], Awaitable[Any]]

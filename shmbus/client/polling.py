@@ -21,7 +21,7 @@ from .exchange import PollExchange, PollSettings
 from .hooks import Hooks
 from .outcomes import ClientStats, NoFirstChunk, PollFailed, RateLimited, Repoll
 from .pacing import Backoff, pause_after_poll
-from .positions import PollRequest, Tracker
+from .positions import NextPoll, Tracker
 from .runs import Flag
 
 __all__ = ["LoopSettings", "PollLoop"]
@@ -150,7 +150,7 @@ class PollLoop:
         with anyio.move_on_after(seconds):
             await self.changed.wait()
 
-    async def _until_changed(self, http: httpx.AsyncClient, request: PollRequest) -> tuple[bool, bool]:
+    async def _until_changed(self, http: httpx.AsyncClient, request: NextPoll) -> tuple[bool, bool]:
         """Poll until the answer ends or the subscriptions change (:meth:`poll_again` cancels the poll's scope; the
         poll closes its response before this returns): (whether it brought anything, whether it was aborted)."""
         assert self.changed is not None
@@ -174,7 +174,7 @@ class PollLoop:
             self.connected = True
             self._hooks.connected()
 
-    def _take(self, request: PollRequest, items: list[dict[str, Any]]) -> bool:
+    def _take(self, request: NextPoll, items: list[dict[str, Any]]) -> bool:
         if items and self._backoff.failures:
             # The server is serving: a stream that then breaks (a restart) backs off from the start again,
             # instead of adding to the failures of earlier outages until every retry waits max_poll_interval.

@@ -14,15 +14,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from .message import STATUS_CHANNEL, Message
+from .message import STATUS_CHANNEL, ClientMessage
 
 _new = tuple.__new__  # a named tuple made without its Python-level __new__: the hot path makes one per message
 
-__all__ = ["Delivery", "PollRequest", "Reset", "Subscription", "Tracker", "channel_matches"]
+__all__ = ["CallbackDelivery", "NextPoll", "Reset", "ClientSubscription", "Tracker", "channel_matches"]
 
 
 @dataclass(eq=False)
-class Subscription:
+class ClientSubscription:
     """One ``subscribe()``: a channel, a callback and this subscription's own positions."""
 
     channel: str
@@ -34,7 +34,7 @@ class Subscription:
     active: bool = True
     #: the last message received: after an outage, the server's message under the same id must be this one (same
     #: global id and data), or the server's history was replaced (a restart that reused the ids)
-    last_seen: Message | None = None
+    last_seen: ClientMessage | None = None
     #: ask from one before ``position`` and compare (set by :meth:`Tracker.distrust`)
     verify: bool = False
 
@@ -44,20 +44,20 @@ class Subscription:
 
 
 @dataclass
-class PollRequest:
+class NextPoll:
     """One poll: ``body`` maps channel to the id sent; ``targets`` are the subscriptions it serves."""
 
     body: dict[str, int]
-    targets: dict[str, list[Subscription]]
+    targets: dict[str, list[ClientSubscription]]
     #: an immediate request that only resolves new subscriptions' negative start ids
     resolving: bool = False
 
 
-class Delivery(NamedTuple):
+class CallbackDelivery(NamedTuple):
     """Hand ``message`` to ``subscription`` (or, with ``message`` None, move its position to ``position``)."""
 
-    subscription: Subscription
-    message: Message | None
+    subscription: ClientSubscription
+    message: ClientMessage | None
     position: int
 
 
@@ -74,7 +74,7 @@ class Reset:
 
 @dataclass
 class Applied:
-    deliveries: list[Delivery] = field(default_factory=list)
+    deliveries: list[CallbackDelivery] = field(default_factory=list)
     resets: list[Reset] = field(default_factory=list)
     duplicates: int = 0
     messages: int = 0  # deliveries of a message (the others move a position)
@@ -93,14 +93,14 @@ class Tracker:
     """The subscriptions of one client, in subscription order."""
 
     def __init__(self) -> None:
-        self.subscriptions: list[Subscription] = []
+        self.subscriptions: list[ClientSubscription] = []
 
-    def add(self, channel: str, callback: Any, last_id: int) -> Subscription:
-        sub = Subscription(channel, callback, last_id, last_id)
+    def add(self, channel: str, callback: Any, last_id: int) -> ClientSubscription:
+        sub = ClientSubscription(channel, callback, last_id, last_id)
         self.subscriptions.append(sub)
         return sub
 
-    def remove(self, pattern: str, callback: Any = None) -> list[Subscription]:
+    def remove(self, pattern: str, callback: Any = None) -> list[ClientSubscription]:
         """Remove the subscriptions of ``pattern`` (all, or only ``callback``'s); they get nothing more."""
         gone = [
             s
@@ -110,25 +110,25 @@ class Tracker:
         self.discard(gone)
         return gone
 
-    def discard(self, subs: Iterable[Subscription]) -> None:
+    def discard(self, subs: Iterable[ClientSubscription]) -> None:
         for s in subs:
             s.active = False
         self.subscriptions = [s for s in self.subscriptions if s.active]
 
-    def by_channel(self) -> dict[str, list[Subscription]]:
-        out: dict[str, list[Subscription]] = {}
+    def by_channel(self) -> dict[str, list[ClientSubscription]]:
+        out: dict[str, list[ClientSubscription]] = {}
         for s in self.subscriptions:
             out.setdefault(s.channel, []).append(s)
         return out
 
-    def next_request(self) -> PollRequest | None:
+    def next_request(self) -> NextPoll | None:
         """The next poll: a resolving request when some channel mixes unresolved and other positions, else the
         poll of every channel. None without subscriptions."""
         groups = self.by_channel()
         if not groups:
             return None
         body: dict[str, int] = {}
-        targets: dict[str, list[Subscription]] = {}
+        targets: dict[str, list[ClientSubscription]] = {}
         for channel, subs in groups.items():
             starts = {s.position for s in subs if not s.resolved}
             if starts and (len(starts) > 1 or len(starts) < len({s.position for s in subs})):
@@ -136,11 +136,11 @@ class Tracker:
                 body[channel] = first
                 targets[channel] = [s for s in subs if s.position == first]
         if body:
-            return PollRequest(body, targets, resolving=True)
+            return NextPoll(body, targets, resolving=True)
         for channel, subs in groups.items():
             body[channel] = min(s.position - 1 if s.verify else s.position for s in subs)
             targets[channel] = subs
-        return PollRequest(body, targets)
+        return NextPoll(body, targets)
 
     def distrust(self) -> None:
         """After a failed poll (the server may have restarted with ids from 1 again): the next poll re-reads each
@@ -148,7 +148,7 @@ class Tracker:
         for s in self.subscriptions:
             s.verify = s.position >= 1 and s.last_seen is not None
 
-    def apply(self, request: PollRequest, items: Iterable[Mapping[str, Any]]) -> Applied:
+    def apply(self, request: NextPoll, items: Iterable[Mapping[str, Any]]) -> Applied:
         """What the server answered to ``request``: positions move now; the deliveries are for the dispatcher."""
         out = Applied()
         reset_now: set[int] = set()  # subscriptions sent back to 0 by this answer: the rest of it is not theirs
@@ -168,7 +168,7 @@ class Tracker:
             mid, gid = item.get("message_id"), item.get("global_id")
             if not isinstance(mid, int) or not isinstance(gid, int):
                 continue
-            msg = _new(Message, (channel, item.get("data"), mid, gid))  # (Message(...) costs twice as much)
+            msg = _new(ClientMessage, (channel, item.get("data"), mid, gid))  # (ClientMessage(...) costs twice as much)
             for s in subs:
                 if not s.active or (reset_now and id(s) in reset_now):
                     continue
@@ -179,24 +179,24 @@ class Tracker:
                         out.resets.append(Reset(channel, mid, mid, replaced=True))
                         s.position = 0
                         reset_now.add(id(s))
-                        out.deliveries.append(Delivery(s, None, 0))
+                        out.deliveries.append(CallbackDelivery(s, None, 0))
                         continue
                 if s.position >= 0 and mid <= s.position:  # resolved, and seen
                     out.duplicates += 1
                     continue
                 s.position = mid
                 s.last_seen = msg
-                deliveries.append(_new(Delivery, (s, msg, mid)))
+                deliveries.append(_new(CallbackDelivery, (s, msg, mid)))
                 out.messages += 1
         # Still no position after the first answer (the backlog, at once): "-k" on an empty channel. It is at 0.
         for subs in request.targets.values():
             for s in subs:
                 if s.active and not s.resolved:
                     s.position = 0
-                    out.deliveries.append(Delivery(s, None, 0))
+                    out.deliveries.append(CallbackDelivery(s, None, 0))
         return out
 
-    def _status(self, request: PollRequest, data: Mapping[str, Any], out: Applied, reset_now: set[int]) -> None:
+    def _status(self, request: NextPoll, data: Mapping[str, Any], out: Applied, reset_now: set[int]) -> None:
         for channel, last in data.items():
             subs = request.targets.get(channel)
             if not subs or not isinstance(last, int) or isinstance(last, bool):
@@ -212,7 +212,7 @@ class Tracker:
                 if s.active and id(s) not in reset_now and (reset or s.position < last):
                     s.position = to
                     s.verify = False
-                    out.deliveries.append(Delivery(s, None, to))
+                    out.deliveries.append(CallbackDelivery(s, None, to))
 
     def positions(self) -> dict[str, int]:
         """Per channel, the position to resume from: the lowest delivered one (what every callback has had)."""

@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 
 from ..threads import interruptible_get, start_without_signals
 from .core import AsyncMessageBusClient, ClientStats
-from .message import Callback, Message
-from .positions import Subscription
+from .message import Callback, ClientMessage
+from .positions import ClientSubscription
 
 __all__ = ["MessageBusClient"]
 
@@ -120,17 +120,17 @@ class MessageBusClient:
         return asyncio.run_coroutine_threadsafe(call(), loop).result()
 
     # ------------------------------------------------------------------------------------------------ API
-    def subscribe(self, channel: str, callback: Callback, last_id: int | None = None) -> Subscription:
+    def subscribe(self, channel: str, callback: Callback, last_id: int | None = None) -> ClientSubscription:
         """See :meth:`AsyncMessageBusClient.subscribe`; ``callback`` runs on the client's thread."""
         return self._on_loop(lambda: self._core.subscribe(channel, callback, last_id))
 
     def unsubscribe(self, channel: str, callback: Callback | None = None) -> bool:
         return self._on_loop(lambda: self._core.unsubscribe(channel, callback))
 
-    def remove(self, subscription: Subscription) -> None:
+    def remove(self, subscription: ClientSubscription) -> None:
         self._on_loop(lambda: self._core.remove(subscription))
 
-    def listen(self, channel: str, last_id: int | None = None, timeout: float | None = None) -> Iterator[Message]:
+    def listen(self, channel: str, last_id: int | None = None, timeout: float | None = None) -> Iterator[ClientMessage]:
         """``for msg in client.listen("/chat")``: the channel's messages until the client stops, or none arrives
         for ``timeout`` seconds; leaving the loop ends the subscription. Starts the client if needed."""
         q: queue.SimpleQueue[Any] = queue.SimpleQueue()

@@ -15,6 +15,7 @@ from shmbus.adapters.bridge.lifecycle import MOVES, IllegalMove, RelayLifecycle
 from shmbus.adapters.bridge.machine import IllegalEvent
 from shmbus.adapters.bridge.memory import MemoryBackend, MemoryBridge
 from shmbus.adapters.bridge.steps import Step
+from shmbus.errors import IllegalTransition
 from shmbus.figures import RelayState
 
 from .conftest import FakeClock, Host, whats
@@ -203,3 +204,8 @@ def test_the_relay_states_move_only_as_the_table_says() -> None:
                 relay.move(state)
             assert relay.state == start
     assert all(state not in MOVES[state] for state in MOVES) and not MOVES["stalled"]
+
+
+def test_the_relays_illegal_steps_are_the_one_typed_error_of_every_state_machine() -> None:
+    """The relay machine's table, its lifecycle's moves, a waiter's and a connection's all raise one error type."""
+    assert issubclass(IllegalEvent, IllegalTransition) and issubclass(IllegalMove, IllegalTransition)

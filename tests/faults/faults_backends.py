@@ -332,11 +332,11 @@ class RabbitBackend(Backend):
         return self.kill_connections()  # rabbitmqctl closes them before it returns
 
     def _raw(self, bodies: list[bytes]) -> None:
-        from shmbus.adapters.rabbitmq.publisher import Publisher
+        from shmbus.adapters.rabbitmq.publisher import StreamPublisher
 
         conn = self.connect()
         try:
-            Publisher(conn, self.stream, 10).send(bodies)
+            StreamPublisher(conn, self.stream, 10).send(bodies)
         finally:
             conn.close()
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from shmbus import Bus
+from shmbus.adapters.bridge.election import RelayElection
 from shmbus.adapters.push import FileElector, FileStore, StaleSender, VapidKeys, store_for
 from shmbus.adapters.push.devservice import PushService
 from shmbus.adapters.push.subscriptions import parse_registration
@@ -89,6 +90,21 @@ def test_file_elector_one_holder_released_on_death(procs: Any, tmp_path: Path) -
     assert mine.try_acquire() and mine.held()
     mine.release()
     assert not mine.held()
+
+
+def test_file_elector_is_the_bridge_kits_election(tmp_path: Path) -> None:
+    """One host-local election in the code base: the push sender's lock is the kit's, seen by its probe."""
+    path = str(tmp_path / "sender.lock")
+    sender = FileElector(path)
+    assert sender.try_acquire() and sender.try_acquire(), "taking a lock this elector holds is a no-op"
+    probe = RelayElection(path)
+    try:
+        assert probe.running() and not probe.try_take()
+        sender.release()
+        assert not sender.held() and not probe.running()
+        assert probe.try_take() and not FileElector(path).try_acquire()
+    finally:
+        probe.close()
 
 
 def test_postgres_store_and_elector(pg_dsn: str, push_service: PushService) -> None:

@@ -353,10 +353,11 @@ def test_a_new_host_owes_nothing_trimmed_before_it_began(
         wait_relaying(b)
         wait_for(lambda: b.segment.global_id() == 2000, what="b caught up")
         assert b.default.health()["relay_lost"] == 0
-        # (host a's own relay may fall behind its 2,000-message burst past the 300-message trim on a loaded machine:
-        # that loss is a's, counted and said; the rule under test is b's)
         said = [r.getMessage() for r in caplog.records if "gone from the backend" in r.getMessage()]
-        assert not [m for m in said if repr(b.name) in m], said
+        assert not said, said
+    # host a's relay may read its own burst before a's publisher landed it, trimmed already: it waits for the
+    # publisher instead of counting a loss (it did lose some of them on a loaded machine)
+    assert a.default.health()["relay_lost"] == 0 and a.segment.global_id() == 2000
 
 
 def test_a_loss_of_many_single_ids_is_counted_and_logged_once(
@@ -380,9 +381,9 @@ def test_a_loss_of_many_single_ids_is_counted_and_logged_once(
         wait_relaying(b2)
         wait_for(lambda: b2.segment.global_id() == first + 1000, what="b caught up")
     assert b2.default.health()["relay_lost"] == 800
-    # b2's own lines: host a's relay may report its own loss in this burst (a known race, see docs/faults.md)
-    gone = [r.getMessage() for r in caplog.records if f"bus {b2.name!r} misses" in r.getMessage()]
-    assert len(gone) == 1 and "800 message(s)" in gone[0], gone
+    assert a.default.health()["relay_lost"] == 0  # a's own burst, landed by its publisher, trims or not
+    gone = [r.getMessage() for r in caplog.records if "gone from the backend" in r.getMessage()]
+    assert len(gone) == 1 and f"bus {b2.name!r} misses" in gone[0] and "800 message(s)" in gone[0], gone
 
 
 def test_a_message_too_large_for_a_hosts_smaller_ring_is_a_loss_with_its_reason(

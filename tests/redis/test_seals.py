@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shmbus.adapters.bridge.rows import Ring
+from shmbus.adapters.bridge.rows import DoorbellRing
 from shmbus.adapters.bridge.seals import Sealer, mac, sealed_rows
 
 KEY, HISTORY = b"k" * 64, 42
@@ -14,25 +14,25 @@ def line(gid: int, data: str) -> bytes:
     return b'%d|%d|/c|{"data":"%s"}' % (gid, gid, data.encode())
 
 
-def ids(ring: Ring, after: int) -> list[int]:
+def ids(ring: DoorbellRing, after: int) -> list[int]:
     return [row.global_id for row in sealed_rows(ring, Sealer("sha1", KEY, HISTORY), after)]
 
 
 def test_a_run_is_taken_whole_and_only_after_the_position() -> None:
     run = [line(g, f"m{g}") for g in (5, 6, 7)]
-    ring = Ring(7, run, {5: (7, mac("sha1", KEY, HISTORY, run))})
+    ring = DoorbellRing(7, run, {5: (7, mac("sha1", KEY, HISTORY, run))})
     assert ids(ring, 4) == [5, 6, 7]
     assert ids(ring, 6) == [7]  # 5 and 6 stored already
     assert ids(ring, 3) == []  # 4 is missing: the read decides
-    assert ids(Ring(7, run[:2], ring.seals), 4) == []  # a line of the run never came
+    assert ids(DoorbellRing(7, run[:2], ring.seals), 4) == []  # a line of the run never came
 
 
 def test_runs_in_any_order_verify_each_and_stop_at_the_first_that_does_not() -> None:
     one, two = [line(5, "a"), line(6, "b")], [line(7, "c")]
     seals = {7: (7, mac("sha1", KEY, HISTORY, two)), 5: (6, mac("sha1", KEY, HISTORY, one))}
-    assert ids(Ring(7, [two[0], one[1], one[0]], seals), 4) == [5, 6, 7]
+    assert ids(DoorbellRing(7, [two[0], one[1], one[0]], seals), 4) == [5, 6, 7]
     forged = {**seals, 7: (7, mac("sha1", KEY, HISTORY + 1, two))}  # another history
-    assert ids(Ring(7, [*one, *two], forged), 4) == [5, 6]
+    assert ids(DoorbellRing(7, [*one, *two], forged), 4) == [5, 6]
 
 
 def test_the_same_bytes_cut_into_other_lines_do_not_verify() -> None:
@@ -42,8 +42,8 @@ def test_the_same_bytes_cut_into_other_lines_do_not_verify() -> None:
     cut = [real[0][: real[0].index(b"6|6|")], real[0][real[0].index(b"6|6|") :] + real[1]]
     assert b"".join(cut) == b"".join(real)
     tag = mac("sha1", KEY, HISTORY, real)
-    assert ids(Ring(6, real, {5: (6, tag)}), 4) == [5, 6]
-    assert ids(Ring(6, cut, {5: (6, tag)}), 4) == []
+    assert ids(DoorbellRing(6, real, {5: (6, tag)}), 4) == [5, 6]
+    assert ids(DoorbellRing(6, cut, {5: (6, tag)}), 4) == []
 
 
 @pytest.mark.parametrize("hash_name", ["sha1", "sha256"])
@@ -96,7 +96,7 @@ def test_a_forged_seals_range_costs_nothing_beyond_the_ring(last: int, monkeypat
     forged = seals.seal_of(b"1|%d|zz" % last)
     assert forged is not None
     real = [line(5, "a"), line(6, "b")]
-    ring = Ring(last, [line(1, "forged"), *real], {1: forged[1:], 5: (6, mac("sha1", KEY, HISTORY, real))})
+    ring = DoorbellRing(last, [line(1, "forged"), *real], {1: forged[1:], 5: (6, mac("sha1", KEY, HISTORY, real))})
     assert ids(ring, 0) == []  # the read decides
     assert ids(ring, 4) == [5, 6]  # the forged range lies below the position's run: the true seal still counts
     assert CountingLines.lookups <= 2 * len(ring.lines)

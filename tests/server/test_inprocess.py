@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from shmbus import Bus
 from shmbus.adapters.asgi import MessageBusMiddleware
 from shmbus.adapters.server import Limits
+from shmbus.adapters.server.lifetime import Awaiting
 
 from .mock_transport import responses, without_date
 from .rig import LIMITS, LONG_POLL, Rig, delivered, echo, in_loop, make_rig
@@ -314,11 +315,11 @@ def test_callbacks_build_the_request_from_pieces() -> None:
     begin(r, [b"/a%20", b"b?x=1", b"#frag"], [(b"Host", b"h"), (b"X-Y", b"z")], HeadOf(b"DELETE", "1.0", keep=False))
     req = r.conn.reader.req
     assert req is not None and r.conn.idle == 0.0
-    assert (r.conn.deadline, r.conn.phase) == (r.srv.now + LIMITS.header_timeout, "request head")
+    assert (r.conn.deadline, r.conn.awaiting) == (r.srv.now + LIMITS.header_timeout, Awaiting.HEAD)
     assert req.url == b"/a%20b?x=1#frag" and req.headers == [(b"host", b"h"), (b"x-y", b"z")]
     r.conn.reader.on_headers_complete()
     assert (req.method, req.version, req.path, req.raw_path, req.query) == ("DELETE", "1.0", "/a b", b"/a%20b", b"x=1")
-    assert req.head_done and r.conn.phase == "request body"
+    assert req.head_done and r.conn.awaiting is Awaiting.BODY
     r.conn.reader.on_message_complete()
     [got] = r.answers()
     assert got.status == 404 and "connection" not in got.headers  # HTTP/1.0 closes by default

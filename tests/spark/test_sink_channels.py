@@ -24,12 +24,12 @@ def writer_for() -> Any:
         skip_or_fail("Python module 'pyspark' is not installed (pip install -e '.[spark]')")
     from pyspark.sql.types import StringType, StructField, StructType
 
-    from shmbus.adapters.spark.options import Options
+    from shmbus.adapters.spark.options import SparkOptions
     from shmbus.adapters.spark.sink import _BusWriterBase
 
     def make(bus: Bus, **options: str) -> Any:
         schema = StructType([StructField("channel", StringType()), StructField("data", StringType())])
-        return _BusWriterBase(Options.parse({"bus": bus.name, **options}), schema)
+        return _BusWriterBase(SparkOptions.parse({"bus": bus.name, **options}), schema)
 
     return make
 
