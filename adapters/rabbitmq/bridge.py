@@ -42,9 +42,9 @@ class RabbitBridge(BridgeEngine):
     """Engine that makes a RabbitMQ stream queue the source of ids and history, shared by every host.
 
     ``url``: ``amqp://user:password@host:port/vhost`` (``%2F`` for the ``/`` vhost). ``stream``: the stream
-    queue's name (declared where missing). ``max_length_bytes``, ``max_age`` (``"7D"``, ``"12h"``),
-    ``max_segment_size_bytes``: the stream's retention, used only by whoever creates it (an existing stream keeps
-    its own). ``connect_timeout``, ``command_timeout``: seconds (a publish whose confirms take longer raises
+    queue's name (declared where missing). ``max_length_bytes`` (default 1 GB; None: unbounded), ``max_age``
+    (``"7D"``, ``"12h"``), ``max_segment_size_bytes``: the stream's retention, used only by whoever creates it (an
+    existing stream keeps its own). ``connect_timeout``, ``command_timeout``: seconds (a publish whose confirms take longer raises
     :class:`~shmbus.errors.PublishOutcomeUnknown`). ``local_wait``: how long a publish waits for its host's relay
     to store its messages (their ids) before reading them from the stream itself. ``relay``,
     ``election_interval``, ``reconnect_max``, ``autostart``: as the Redis bridge.
@@ -55,7 +55,7 @@ class RabbitBridge(BridgeEngine):
         url: str = "amqp://guest:guest@127.0.0.1:5672/%2F",
         *,
         stream: str | None = None,
-        max_length_bytes: int | None = None,
+        max_length_bytes: int | None = 1_000_000_000,
         max_age: str | None = None,
         max_segment_size_bytes: int | None = None,
         connect_timeout: float = 3.0,
