@@ -183,7 +183,8 @@ class RabbitBackend:
         seg = bus.segment
         epoch, after = seg.read_epoch(), seg.global_id()  # the stream gives our messages larger offsets
         try:
-            self._send(bodies)
+            if self._send(bodies):
+                after = 0  # sent again into a stream declared anew: its offsets start at 0
         except ReplyLost as lost:
             self._drop_publisher()
             self.status.set_state("unreachable" if isinstance(lost.cause, OSError) else "error", lost.cause)
@@ -204,9 +205,9 @@ class RabbitBackend:
             raise outcome_unknown(self.kind, self.where, envelopes, unseen)
         return Acknowledged([(g, g) for g in ids], None)
 
-    def _send(self, bodies: list[bytes]) -> None:
+    def _send(self, bodies: list[bytes]) -> bool:
         """Publish and wait for the confirms; a batch the broker returned whole (no stream: deleted) is sent once
-        more after declaring the stream again (it was not stored)."""
+        more after declaring the stream again (it was not stored): then True."""
         pub = self._publisher()
         if pub.closed_while_idle():
             self._drop_publisher()
@@ -216,9 +217,12 @@ class RabbitBackend:
             pub.seen = 0  # the stream was deleted: the new one's offsets start at 0
             self.ensure_stream(pub.conn, 3)
             returned = pub.send(bodies)
+            if not returned:
+                return True
         if returned:
             cause = RabbitBridgeError(f"{returned} of {len(bodies)} messages returned unroutable: stream deleted?")
             raise ReplyLost(cause, sent=True)
+        return False
 
     def _ids(
         self, bus: BusHost, envelopes: list[Envelope], bodies: list[bytes], after: int, epoch: int
@@ -245,7 +249,12 @@ class RabbitBackend:
             pub = self._publisher()
             if seg.read_epoch() != first_epoch:
                 pub.seen, first_after = 0, 0  # another history: its offsets start again
-            return pub.find(bodies, first_after, self.command_timeout)
+            if not self.relay_running():
+                first_after = 0  # no relay keeps the segment in the stream's history: only what this one saw counts
+            found_ids = pub.find(bodies, first_after, self.command_timeout)
+            if found_ids is None:
+                pub.seen = 0  # the stream may have been replaced: the next search starts from its beginning
+            return found_ids
         except (OSError, Closed, ValueError):
             self._drop_publisher()
             return None

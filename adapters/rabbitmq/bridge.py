@@ -44,10 +44,10 @@ class RabbitBridge(BridgeEngine):
     ``url``: ``amqp://user:password@host:port/vhost`` (``%2F`` for the ``/`` vhost). ``stream``: the stream
     queue's name (declared where missing). ``max_length_bytes`` (default 1 GB; None: unbounded), ``max_age``
     (``"7D"``, ``"12h"``), ``max_segment_size_bytes``: the stream's retention, used only by whoever creates it (an
-    existing stream keeps its own). ``connect_timeout``, ``command_timeout``: seconds (a publish whose confirms take longer raises
-    :class:`~shmbus.errors.PublishOutcomeUnknown`). ``local_wait``: how long a publish waits for its host's relay
-    to store its messages (their ids) before reading them from the stream itself. ``relay``,
-    ``election_interval``, ``reconnect_max``, ``autostart``: as the Redis bridge.
+    existing stream keeps its own). ``connect_timeout``, ``command_timeout``: seconds (a publish whose confirms
+    take longer raises :class:`~shmbus.errors.PublishOutcomeUnknown`). ``local_wait``: how long a publish waits
+    (at least ``command_timeout``) for its host's relay to store its messages (their ids) before reading them from
+    the stream itself. ``relay``, ``election_interval``, ``reconnect_max``, ``autostart``: as the Redis bridge.
     """
 
     def __init__(

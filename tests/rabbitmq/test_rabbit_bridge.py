@@ -215,3 +215,16 @@ def test_a_msgpack_bus_bridges_too(make_host: Callable[..., Bus]) -> None:
     wait_for(lambda: ids(b, "/m") == [mid], what="the msgpack message on b")
     (m,) = b.backlog("/m")
     assert m.data == {"bytes": b"\x00|\xff", "n": 1} and m.user_ids == [3]
+
+
+def test_a_publish_into_a_deleted_stream_declares_it_again(bus_name: str, amqp_url: str, stream: str) -> None:
+    """No relay anywhere (nothing else declares the stream again): the broker returns the publish whole, the bridge
+    declares the stream and sends it once more, and the id is the new stream's."""
+    bus = Bus(bus_name, keepalive_interval=0, create=True, engine=RabbitBridge(amqp_url, stream=stream, relay=False))
+    try:
+        assert [bus.publish("/g", i) for i in range(3)] == [1, 2, 3]
+        delete_stream(amqp_url, stream)
+        assert bus.publish("/g", "after") == 1  # the new stream's first offset
+        assert bus.publish("/g", "next") == 2
+    finally:
+        bus.destroy()
