@@ -1,9 +1,10 @@
 """Fixtures of the fault suite: PRIVATE servers it may kill, and a cluster of hosts per scenario.
 
-``backend`` is parametrized over ``redis`` and ``postgres`` (a scenario for one backend only overrides it with
-``@pytest.mark.parametrize("backend", ["postgres"], indirect=True)``). Redis: a private ``redis-server`` per test
-(the root conftest's ``redis_server``). PostgreSQL: one private cluster per xdist worker, a schema and notify
-channel per test; a scenario that kills it restarts it, and a frozen one is thawed at teardown. Never the
+``backend`` is parametrized over ``redis``, ``postgres`` and ``rabbitmq`` (a scenario for one backend only overrides
+it with ``@pytest.mark.parametrize("backend", ["postgres"], indirect=True)``). Redis: a private ``redis-server``
+per test (the root conftest's ``redis_server``). PostgreSQL: one private cluster per xdist worker, a schema and notify
+channel per test; a scenario that kills it restarts it, and a frozen one is thawed at teardown. RabbitMQ: one
+private node per xdist worker, a stream per test (deleted at teardown). Never the
 machine's own servers: they are shared.
 
 ``judge()`` ends a scenario: settle, run THE checker (faults_checker.py), put the scenario's row in the table the
