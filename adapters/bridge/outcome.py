@@ -53,7 +53,7 @@ def outcome_unknown(kind: str, where: str, envelopes: Sequence[Envelope], lost: 
     )
 
 
-_NAMES = {"redis": "Redis", "postgres": "PostgreSQL"}
+_NAMES = {"redis": "Redis", "postgres": "PostgreSQL", "rabbitmq": "RabbitMQ", "nats": "NATS"}
 
 
 def note_unknown(exc: BaseException, kind: str) -> None:

@@ -1,5 +1,6 @@
 """What a Spark reader returns (:class:`Chunk`) and where the bus is (:class:`Location`): plain data, apart from the
-readers (:mod:`.readers`, :mod:`.nats_reader`) so each reader module imports them without importing the others."""
+readers (:mod:`.readers`, :mod:`.nats_reader`, :mod:`.rabbit_reader`) so each reader module imports them without
+importing the others."""
 
 from __future__ import annotations
 
@@ -41,17 +42,23 @@ class Location:
     postgres_channel: str | None = None  # the bridge's notify channel (default: the gem's _message_bus_0)
     nats_url: str | None = None
     nats_stream: str | None = None  # the NATS bridge's stream (default "shmbus")
+    rabbitmq_url: str | None = None
+    rabbitmq_stream: str | None = None  # the RabbitMQ bridge's stream (default: message_bus)
 
     @property
     def remote(self) -> bool:
         """Read or write through a shared backend (a cluster) rather than this host's segment."""
-        return bool(self.redis_url or self.postgres_dsn or self.nats_url)
+        return bool(self.redis_url or self.postgres_dsn or self.nats_url or self.rabbitmq_url)
 
     def describe(self) -> str:
         if self.postgres_dsn:
             from ..postgres.bridge import redact_dsn
 
             return f"postgres {redact_dsn(self.postgres_dsn)}"
+        if self.rabbitmq_url:
+            from ..rabbitmq.errors import redact_url as redact_amqp
+
+            return f"rabbitmq {redact_amqp(self.rabbitmq_url)} stream {self.rabbitmq_stream or 'message_bus'!r}"
         if self.nats_url:
             from ..nats.errors import redact_url
 

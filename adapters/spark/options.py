@@ -143,6 +143,8 @@ class SparkOptions:
                 postgres_channel=get("postgres_notify_channel") or get("postgresNotifyChannel") or None,
                 nats_url=get("nats_url") or get("natsUrl") or None,
                 nats_stream=get("nats_stream") or get("natsStream") or None,
+                rabbitmq_url=get("rabbitmq_url") or get("rabbitmqUrl") or None,
+                rabbitmq_stream=get("rabbitmq_stream") or get("rabbitmqStream") or None,
                 site_id=get("siteId") or get("site_id") or None,
             ),
             channels=_channels(get("channels") or get("channel")),
@@ -165,7 +167,7 @@ class SparkOptions:
         if not self.location.remote and not self.location.bus:
             raise ValueError(
                 "the shmbus source needs .option('bus', NAME) (same host), .option('redis_url', URL), "
-                ".option('postgres_dsn', DSN) or .option('nats_url', URL)"
+                ".option('postgres_dsn', DSN), .option('nats_url', URL) or .option('rabbitmq_url', URL)"
             )
         if not self.channels:
             raise ValueError("the shmbus source needs .option('channels', '/a,/b') (comma list or JSON list)")

@@ -298,7 +298,11 @@ class PostgresReader:
 
 
 def open_reader(location: Location) -> LocationReader:
-    """Open the backend ``location`` names (Redis or PostgreSQL when given, else the segment by name)."""
+    """Open the backend ``location`` names (RabbitMQ, Redis or PostgreSQL when given, else the segment by name)."""
+    if location.rabbitmq_url:
+        from .rabbit_reader import RabbitReader
+
+        return RabbitReader(location)
     if location.postgres_dsn:
         return PostgresReader(location)
     if location.nats_url:

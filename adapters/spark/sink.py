@@ -132,6 +132,8 @@ class _BusWriterBase:
             return _BridgeSinkBus.postgres(loc.postgres_dsn, loc.postgres_channel)
         if loc.nats_url:
             return _BridgeSinkBus.nats(loc.nats_url, loc.nats_stream)
+        if loc.rabbitmq_url:
+            return _BridgeSinkBus.rabbitmq(loc.rabbitmq_url, loc.rabbitmq_stream)
         return _BridgeSinkBus.redis(loc.redis_url or "")
 
     def _sink_markers(self, bus: Any, sink: str) -> list[Any]:
@@ -308,6 +310,12 @@ class _BridgeSinkBus:
         from ..nats import NatsBridge
 
         return cls(NatsBridge(url, stream=stream, relay=False, local_wait=0))
+
+    @classmethod
+    def rabbitmq(cls, url: str, stream: str | None) -> _BridgeSinkBus:
+        from ..rabbitmq import RabbitBridge
+
+        return cls(RabbitBridge(url, stream=stream, relay=False, local_wait=0))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.bus, name)

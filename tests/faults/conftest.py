@@ -1,9 +1,10 @@
 """Fixtures of the fault suite: PRIVATE servers it may kill, and a cluster of hosts per scenario.
 
-``backend`` is parametrized over ``redis`` and ``postgres`` (a scenario for one backend only overrides it with
-``@pytest.mark.parametrize("backend", ["postgres"], indirect=True)``). Redis: a private ``redis-server`` per test
-(the root conftest's ``redis_server``). PostgreSQL: one private cluster per xdist worker, a schema and notify
-channel per test; a scenario that kills it restarts it, and a frozen one is thawed at teardown. Never the
+``backend`` is parametrized over ``redis``, ``postgres`` and ``rabbitmq`` (a scenario for one backend only overrides
+it with ``@pytest.mark.parametrize("backend", ["postgres"], indirect=True)``). Redis: a private ``redis-server``
+per test (the root conftest's ``redis_server``). PostgreSQL: one private cluster per xdist worker, a schema and notify
+channel per test; a scenario that kills it restarts it, and a frozen one is thawed at teardown. RabbitMQ: one
+private node per xdist worker, a stream per test (deleted at teardown). Never the
 machine's own servers: they are shared.
 
 ``judge()`` ends a scenario: settle, run THE checker (faults_checker.py), put the scenario's row in the table the
@@ -20,7 +21,7 @@ import pytest
 from tests import harness
 from tests.harness.services import PostgresServer, find_postgres_bindir
 
-from .faults_backends import Backend, PostgresBackend, RedisBackend
+from .faults_backends import Backend, PostgresBackend, RabbitBackend, RedisBackend
 from .faults_checker import Verdict, check
 from .faults_hosts import Cluster
 from .faults_nats import nats_backend
@@ -41,11 +42,37 @@ def faults_pg_server() -> Iterator[PostgresServer]:
         server.close()
 
 
-@pytest.fixture(params=["redis", "postgres", "nats"])
+@pytest.fixture(scope="session")
+def faults_rabbit_server() -> Iterator[Any]:
+    """A private RabbitMQ node for this worker's fault scenarios (they kill, freeze and restart it)."""
+    from tests.harness.rabbitmq import RabbitServer, find_rabbitmq_sbin
+
+    sbin = find_rabbitmq_sbin()
+    if sbin is None:
+        harness.skip_or_fail("no rabbitmq-server binaries for a private node (apt-get install rabbitmq-server)")
+    server = RabbitServer(sbin)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(params=["redis", "postgres", "nats", "rabbitmq"])
 def backend(request: pytest.FixtureRequest, bus_name: str) -> Iterator[Backend]:
     channel = f"_mb_{bus_name}"
     if request.param == "nats":
         yield from nats_backend(bus_name)
+        return
+    if request.param == "rabbitmq":
+        server = request.getfixturevalue("faults_rabbit_server")
+        rabbit_backend = RabbitBackend(server, f"s_{bus_name}")
+        try:
+            yield rabbit_backend
+        finally:
+            server.thaw()
+            server.start()  # a scenario may have left it down
+            rabbit_backend.wipe()
         return
     if request.param == "redis":
         harness.require_module("redis")

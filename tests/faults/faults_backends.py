@@ -10,18 +10,23 @@ of the test harness).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-__all__ = ["Backend", "PostgresBackend", "RedisBackend", "make_engine"]
+__all__ = ["Backend", "PostgresBackend", "RabbitBackend", "RedisBackend", "make_engine"]
 
 
 def make_engine(spec: dict[str, Any], **options: Any) -> Any:
-    """A bridge engine from ``spec`` (``{"kind": "redis"|"postgres"|"nats", "url": ..., "channel": ...}``)."""
+    """A bridge engine from ``spec`` (``{"kind": "redis"|"postgres"|"nats"|"rabbitmq", "url", "channel"}``)."""
     options.setdefault("election_interval", 0.05)
     if spec["kind"] == "nats":
         from shmbus.adapters.nats import NatsBridge
 
         return NatsBridge(spec["url"], stream=spec["channel"], connect_timeout=2, **options)
+    if spec["kind"] == "rabbitmq":
+        from shmbus.adapters.rabbitmq import RabbitBridge
+
+        return RabbitBridge(spec["url"], stream=spec["channel"], connect_timeout=2, **spec["retention"], **options)
     if spec["kind"] == "redis":
         from shmbus.adapters.redis import RedisBridge
 
@@ -252,6 +257,109 @@ class PostgresBackend(Backend):
             "INSERT INTO message_bus (channel, value) VALUES (%s, %s) RETURNING id", (channel, _envelope(data_json))
         ).fetchone()
         return conn, int(row[0])
+
+
+class RabbitBackend(Backend):
+    """A private RabbitMQ node; the history is one stream (retention: about 650 of the suite's messages)."""
+
+    kind = "rabbitmq"
+    timeout_option = "command_timeout"
+    retention = {"max_length_bytes": 100_000, "max_segment_size_bytes": 10_000}
+
+    def __init__(self, server: Any, stream: str) -> None:
+        self.server = server
+        self.stream = stream
+
+    def spec(self) -> dict[str, Any]:
+        return {"kind": "rabbitmq", "url": self.server.url, "channel": self.stream, "retention": self.retention}
+
+    def connect(self) -> Any:
+        from shmbus.adapters.rabbitmq.connection import AmqpConnection
+
+        return AmqpConnection("127.0.0.1", self.server.port, "guest", "guest", "/", 10)
+
+    def crash_and_restart(self) -> bool:
+        self.server.kill()
+        self.server.start()  # a stream is on disk: every confirmed message is still there
+        return False
+
+    def freeze(self) -> None:
+        self.server.freeze()
+
+    def thaw(self) -> None:
+        self.server.thaw()
+
+    def wipe(self, restart_ids: bool = False) -> None:
+        """Delete the stream (RabbitMQ refuses to purge one): its recreation restarts the offsets at 0."""
+        conn = self.connect()
+        try:
+            conn.open_channel(1, 10)
+            conn.delete(1, self.stream, 10)
+        finally:
+            conn.close()
+
+    def _entries(self, offset: Any, until: Any, limit: int = 100_000) -> list[Any]:
+        """The stream's deliveries from ``offset`` while ``until(delivery)`` is false (and that one)."""
+        conn = self.connect()
+        out: list[Any] = []
+        try:
+            conn.open_channel(1, 10)
+            conn.consume(1, self.stream, "faults", offset, 1000, 10)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and len(out) < limit:
+                if not conn.deliveries:
+                    conn.pump(0.5)
+                    continue
+                got, conn.deliveries = conn.deliveries, []
+                conn.ack(1, got[-1].tag)
+                for d in got:
+                    out.append(d)
+                    if until(d):
+                        return out
+        finally:
+            conn.close()
+        return out
+
+    def _newest_offset(self) -> int:
+        return int(self._entries("last", lambda d: False, limit=1)[-1].offset)
+
+    def retained(self) -> int:
+        first = self._entries("first", lambda d: True)[0].offset
+        return self._newest_offset() - int(first) + 1
+
+    def kill_connections(self) -> int:
+        listed = self.server.ctl("list_connections", "pid", "--quiet", "--no-table-headers")
+        self.server.ctl("close_all_connections", "shmbus fault suite")
+        return len([line for line in listed.splitlines() if line.strip()])
+
+    def kill_idle_connections(self) -> int:
+        return self.kill_connections()  # rabbitmqctl closes them before it returns
+
+    def _raw(self, bodies: list[bytes]) -> None:
+        from shmbus.adapters.rabbitmq.publisher import StreamPublisher
+
+        conn = self.connect()
+        try:
+            StreamPublisher(conn, self.stream, 10).send(bodies)
+        finally:
+            conn.close()
+
+    def ring(self, line: str) -> None:
+        """The stream is the notification path: anyone who may write it appends ``line`` as an entry."""
+        self._raw([line.encode()])
+
+    def ring_with_seal(self, line: str, seal: str) -> None:
+        self._raw([line.encode(), seal.encode()])
+
+    def newest_lines(self, count: int) -> list[str]:
+        newest = self._newest_offset()
+        entries = self._entries(max(0, newest - 3 * count), lambda d: d.offset >= newest)
+        lines = []
+        for d in entries:
+            chan, sep, envelope = d.body.partition(b"|")
+            if sep and chan.startswith(b"/"):
+                lines.append(f"{d.offset + 1}|{d.offset + 1}|{chan.decode()}|{envelope.decode()}")
+        return lines[-count:]
 
 
 def forged_line(gid: int, channel: str, text: str) -> str:

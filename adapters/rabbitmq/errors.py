@@ -1,0 +1,51 @@
+"""The RabbitMQ bridge's typed errors and its URL without the password (shared by the backend and the engine)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+from shmbus.errors import EngineError
+
+__all__ = ["AmqpUrl", "RabbitBridgeError", "RabbitUnavailable", "parse_url", "redact_url"]
+
+
+class RabbitBridgeError(EngineError):
+    """The RabbitMQ bridge could not carry out a publish; the message was not stored."""
+
+
+class RabbitUnavailable(RabbitBridgeError):
+    """RabbitMQ could not be reached, or closed the connection before the publish was sent. (A connection lost, or
+    no confirm within ``command_timeout``, once it was sent is :class:`~shmbus.errors.PublishOutcomeUnknown`.)"""
+
+
+class AmqpUrl(NamedTuple):
+    host: str
+    port: int
+    user: str
+    password: str
+    vhost: str
+
+
+def parse_url(url: str) -> AmqpUrl:
+    """``amqp://user:password@host:port/vhost`` (the vhost URL-quoted: ``%2F`` is ``/``; none: ``/``)."""
+    parts = urlsplit(url)
+    if parts.scheme != "amqp":
+        raise ValueError(f"not an amqp:// URL: {redact_url(url)!r} (amqps:// is not supported)")
+    path = parts.path[1:] if parts.path.startswith("/") else parts.path
+    return AmqpUrl(
+        parts.hostname or "127.0.0.1",
+        parts.port or 5672,
+        unquote(parts.username or "guest"),
+        unquote(parts.password or "guest"),
+        unquote(path) if path else "/",
+    )
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (logs, health and the segment's record must not leak it)."""
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
+        return urlunsplit(parts._replace(netloc=netloc))
+    return url

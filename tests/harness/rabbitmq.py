@@ -1,0 +1,184 @@
+"""Real RabbitMQ for tests: the machine's (127.0.0.1:5672, guest/guest), or a PRIVATE node started from the
+installed binaries for tests that kill, freeze or restart it (never the machine's own).
+
+A private node runs in its own temp dir: its own node name, AMQP port, distribution port, Mnesia and log
+directories, and an ``.erlang.cookie`` in its own ``HOME`` (so ``rabbitmqctl`` reaches it and nothing else).
+Checks use a raw AMQP handshake, so they work without any client library.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .procs import free_port, kill_tree, spawn
+
+__all__ = ["DEFAULT_AMQP_URL", "RabbitServer", "amqp_problem", "find_rabbitmq_sbin"]
+
+DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
+
+
+def amqp_problem(host: str = "127.0.0.1", port: int = 5672, timeout: float = 2.0) -> str | None:
+    """None when an AMQP 0-9-1 broker answers the protocol header on ``host:port``; else what is wrong."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(b"AMQP\x00\x00\x09\x01")
+            head = sock.recv(7)
+    except OSError as exc:
+        return f"nothing answers AMQP on {host}:{port} ({exc})"
+    if len(head) < 7 or head[0] != 1:  # a connection.start method frame on channel 0
+        return f"{host}:{port} does not speak AMQP 0-9-1"
+    return None
+
+
+def find_rabbitmq_sbin() -> Path | None:
+    """The directory of the real ``rabbitmq-server`` script (not Debian's wrapper, which switches users)."""
+    for path in sorted(glob.glob("/usr/lib/rabbitmq/lib/rabbitmq_server-*/sbin"), reverse=True):
+        if os.access(os.path.join(path, "rabbitmq-server"), os.X_OK):
+            return Path(path)
+    return None
+
+
+class RabbitServer:
+    """A private RabbitMQ node on 127.0.0.1:<port> (see the module doc). ``kill()`` is a crash (SIGKILL of the
+    whole node), ``start()`` brings it back on the same port with its data, ``freeze()``/``thaw()`` SIGSTOP and
+    SIGCONT it, ``ctl(...)`` runs ``rabbitmqctl`` against it, ``close()`` stops it and removes its directory."""
+
+    def __init__(self, sbin: Path) -> None:
+        self.sbin = sbin
+        self.port = free_port()
+        self.dist_port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="shmbus-rabbit-"))
+        self.node = f"shmbus{self.port}@localhost"
+        self.proc: subprocess.Popen[Any] | None = None
+        self.started_once = False
+        (self.dir / "home").mkdir()
+        cookie = self.dir / "home" / ".erlang.cookie"
+        cookie.write_text(f"SHMBUS{os.urandom(8).hex().upper()}")
+        cookie.chmod(0o400)
+        (self.dir / "rabbitmq.conf").write_text("loopback_users = none\ndisk_free_limit.absolute = 1MB\n")
+        (self.dir / "enabled_plugins").write_text("[].\n")
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}/%2F"
+
+    def env(self) -> dict[str, str]:
+        d = self.dir
+        return {
+            **os.environ,
+            "HOME": str(d / "home"),
+            "RABBITMQ_NODENAME": self.node,
+            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(self.dist_port),
+            "RABBITMQ_MNESIA_BASE": str(d / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(d / "log"),
+            "RABBITMQ_LOGS": str(d / "log" / "rabbit.log"),
+            "RABBITMQ_CONFIG_FILE": str(d / "rabbitmq.conf"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(d / "enabled_plugins"),
+            "RABBITMQ_PID_FILE": str(d / "rabbit.pid"),
+            "RABBITMQ_ADVANCED_CONFIG_FILE": str(d / "advanced.config"),
+        }
+
+    def log(self) -> str:
+        with contextlib.suppress(OSError):
+            return (self.dir / "log" / "rabbit.log").read_text(errors="replace")[-4000:]
+        return ""
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, timeout: float = 90.0) -> RabbitServer:
+        """Start the node (no-op if running) and wait until it completes an AMQP handshake. A port taken between
+        choosing it and the node binding it (other tests pick free ports too) is chosen again: the distribution
+        port always, the AMQP port (and the node's name) only before the node first ran."""
+        if self.running():
+            return self
+        problem = ""
+        for attempt in range(3):
+            if attempt:
+                self.dist_port = free_port()
+                if not self.started_once:
+                    self.port = free_port()
+                    self.node = f"shmbus{self.port}@localhost"
+            problem = self._start_once(timeout)
+            if not problem:
+                self.started_once = True
+                return self
+            if "already_used" not in problem and "eaddrinuse" not in problem.lower():
+                break
+        raise RuntimeError(f"rabbitmq-server did not start on port {self.port}:\n{problem}")
+
+    def _start_once(self, timeout: float) -> str:
+        """Start the node once: "" when it answers, else what its logs say."""
+        log = open(self.dir / "startup.log", "ab")  # noqa: SIM115 - the node writes it for its whole life
+        try:
+            self.proc = spawn([str(self.sbin / "rabbitmq-server")], env=self.env(), stdout=log, stderr=log)
+        finally:
+            log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._ready():
+                return ""
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        text = (self.dir / "startup.log").read_text(errors="replace")[-3000:]
+        self.kill()
+        return f"{text}\n{self.log()}"
+
+    def _ready(self) -> bool:
+        if amqp_problem("127.0.0.1", self.port, 1.0) is not None:
+            return False
+        try:
+            from shmbus.adapters.rabbitmq.connection import AmqpConnection
+
+            AmqpConnection("127.0.0.1", self.port, "guest", "guest", "/", 3.0).close()
+            return True
+        except Exception:
+            return False
+
+    def ctl(self, *args: str, timeout: float = 60.0) -> str:
+        """``rabbitmqctl -n <node> args...``: its output (raises on failure)."""
+        out = subprocess.run(
+            [str(self.sbin / "rabbitmqctl"), "-n", self.node, *args],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=True,
+        )
+        return out.stdout
+
+    def kill(self) -> None:
+        """Crash it: SIGKILL to the node's whole process group."""
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            kill_tree(self.proc, 2.0)
+            self.proc = None
+
+    def freeze(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGCONT)
+
+    def close(self) -> None:
+        self.thaw()
+        self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
