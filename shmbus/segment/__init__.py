@@ -1,8 +1,10 @@
 """The shared-memory segment: a crash-safe global log of variable-length records plus a channel index.
 
-Modules: ``layout`` (sizes, offsets, formats, attach checks), ``state`` (the mapping and its views), ``locking``
-(the robust mutex and crash repair), ``writing`` (the append), ``ring`` (lock-free reads), ``channels`` (the channel
-table and chains), ``processes`` (futex wait/wake, the process table), ``core`` (open, close, reset, stats).
+Modules: ``layout`` (sizes, offsets, formats, attach checks), ``state`` (the mapping and its views), ``ring``
+(lock-free reads), ``channels`` (the channel table and chains), ``locking`` (the robust mutex and crash repair),
+``processes`` (futex wait/wake, the process table, metrics), ``bridging`` (the bridge record), ``writing`` (the
+append), ``core`` (open, close, reset, stats). Each holds one layer of :class:`Segment`, a class whose bases are
+the layers it uses (the order is in ``state``).
 
 Layout (all integers little-endian, every mutable field naturally aligned)::
 

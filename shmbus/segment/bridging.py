@@ -12,7 +12,7 @@ import json
 from typing import NamedTuple
 
 from .layout import _BRIDGE_MAX, _OFF_BRIDGE, _Q_CHAIN_BARRIER, _Q_FLAGS, _Q_GID, _Q_HISTORY, _U32, FLAG_BRIDGED
-from .state import SegmentState
+from .locking import Locking
 
 __all__ = ["BridgeRecord", "Bridging"]
 
@@ -28,7 +28,7 @@ class BridgeRecord(NamedTuple):
     options: dict[str, str]
 
 
-class Bridging(SegmentState):
+class Bridging(Locking):
     """Part of :class:`~shmbus.segment.Segment`: the bridge record, the history identity, the chain barrier."""
 
     def mark_bridged(self, record: BridgeRecord, *, sparse_ids: bool = False) -> None:

@@ -3,10 +3,13 @@ backward chains through the ring."""
 
 from __future__ import annotations
 
+import mmap
 import struct
 import time
 import zlib
 from collections.abc import Iterator
+
+import posix_ipc
 
 from ..errors import (
     ChannelTableFull,
@@ -23,6 +26,7 @@ from .layout import (
     _Q_TABLE_GEN,
     _Q_TAIL,
     _ZERO_COPIES,
+    DEFAULT_LOCK_TIMEOUT,
     FLAG_SPARSE_IDS,
     KIND_MSG,
     MAX_KEY_BYTES,
@@ -35,13 +39,29 @@ from .layout import (
     ChannelInfo,
     Record,
 )
-from .state import SegmentState
+from .ring import Ring
 
 # Struct objects are assigned, not imported by name: see the note on the formats in layout.py.
 _REC, _SLOT_BODY, _SLOT_KEY = layout._REC, layout._SLOT_BODY, layout._SLOT_KEY
 
 
-class ChannelTable(SegmentState):
+class ChannelTable(Ring):
+    """Part of :class:`~shmbus.segment.Segment`: the channel table, read lock-free (a chain walk stops where the
+    ring lapped it: :class:`Ring`), and this process's cache of where each channel's slot is."""
+
+    def __init__(
+        self,
+        name: str,
+        fd: int,
+        mm: mmap.mmap,
+        path: str,
+        owner_shm: posix_ipc.SharedMemory | None,
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    ) -> None:
+        super().__init__(name, fd, mm, path, owner_shm, lock_timeout)
+        self._slot_cache: dict[bytes, int] = {}  # key -> byte offset of its slot (valid for _table_gen)
+        self._table_gen = -1
+
     # ------------------------------------------------------------------ channel table
     def _find_slot(self, key: bytes, *, insert: bool, now: float = 0.0, tail: int = 0) -> int:
         """Byte offset of ``key``'s slot (caller holds the lock when ``insert``); -1 when absent and not inserting."""

@@ -21,25 +21,19 @@ from ..errors import (
     NotASegment,
 )
 from . import layout
-from .bridging import Bridging
-from .channels import ChannelTable
 from .layout import (
     _I_CHANNELS,
-    _I_FUTEX,
     _I_SLEEPERS,
     _OFF_BOOT,
     _OFF_FLAGS,
     _OFF_MUTEX,
     _OFF_PROCS,
     _OFF_READY,
-    _Q_CHAIN_BARRIER,
-    _Q_EPOCH,
     _Q_GID,
     _Q_HEAD,
     _Q_OVERWRITTEN,
     _Q_REPAIR_DUE,
     _Q_REPAIRS,
-    _Q_TABLE_GEN,
     _Q_TAIL,
     DEFAULT_LOCK_TIMEOUT,
     FLAG_METRICS,
@@ -61,17 +55,18 @@ from .layout import (
     _validate_header,
     segment_path,
 )
-from .locking import Locking
-from .processes import Processes
-from .ring import Ring
 from .writing import Writing
 
 # Struct objects are assigned, not imported by name: see the note on the formats in layout.py.
 _H_STATIC, _U32 = layout._H_STATIC, layout._U32
 
 
-class Segment(Writing, Ring, ChannelTable, Processes, Bridging, Locking):
-    """One attached segment. Create or attach with :meth:`open`; all methods are thread-safe."""
+class Segment(Writing):
+    """One attached segment. Create or attach with :meth:`open`; all methods are thread-safe.
+
+    Its parts are layers, one module each, each a class whose bases are the parts it uses (the list is in
+    :mod:`.state`): this one adds opening, closing, reset and stats to :class:`~.writing.Writing`, which stands on
+    all the others."""
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
@@ -284,25 +279,6 @@ class Segment(Writing, Ring, ChannelTable, Processes, Bridging, Locking):
         finally:
             self._unlock()
         _native.futex_wake(self._futex_addr)
-        return epoch
-
-    def _reset_stores(self) -> int:
-        """The stores of a reset (under the lock; repeatable): an empty bus with a new epoch, which it returns."""
-        u64, u32 = self._u64, self._u32
-        epoch = secrets.randbits(63) or 1
-        u64[_Q_TABLE_GEN] += 1  # first: readers holding slot numbers re-check the table
-        u64[_Q_HEAD] = 0  # nothing is visible any more
-        u64[_Q_TAIL] = 0
-        u64[_Q_GID] = 0
-        u64[_Q_EPOCH] = epoch
-        u64[_Q_OVERWRITTEN] = 0
-        u64[_Q_REPAIRS] = 0
-        u64[_Q_CHAIN_BARRIER] = 0  # the flags, the bridge record and the history identity stay
-        u32[_I_CHANNELS] = 0
-        self._buf[self.table_off : self.ring_off] = bytes(self.ring_off - self.table_off)
-        self._slot_cache.clear()
-        self.epoch = epoch
-        u32[_I_FUTEX] = (u32[_I_FUTEX] + 1) & 0xFFFFFFFF
         return epoch
 
     def stats(self) -> SegmentStats:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import struct
 
 from .. import _native
@@ -9,13 +10,17 @@ from ..errors import (
     SegmentCorrupt,
 )
 from . import layout
+from .channels import ChannelTable
 from .layout import (
     _I_CHANNELS,
     _I_FUTEX,
     _OFF_SLOT_COPY,
     _OFF_SLOT_VERSION,
+    _Q_CHAIN_BARRIER,
+    _Q_EPOCH,
     _Q_GID,
     _Q_HEAD,
+    _Q_OVERWRITTEN,
     _Q_REPAIR_DUE,
     _Q_REPAIRS,
     _Q_TABLE_GEN,
@@ -28,14 +33,14 @@ from .layout import (
     SLOT_SIZE,
     SLOT_USED,
 )
-from .state import SegmentState
 
 # Struct objects are assigned, not imported by name: see the note on the formats in layout.py.
 _PAD, _SLOT_BODY, _U32 = layout._PAD, layout._SLOT_BODY, layout._U32
 
 
-class Locking(SegmentState):
-    """The lock every writer takes, and what makes it safe against death and against exceptions.
+class Locking(ChannelTable):
+    """The lock every writer takes, and what makes it safe against death and against exceptions (part of
+    :class:`~shmbus.segment.Segment`; the repair fixes the channel table, so it stands on :class:`ChannelTable`).
 
     Python may raise between any two calls (a signal handler's exception: SIGALRM timeouts, Celery's soft time
     limit, Ctrl-C; ``PyThreadState_SetAsyncExc`` in a thread). So a critical section is written
@@ -99,6 +104,25 @@ class Locking(SegmentState):
         u32[_I_FUTEX] = (u32[_I_FUTEX] + 1) & 0xFFFFFFFF
         self._slot_cache.clear()
         u64[_Q_REPAIR_DUE] = 0
+
+    def _reset_stores(self) -> int:
+        """The stores of a reset (under the lock; repeatable): an empty bus with a new epoch, which it returns."""
+        u64, u32 = self._u64, self._u32
+        epoch = secrets.randbits(63) or 1
+        u64[_Q_TABLE_GEN] += 1  # first: readers holding slot numbers re-check the table
+        u64[_Q_HEAD] = 0  # nothing is visible any more
+        u64[_Q_TAIL] = 0
+        u64[_Q_GID] = 0
+        u64[_Q_EPOCH] = epoch
+        u64[_Q_OVERWRITTEN] = 0
+        u64[_Q_REPAIRS] = 0
+        u64[_Q_CHAIN_BARRIER] = 0  # the flags, the bridge record and the history identity stay
+        u32[_I_CHANNELS] = 0
+        self._buf[self.table_off : self.ring_off] = bytes(self.ring_off - self.table_off)
+        self._slot_cache.clear()
+        self.epoch = epoch
+        u32[_I_FUTEX] = (u32[_I_FUTEX] + 1) & 0xFFFFFFFF
+        return epoch
 
     def _last_committed_gid(self, head: int, tail: int) -> int | None:
         mm, ring, base = self.mm, self.ring_size, self.ring_off

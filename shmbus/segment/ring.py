@@ -29,6 +29,8 @@ _new_tuple = tuple.__new__  # Record(*row) would run the named tuple's __new__, 
 
 
 class Ring(SegmentState):
+    """Part of :class:`~shmbus.segment.Segment`: the ring and the commit state, read without the lock."""
+
     # ------------------------------------------------------------------ reading (lock-free)
     def head(self) -> int:
         return int(self._u64[_Q_HEAD])

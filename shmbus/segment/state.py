@@ -1,4 +1,23 @@
-"""What every part of :class:`~shmbus.segment.Segment` shares: the mapping, its typed views, the mutex."""
+"""What every part of :class:`~shmbus.segment.Segment` stands on: the mapping, its typed views, the mutex.
+
+The parts are layers, one module each, each a class whose bases are exactly the parts it uses, so mypy checks
+every use of another part against that part's own definition (no part declares another's names)::
+
+    SegmentState                     the mapping, its views, the header's sizes, the mutex and futex    (state)
+    Ring(SegmentState)               lock-free reads: records, the commit state, the global backlog     (ring)
+    ChannelTable(Ring)               the table, its seqlocked slots, the chains; the slot cache         (channels)
+    Locking(ChannelTable)            the robust mutex; repair (which fixes slots, finishes a reset)     (locking)
+    Processes(Locking)               futex waits, the process table, the metrics slot and counters      (processes)
+    Bridging(Locking)                the bridge record, the history identity, the chain barrier         (bridging)
+    Writing(Processes, Bridging)     the append: the lock, a slot, this process's counter, the refusal  (writing)
+    Segment(Writing)                 open, close, reset, stats                                          (core)
+
+A part with state of its own sets it in its ``__init__`` after ``super().__init__`` (:class:`ChannelTable` its
+slot cache, :class:`Processes` its process-table and metrics words); this class holds only what every part reads.
+A layer uses what it stands on directly (the append reads the slot cache and the counter words inline: a call
+would cost every publish). All of it is one class in one MRO, so the publish and read paths run the same
+``self.x`` loads, on one instance dict, as a single class would.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +25,7 @@ import ctypes
 import functools
 import mmap
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import posix_ipc
 
@@ -15,10 +34,7 @@ from . import layout
 from .layout import (
     _OFF_FUTEX,
     _OFF_MUTEX,
-    _Q_FLAGS,
     DEFAULT_LOCK_TIMEOUT,
-    FLAG_METRICS,
-    METRICS_SIZE,
 )
 
 # Struct objects are assigned, not imported by name: see the note on the formats in layout.py.
@@ -39,7 +55,7 @@ class Bytes(Protocol):
 
 
 class SegmentState:
-    """The state of one attached segment, declared once so every part of :class:`Segment` is checked against it."""
+    """The mapping of one attached segment and what every part reads of it (the base of every part)."""
 
     # from the header, fixed for the segment's life
     epoch: int
@@ -48,17 +64,6 @@ class SegmentState:
     ring_size: int
     table_off: int
     max_channels: int
-    if TYPE_CHECKING:  # provided by the other parts of Segment, which use each other's through these
-
-        def _lock(self) -> None: ...
-        def _repair(self) -> None: ...
-        def _interrupted_locking(self) -> None: ...
-        def _reset_stores(self) -> int: ...
-        def _find_slot(self, key: bytes, *, insert: bool, now: float = 0.0, tail: int = 0) -> int: ...
-        def _bad_record(self, pos: int, what: str) -> bool: ...
-        def tail(self) -> int: ...
-        def oldest_global_id(self) -> int: ...
-        def bridge_refusal(self) -> str: ...
 
     def __init__(
         self,
@@ -108,18 +113,4 @@ class SegmentState:
         # ``self.x`` loads cost more, up to 1.2% more instructions per publish on CPython 3.11.)
         self._unlock: Callable[[], int] = functools.partial(_native.mutex_unlock, mutex_ptr)
         self._mutex_ptr = mutex_ptr
-        self._slot_cache: dict[bytes, int] = {}  # key -> byte offset of its slot (valid for _table_gen)
-        self._table_gen = -1
-        self._proc_index = -1
-        self._closed = False
-        flags = self._u64[_Q_FLAGS]
-        end = self.ring_off + self.ring_size
-        #: byte offset of the metrics area (:data:`~.layout.FLAG_METRICS`), -1 in a segment without one
-        self.metrics_off = end if flags & FLAG_METRICS and len(mm) >= end + METRICS_SIZE else -1
-        self._metrics_base = -1  # word index of this process's metrics slot
-        self._pub_word = 0  # word indexes of this process's publish / relay counters (0: not counting)
-        self._relay_word = 0
-        #: (futex word, pid) this process is counted among the sleepers for (see Processes.wait). Added as a 30th
-        #: attribute, it made every publish run 1% more instructions on CPython 3.11 (perf/ab_lock.py: the append's
-        #: attribute loads), so the file descriptor and the shm object share one attribute, _handles.
-        self._counted_for: tuple[int, int] | None = None
+        self._closed = False  # detached (Segment.close): the parts that write on their own (metrics) check it

@@ -16,6 +16,7 @@ from ..errors import (
     SegmentCorrupt,
 )
 from . import layout
+from .bridging import Bridging
 from .layout import (
     _BODY,
     _I_FUTEX,
@@ -39,7 +40,7 @@ from .layout import (
     REC_HDR,
     REPAIR_DUE,
 )
-from .state import SegmentState
+from .processes import Processes
 
 # Struct objects are assigned, not imported by name: see the note on the formats in layout.py.
 _APPEND_STATE, _IDS, _PAD, _REC, _SLOT_BODY, _U32, _WAKE = (
@@ -59,7 +60,10 @@ _JOIN = bytearray().join  # a new bytearray of the parts (the separator, empty, 
 _LOCKING, _HELD, _STORING = 0, 1, 2
 
 
-class Writing(SegmentState):
+class Writing(Processes, Bridging):
+    """Part of :class:`~shmbus.segment.Segment`: the append. It stands on every other part: the lock and its
+    repair, the channel table, this process's counters (:class:`Processes`) and the bridge's refusal."""
+
     def append(
         self,
         channel: bytes,
