@@ -24,7 +24,6 @@ __all__ = [
     "method_frame",
     "parse_method",
     "publish_frames",
-    "correlation_id",
     "publish_prefix",
     "stream_offset",
 ]
@@ -55,7 +54,6 @@ _METHOD_HEAD = struct.Struct(">HH")
 _CONTENT_HEAD = struct.Struct(">BHIHHQH")  # a frame's head, then class, weight, body size, property flags
 _ACK = struct.Struct(">QB")
 _OFFSET_KEY = b"\x0fx-stream-offsetl"
-_CORRELATION = 0x0400  # the correlation-id property's flag
 _Q = struct.Struct(">q")
 
 
@@ -110,24 +108,17 @@ def publish_prefix(channel: int, routing_key: str, exchange: str = "", mandatory
     return method_frame(channel, BASIC_PUBLISH, args)
 
 
-def publish_frames(
-    prefix: bytes, channel: int, bodies: list[bytes], frame_max: int, marks: list[bytes] | None = None
-) -> bytes:
-    """Every frame of publishing ``bodies`` (a method, a content header, the body in frames of at most
-    ``frame_max``), joined: one ``sendall``. ``marks``: each message's ``correlation-id`` property (its only
-    property; none without)."""
+def publish_frames(prefix: bytes, channel: int, bodies: list[bytes], frame_max: int) -> bytes:
+    """Every frame of publishing ``bodies`` (a method, a content header with no properties, the body in frames of
+    at most ``frame_max``), joined: one ``sendall``."""
     head, end = _CONTENT_HEAD.pack, FRAME_END
     room = frame_max - 8
     parts: list[bytes] = []
     append = parts.append
-    for i, body in enumerate(bodies):
+    for body in bodies:
         n = len(body)
         append(prefix)
-        if marks is None:
-            append(head(HEADER, channel, 14, 60, 0, n, 0) + end)
-        else:
-            mark = marks[i]
-            append(head(HEADER, channel, 15 + len(mark), 60, 0, n, _CORRELATION) + bytes((len(mark),)) + mark + end)
+        append(head(HEADER, channel, 14, 60, 0, n, 0) + end)
         if not n:
             continue  # no body frame follows an empty content
         if n <= room:
@@ -274,22 +265,6 @@ def stream_offset(header: bytes) -> int | None:
         c.shortstr()
         c.value()
     return None
-
-
-def correlation_id(header: bytes) -> bytes | None:
-    """A delivery's ``correlation-id`` property (None: it has none); the properties before it are skipped."""
-    flags = int.from_bytes(header[12:14], "big")
-    if not flags & _CORRELATION:
-        return None
-    pos = 14
-    if flags & 0x8000:
-        pos += 1 + header[pos]
-    if flags & 0x4000:
-        pos += 1 + header[pos]
-    if flags & 0x2000:
-        pos += 4 + int.from_bytes(header[pos : pos + 4], "big")
-    pos += bool(flags & 0x1000) + bool(flags & 0x0800)  # delivery-mode, priority: one octet each
-    return header[pos + 1 : pos + 1 + header[pos]]
 
 
 def body_size(header: bytes) -> int:

@@ -3,12 +3,12 @@
 **Ids are the stream's offsets** (global id = message id = offset + 1; sparse ids, as on PostgreSQL). A publisher
 cannot learn them from the broker's confirm (AMQP confirms carry the channel's sequence number, not the offset),
 so the relays alone store: each host's relay consumes the stream (:mod:`.reader`) and stores every message under
-the ``x-stream-offset`` the broker gives it, the same on every host. A publisher sends its batch in one write and
-learns its ids from its own connection (:mod:`.publisher`): a consumer of the stream's end delivers its messages
-back, each with its offset, about when the broker confirms them (one round trip per batch), recognised by a mark
-of its own (the ``correlation-id`` property), never by content. It then returns once its host's segment holds
-them (:mod:`.landing`: it stores them itself where they directly follow the segment's newest, else waits for the
-relay), or at once with no relay on the host (a script with ``relay=False``).
+the ``x-stream-offset`` the broker gives it, the same on every host. A publisher sends its batch in one write,
+waits for the broker's confirms (one round trip per batch), then finds its messages' ids where its host's relay
+stored them: the segment's records after the newest id it held before publishing (an offset the stream gives
+later is larger), matched in order by channel and data. With no relay on the host (a script with
+``relay=False``) it reads them from the stream itself. Two identical messages (same channel, same data) published
+at the same moment by two hosts may get each other's id: they cannot be told apart.
 
 **History**: the stream, as long as it is not deleted. Its identity is named per relay session (a deleted
 stream cancels the relay's consumer: the relay reconnects), so each session starts with the kit's history
@@ -37,7 +37,6 @@ from . import amqp
 from .connection import AmqpConnection, Closed
 from .doorbell import RabbitDoorbell
 from .errors import RabbitBridgeError, RabbitUnavailable, parse_url, redact_url
-from .landing import land_own
 from .publisher import StreamPublisher
 from .reader import PROBE
 
@@ -142,6 +141,8 @@ class RabbitBackend:
             conn = self.connect_ready()
             try:
                 pub = StreamPublisher(conn, self.stream, self.command_timeout)
+                if not self.relay_running():  # its ids will be read from the stream: from its end, not its start
+                    pub.seen = pub.tail(min(1.0, self.command_timeout))
             except BaseException:
                 conn.close()
                 raise
@@ -179,8 +180,11 @@ class RabbitBackend:
         bodies = [
             line_tail(backend_name(e.channel, e.site_id), encode_envelope(codec, e.payload, e.meta)) for e in envelopes
         ]
+        seg = bus.segment
+        epoch, after = seg.read_epoch(), seg.global_id()  # the stream gives our messages larger offsets
         try:
-            pub = self._send(bodies)
+            if self._send(bodies):
+                after = 0  # sent again into a stream declared anew: its offsets start at 0
         except ReplyLost as lost:
             self._drop_publisher()
             self.status.set_state("unreachable" if isinstance(lost.cause, OSError) else "error", lost.cause)
@@ -195,31 +199,65 @@ class RabbitBackend:
                 note_unknown(exc, self.kind)
                 self._drop_publisher()
             raise
-        ids = pub.ids
+        ids = self._ids(bus, envelopes, bodies, after, epoch)
         if ids is None:
-            self._drop_publisher()  # its consumer may be far behind, or cancelled: a new one starts at the end
             unseen = ReplyLost(TimeoutError("confirmed, but its offset was not seen in time"), sent=True)
             raise outcome_unknown(self.kind, self.where, envelopes, unseen)
-        if self.relay_running() and self.local_wait > 0:
-            land_own(bus, envelopes, ids, pub.before, self.local_wait)
         return Acknowledged([(g, g) for g in ids], None)
 
-    def _send(self, bodies: list[bytes]) -> StreamPublisher:
-        """Publish and wait for the confirms and ids (:meth:`StreamPublisher.send`); a batch the broker returned
-        whole (no stream: deleted) is sent once more after declaring the stream again (it was not stored)."""
+    def _send(self, bodies: list[bytes]) -> bool:
+        """Publish and wait for the confirms; a batch the broker returned whole (no stream: deleted) is sent once
+        more after declaring the stream again (it was not stored): then True."""
         pub = self._publisher()
         if pub.closed_while_idle():
             self._drop_publisher()
             pub = self._publisher()
         returned = pub.send(bodies)
         if returned == len(bodies):
+            pub.seen = 0  # the stream was deleted: the new one's offsets start at 0
             self.ensure_stream(pub.conn, 3)
-            pub.follow()  # the new stream's end
             returned = pub.send(bodies)
+            if not returned:
+                return True
         if returned:
             cause = RabbitBridgeError(f"{returned} of {len(bodies)} messages returned unroutable: stream deleted?")
             raise ReplyLost(cause, sent=True)
-        return pub
+        return False
+
+    def _ids(
+        self, bus: BusHost, envelopes: list[Envelope], bodies: list[bytes], after: int, epoch: int
+    ) -> list[int] | None:
+        """The ids of our confirmed messages: from the segment where this host's relay stores them, else read
+        from the stream."""
+        seg, first_after, first_epoch = bus.segment, after, epoch
+        wants = [(e.channel.encode(), (e.site_id or "").encode(), e.payload, e.meta) for e in envelopes]
+        found: list[int] = []
+        if self.relay_running() and self.local_wait > 0:
+            deadline = time.monotonic() + self.local_wait
+            while True:
+                word = seg.futex_word()
+                if seg.read_epoch() != epoch:
+                    epoch, after, found = seg.read_epoch(), 0, []  # reset: the new history is read from 0
+                after = _match(seg.global_backlog(after), wants, found, after)
+                if len(found) == len(wants):
+                    return found
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                seg.wait(word, min(left, 0.05))
+        try:
+            pub = self._publisher()
+            if seg.read_epoch() != first_epoch:
+                pub.seen, first_after = 0, 0  # another history: its offsets start again
+            if not self.relay_running():
+                first_after = 0  # no relay keeps the segment in the stream's history: only what this one saw counts
+            found_ids = pub.find(bodies, first_after, self.command_timeout)
+            if found_ids is None:
+                pub.seen = 0  # the stream may have been replaced: the next search starts from its beginning
+            return found_ids
+        except (OSError, Closed, ValueError):
+            self._drop_publisher()
+            return None
 
     # ------------------------------------------------------------------ the relay's reads
     def open_doorbell(self) -> RabbitDoorbell:
@@ -276,3 +314,16 @@ class RabbitBackend:
     def closed_bell(self, bell: RabbitDoorbell) -> None:
         if self._bell is bell:
             self._bell = None
+
+
+def _match(records: list[Any], wants: list[tuple[bytes, bytes, bytes, bytes]], found: list[int], after: int) -> int:
+    """Append to ``found`` the ids of the records that are the next of ``wants``, in order; the newest id seen."""
+    i = len(found)
+    for r in records:
+        after = r.global_id
+        if i < len(wants):
+            w = wants[i]
+            if r.payload == w[2] and r.channel == w[0] and r.site == w[1] and r.meta == w[3]:
+                found.append(r.global_id)
+                i += 1
+    return after

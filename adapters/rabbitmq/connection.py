@@ -41,14 +41,12 @@ class Closed(Exception):
 
 
 class Delivery(NamedTuple):
-    """A message a consumer received: its channel, delivery tag, stream offset (None: not a stream's), body and
-    content header (its properties, read only by whoever needs them)."""
+    """A message a consumer received: its channel, delivery tag, stream offset (None: not a stream's) and body."""
 
     channel: int
     tag: int
     offset: int | None
     body: bytes
-    header: bytes = b""
 
 
 class AmqpConnection:
@@ -185,7 +183,7 @@ class AmqpConnection:
                 return
             self._need = amqp.body_size(payload)
             if self._content[0] == "deliver":
-                self._content = (*self._content, amqp.stream_offset(payload), payload)
+                self._content = (*self._content, amqp.stream_offset(payload))
             if self._need == 0:
                 self._content_done()
             return
@@ -221,7 +219,7 @@ class AmqpConnection:
         if content is None:
             return
         if content[0] == "deliver":
-            self.deliveries.append(Delivery(content[1], content[2], content[3], body, content[4]))
+            self.deliveries.append(Delivery(content[1], content[2], content[3], body))
         elif self.on_return is not None:
             self.on_return(content[1], content[2], content[3])
 

@@ -58,7 +58,6 @@ class StreamReader:
         self.rows: list[Row] = []  #: messages delivered and not yet read
         self.skipped = 0  #: entries that were no message
         self.handed = 0  #: the newest id handed out (or passed over) by :meth:`read_after`
-        self.rung = 0  #: the newest id :meth:`ring` announced and no read followed (0: one did)
         self._tag = 0
         self._consumer = ""
         conn.open_channel(_MAIN, timeout)
@@ -72,7 +71,7 @@ class StreamReader:
         self._consumer = f"shmbus-relay-{self._tag}"
         self.conn.deliveries = [d for d in self.conn.deliveries if d.channel != _MAIN]
         self.rows = []
-        self.handed, self.rung = after, 0
+        self.handed = after
         self.conn.consume(_MAIN, self.stream, self._consumer, after, _PREFETCH, self.timeout)
         self.started, self.start_gid, self.expect = True, after + 1, after + 1
 
@@ -124,20 +123,12 @@ class StreamReader:
     def ring(self, timeout: float) -> DoorbellRing:
         """Wait up to ``timeout`` s for deliveries; the newest id buffered (the kit then reads them)."""
         self._take()  # what an earlier read's pump left buffered
-        rows = self.rows
-        if rows and rows[-1].global_id <= self.rung:
-            # announced and no read followed: the segment held them (their publishers landed them); a read of
-            # older ids restarts the consumer (:attr:`handed`)
-            self.handed, self.rows = max(self.handed, rows[-1].global_id), []
         if not self.rows:
             self.conn.pump(timeout)
             while self.conn.pump(0):
                 pass
             self._take()
-        if not self.rows:
-            return NO_RING
-        self.rung = self.rows[-1].global_id
-        return DoorbellRing(self.rung, [], {})
+        return DoorbellRing(self.rows[-1].global_id, [], {}) if self.rows else NO_RING
 
     def read_after(self, after: int, limit: int) -> list[Row]:
         """The buffered messages after ``after`` (at most ``limit``); the consumer is restarted at ``after`` when
@@ -155,7 +146,6 @@ class StreamReader:
         out = rows[i : i + limit]
         self.rows = rows[i + limit :]
         self.handed = max(self.handed, out[-1].global_id if out else after)
-        self.rung = 0
         return out
 
     # ------------------------------------------------------------------ the history check

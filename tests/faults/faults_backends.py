@@ -336,17 +336,11 @@ class RabbitBackend(Backend):
         return self.kill_connections()  # rabbitmqctl closes them before it returns
 
     def _raw(self, bodies: list[bytes]) -> None:
-        """A confirmed publish as any AMQP client would (not the bridge's publisher: no consumer of its own)."""
-        from shmbus.adapters.rabbitmq import amqp
+        from shmbus.adapters.rabbitmq.publisher import StreamPublisher
 
         conn = self.connect()
-        acked: list[int] = []
-        conn.on_confirm = lambda tag, multiple, nack: acked.append(tag)
         try:
-            conn.open_channel(1, 10, confirms=True)
-            conn.sock.sendall(amqp.publish_frames(amqp.publish_prefix(1, self.stream), 1, bodies, conn.frame_max))
-            while not acked or acked[-1] < len(bodies):
-                conn.pump(10, wait=True)
+            StreamPublisher(conn, self.stream, 10).send(bodies)
         finally:
             conn.close()
 
