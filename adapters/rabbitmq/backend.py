@@ -199,7 +199,10 @@ class RabbitBackend:
                 note_unknown(exc, self.kind)
                 self._drop_publisher()
             raise
-        ids = self._ids(bus, envelopes, bodies, after, epoch)
+        try:
+            ids = self._ids(bus, envelopes, bodies, after, epoch)
+        except Exception as exc:  # confirmed, so stored: only its id is unknown (the segment's lock timed out, say)
+            raise outcome_unknown(self.kind, self.where, envelopes, ReplyLost(exc, sent=True)) from exc
         if ids is None:
             unseen = ReplyLost(TimeoutError("confirmed, but its offset was not seen in time"), sent=True)
             raise outcome_unknown(self.kind, self.where, envelopes, unseen)

@@ -228,3 +228,27 @@ def test_a_publish_into_a_deleted_stream_declares_it_again(bus_name: str, amqp_u
         assert bus.publish("/g", "next") == 2
     finally:
         bus.destroy()
+
+
+def test_a_publish_confirmed_but_unmatched_here_is_an_unknown_outcome_not_a_failure(
+    make_host: Callable[..., Bus], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A confirmed message is stored in the stream: if learning its id here fails (the segment's lock held by a
+    stopped relay: ``BusLockTimeout`` from the wait for it), the caller must not be told it failed (a retry would
+    publish it twice) but that its outcome is unknown. The fault suite saw a definite ``BusLockTimeout`` for a
+    message every host then delivered."""
+    from shmbus.errors import BusLockTimeout, PublishOutcomeUnknown
+    from shmbus.segment import Segment
+
+    a = make_host("a")
+    wait_relaying(a)
+
+    def stopped_holder(self: Segment, word: int, timeout: float) -> None:
+        raise BusLockTimeout("the lock is held by process 1, which is stopped")
+
+    monkeypatch.setattr(Segment, "wait", stopped_holder)
+    monkeypatch.setattr(Segment, "global_backlog", lambda self, after, limit=4096: [])  # the relay has not stored it
+    with pytest.raises(PublishOutcomeUnknown):
+        a.publish("/c", "sent")
+    monkeypatch.undo()
+    wait_for(lambda: data(a, "/c") == ["sent"], what="the message, stored after all")
