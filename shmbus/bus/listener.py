@@ -34,15 +34,14 @@ MIN_KEEPALIVE = 20
 #: delivery in a burst (perf/ab_listen.py).
 BATCH = 256
 #: Having found nothing new, yield the CPU once (``sched_yield``, the GIL released) and look again before sleeping.
-#: Off. A listener that keeps up drains faster than a publisher publishes, so it sleeps every few messages, each
+#: On. A listener that keeps up drains faster than a publisher publishes, so it sleeps every few messages, each
 #: sleep costing it the lock (to count itself) and a system call, and the publisher a wake-up call; the yield saves
-#: most of that CPU (loaded 2-core VM, bench_scaling, 1 publisher, 1 listening: sleeps per 1k deliveries ~150-250 ->
-#: ~1, listener CPU per delivery 1.9-2.3 -> 1.0 us, publisher CPU per publish 3.1-3.4 -> 2.7 us). But a listener
-#: that yields instead of sleeping stays runnable, so with more processes than cores (1 publisher and 2 listening on
-#: 2 cores) the scheduler shares the CPUs evenly and the publisher, the bottleneck, gets less: K=2 / K=1 deliveries
-#: were 1.26 with it against 1.52 without (medians of 3 alternated rounds, load 5-7). Settable for that A/B on a
-#: quiet machine (``perf/bench_scaling.py --listener-yield``; perf/RESULTS.md).
-YIELD_BEFORE_SLEEP = False
+#: most of that. Quiet 2-core VM (``perf/bench_scaling.py --publishers 1 --listeners 1,2 --repeats 3``, with and
+#: without ``--listener-yield``, back to back): 1 listening 374k -> 383k deliveries/s (sleeps per 1k 23 -> 2.6),
+#: 2 listening 560k -> 739k (1.50 -> 1.93 of one), the publisher's CPU per publish 2.9 -> 2.6 us. On the loaded VM
+#: (load 5-7) K=2 / K=1 was 1.26 with it against 1.52 without: a listener that yields stays runnable, and with
+#: more runnable processes than cores the publisher gets a smaller share. One yield per sleep bounds what it costs.
+YIELD_BEFORE_SLEEP = True
 
 
 class _Flushes(Protocol):

@@ -14,6 +14,7 @@ from typing import Any
 from shmbus.adapters import asgi
 from shmbus.adapters.http import MessageBusProtocol, Poll, Waiter
 from shmbus.adapters.http.protocol import null_lock
+from shmbus.adapters.server import bus_routes
 from tests.e2e import e2e_app
 
 _entries: dict[int, dict[str, Any]] = {}
@@ -77,5 +78,29 @@ class _LoggingFanout(asgi._LoopFanout):
         self.proto = LoggingProtocol(bus, options, null_lock())
 
 
+_inline_wake = bus_routes._wake
+
+
+def _logging_wake(w: Waiter) -> None:
+    """The server's waker writes a stream's queued chunks itself (inline, without ``stream_chunks``, when the
+    stream is parked and its transport takes writes): note what it is about to write."""
+    conn = w.signal
+    parked = conn.parked
+    entry = _entries.get(id(w))
+    if (
+        entry is not None
+        and parked is not None
+        and parked.waiter is w
+        and w.streaming
+        and w.pending
+        and w.ending is None
+        and not w.done
+        and not conn.paused_w
+    ):
+        e2e_app._note_body(entry, b"".join(w.pending))
+    _inline_wake(w)
+
+
+bus_routes._wake = _logging_wake  # this process only (the test server)
 asgi._LoopFanout = _LoggingFanout  # type: ignore[misc]  # this process only (the test server)
 app = asgi.MessageBusMiddleware(e2e_app._asgi_inner, bus=e2e_app.bus, subscribe_allowed=e2e_app.may_subscribe)
