@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .election import RelayElection
@@ -11,8 +13,9 @@ from .election import RelayElection
 if TYPE_CHECKING:
     from shmbus.engines import Envelope
     from shmbus.host import BusHost
+    from shmbus.segment import Segment
 
-__all__ = ["Landing"]
+__all__ = ["Landing", "wait_until_held"]
 
 LANDING_SLICE = 0.05  # seconds of one futex wait while a publisher and the relay wait on each other
 
@@ -76,14 +79,31 @@ class Landing:
         """Wait until the segment holds ``gid`` (or was reset), at most ``local_wait``, if a relay runs."""
         if self.local_wait <= 0 or not self.election.running():
             return
-        seg = bus.segment
-        deadline = time.monotonic() + self.local_wait
-        epoch = seg.read_epoch()
-        while True:
-            word = seg.futex_word()
-            if seg.global_id() >= gid or seg.read_epoch() != epoch:
-                return
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
+        wait_until_held(bus.segment, gid, self.local_wait)
+
+
+def wait_until_held(
+    seg: Segment,
+    gid: int,
+    timeout: float,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], object] | None = None,
+    stop: threading.Event | None = None,
+) -> bool:
+    """Wait on the segment's futex until it holds ``gid``: True if it does; False when ``timeout`` (on ``clock``)
+    passed, the bus was reset or ``stop`` was set. ``sleep`` replaces the futex wait (a test's fake clock). The
+    publisher waiting for the relay and the relay waiting for a publisher both wait here."""
+    deadline = clock() + timeout
+    epoch = seg.read_epoch()
+    while True:
+        word = seg.futex_word()  # read first: a store after the check below ends the wait at once
+        if seg.global_id() >= gid or seg.read_epoch() != epoch:
+            return seg.global_id() >= gid
+        left = deadline - clock()
+        if left <= 0 or (stop is not None and stop.is_set()):
+            return False
+        if sleep is not None:
+            sleep(min(left, LANDING_SLICE))
+        else:
             seg.wait(word, min(left, LANDING_SLICE))

@@ -67,7 +67,7 @@ from .events import (
     WaitLanded,
     WaitRing,
 )
-from .landing import LANDING_SLICE
+from .landing import wait_until_held
 from .machine import RelayMachine
 from .status import BridgeStatus
 from .steps import RelayConfig
@@ -226,22 +226,12 @@ class Relay:
         return Rang(ring, self.backend.seal_key() if ring.seals else None)
 
     def _wait_landed(self, action: WaitLanded) -> Landed:
-        """Wait on the segment's futex until it holds the id (its publisher landed it), the time is up, the bus was
-        reset or the relay is told to stop. Timed on the relay's clock (a test's fake one moves with ``pause``)."""
-        seg, clock, gid = self.bus.segment, self.status.relay.clock, action.global_id
-        deadline = clock() + action.timeout
-        epoch = seg.read_epoch()
-        while True:
-            word = seg.futex_word()  # read first: a store after the check below ends the wait at once
-            if seg.global_id() >= gid or seg.read_epoch() != epoch:
-                return Landed(seg.global_id() >= gid)
-            left = deadline - clock()
-            if left <= 0 or self.stop.is_set():
-                return Landed(False)
-            if self.pause is not None:
-                self.pause(min(left, LANDING_SLICE))
-            else:
-                seg.wait(word, min(left, LANDING_SLICE))
+        """Wait until the segment holds the id (its publisher landed it), the time is up, the bus was reset or the
+        relay is told to stop. Timed on the relay's clock (a test's fake one moves with ``pause``)."""
+        seg, clock = self.bus.segment, self.status.relay.clock
+        return Landed(
+            wait_until_held(seg, action.global_id, action.timeout, clock=clock, sleep=self.pause, stop=self.stop)
+        )
 
     def _pause_for(self, action: PauseFor) -> Event:
         if self.pause is not None:
