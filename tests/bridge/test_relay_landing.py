@@ -47,6 +47,16 @@ def hold_landings(host: Host) -> tuple[list[tuple[Any, ...]], Callable[..., None
     return held, land
 
 
+def ring_then_land(host: Host, wait: WaitLanded, land: Callable[[], None]) -> None:
+    """The doorbell rang: the relay must stop at ``wait`` (the publisher has not landed yet); then the publisher
+    lands its messages and the relay goes on until it waits on its doorbell again."""
+    host.advance()
+    host.run_until(lambda action: isinstance(action, (WaitLanded, WaitRing)))
+    assert host.relay.pending == wait
+    land()
+    host.idle()
+
+
 def test_a_trimmed_message_its_publisher_is_landing_is_waited_for_not_lost(make_host: Make, clock: FakeClock) -> None:
     backend = unsealed(clock)
     b = relaying(make_host, backend, local_wait=5)
@@ -56,11 +66,7 @@ def test_a_trimmed_message_its_publisher_is_landing_is_waited_for_not_lost(make_
             b.bus.publish("/c", i)
     backend.expire(1)
     backend.expire(2)  # the channel kept only the newest: trimmed before the relay read them
-    b.advance()  # the doorbell rang
-    b.run_until(lambda action: isinstance(action, (WaitLanded, WaitRing)))
-    assert b.relay.pending == WaitLanded(1, 5)
-    land(*held[0])  # the publisher lands its burst
-    b.idle()
+    ring_then_land(b, WaitLanded(1, 5), lambda: land(*held[0]))  # the publisher lands its burst
     assert datas(b) == [0, 1, 2]
     assert b.status.relay_lost == 0 and b.status.relayed == 0
 
@@ -73,11 +79,7 @@ def test_ids_gone_from_the_backends_whole_history_are_waited_for_too(make_host: 
         for i in range(4):
             b.bus.publish("/c", i)
     backend.trim(2)  # the global backlog kept only the newest: ids 1 and 2 are gone, not just their messages
-    b.advance()
-    b.run_until(lambda action: isinstance(action, (WaitLanded, WaitRing)))
-    assert b.relay.pending == WaitLanded(1, 5)
-    land(*held[0])
-    b.idle()
+    ring_then_land(b, WaitLanded(1, 5), lambda: land(*held[0]))
     assert datas(b) == [0, 1, 2, 3] and b.status.relay_lost == 0
 
 
@@ -89,11 +91,7 @@ def test_the_newest_ids_gone_are_waited_for_too(make_host: Make, clock: FakeCloc
         for i in range(2):
             b.bus.publish("/c", i)
     backend.trim(2)  # every id the burst got is gone: the read finds nothing, the backend says they existed
-    b.advance()
-    b.run_until(lambda action: isinstance(action, (WaitLanded, WaitRing)))
-    assert b.relay.pending == WaitLanded(1, 5)
-    land(*held[0])
-    b.idle()
+    ring_then_land(b, WaitLanded(1, 5), lambda: land(*held[0]))
     assert datas(b) == [0, 1] and b.status.relay_lost == 0
 
 
