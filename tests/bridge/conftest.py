@@ -3,6 +3,7 @@ time by the test on a fake clock (no server, no thread, no sleep)."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -82,6 +83,20 @@ class Host:
 
     def health(self) -> dict[str, Any]:
         return self.engine.health()
+
+
+def relaying(make_host: Callable[..., Host], backend: MemoryBackend, suffix: str = "b", **options: object) -> Host:
+    """A host whose relay won the election and caught up (it waits on its doorbell)."""
+    host = make_host(suffix, backend, **options)
+    host.start()
+    host.idle()
+    assert host.status.relay.state == "relaying"
+    return host
+
+
+def datas(host: Host) -> list[object]:
+    """What the host's segment holds, in global id order (every record: no channel's backlog rule applies)."""
+    return [json.loads(record.payload) for record in host.bus.segment.global_backlog(0)]
 
 
 def whats(actions: list[Action]) -> list[str]:

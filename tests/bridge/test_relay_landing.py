@@ -5,7 +5,6 @@ lands its own as soon as the relay stored it. Driven on the in-memory backend, t
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -14,7 +13,7 @@ from typing import Any
 from shmbus.adapters.bridge.events import WaitLanded, WaitRing
 from shmbus.adapters.bridge.memory import MemoryBackend
 
-from .conftest import FakeClock, Host
+from .conftest import FakeClock, Host, datas, relaying
 
 Make = Callable[..., Host]
 
@@ -23,18 +22,6 @@ def unsealed(clock: FakeClock) -> MemoryBackend:
     """A backend whose notices carry no seal: the relay reads every message from the backend's history, so a
     message trimmed there is gone for it (the shortcut of sealed lines aside)."""
     return MemoryBackend(sealed=False, wait=lambda cond, timeout: clock.advance(timeout))
-
-
-def relaying(make_host: Make, backend: MemoryBackend, suffix: str = "b", **options: object) -> Host:
-    host = make_host(suffix, backend, **options)
-    host.start()
-    host.idle()
-    assert host.status.relay.state == "relaying"
-    return host
-
-
-def datas(host: Host) -> list[object]:
-    return [json.loads(record.payload) for record in host.bus.segment.global_backlog(0)]
 
 
 def hold_landings(host: Host) -> tuple[list[tuple[Any, ...]], Callable[..., None]]:

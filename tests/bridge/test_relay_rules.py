@@ -4,7 +4,6 @@ what the relay read, stored, counted and reported, with no server and no sleep."
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 
@@ -15,23 +14,9 @@ from shmbus.adapters.bridge.memory import MemoryBackend
 from shmbus.adapters.bridge.seals import mac
 from shmbus.adapters.bridge.wire import format_line
 
-from .conftest import Host
+from .conftest import Host, datas, relaying
 
 Make = Callable[..., Host]
-
-
-def relaying(make_host: Make, backend: MemoryBackend, suffix: str = "b", **options: object) -> Host:
-    """A host whose relay won the election and caught up (it waits on its doorbell)."""
-    host = make_host(suffix, backend, **options)
-    host.start()
-    host.idle()
-    assert host.status.relay.state == "relaying"
-    return host
-
-
-def datas(host: Host) -> list[object]:
-    """What the host's segment holds, in global id order (every record: no channel's backlog rule applies)."""
-    return [json.loads(record.payload) for record in host.bus.segment.global_backlog(0)]
 
 
 # ------------------------------------------------------------------------------ notices are doorbells
