@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
@@ -53,6 +54,29 @@ def _run(writer: Any) -> Any:
     finally:
         q.stop()
     return q
+
+
+def sink_30_rows_once(run: Callable[[], Any], web: Bus, ckpt: Path, deadline: float) -> None:
+    """A cluster round trip: ``run()`` streams the 30 rows of ``/in`` into ``/out`` through the sink; they reach the
+    ``web`` host (within ``deadline`` s), in order; a batch replayed after its last commit is dropped is not
+    published twice; the sink's private bus is gone."""
+    q = run()
+    assert sum(n for _, n in _batches(q)) == 30
+
+    def out() -> list[Any]:
+        return [m.data for m in web.backlog("/out", 0)]
+
+    until = time.monotonic() + deadline
+    while len(out()) < 30:
+        assert time.monotonic() < until, f"rows did not reach the web host: {out()}"
+        time.sleep(0.05)
+    assert out() == [{"n": i} for i in range(1, 31)]
+    replayed = _drop_last_commit(ckpt)
+    q = run()
+    assert _batches(q)[0][0] == replayed, "Spark did not replay the batch: the test would prove nothing"
+    time.sleep(0.5)
+    assert len(out()) == 30, "a replayed batch was published twice"
+    assert not [f for f in os.listdir("/dev/shm") if f.startswith("shmbus.spark-sink-")], "sink bus left"
 
 
 def _drop_last_commit(checkpoint: Path) -> int:
@@ -559,23 +583,7 @@ def test_postgres_source_and_sink_reach_bridged_hosts_once(
                 .option("checkpointLocation", str(ckpt))
             )
 
-        q = run()
-        assert sum(n for _, n in _batches(q)) == 30
-
-        def out() -> list[Any]:
-            return [m.data for m in web.backlog("/out", 0)]
-
-        deadline = time.monotonic() + 20
-        while len(out()) < 30:
-            assert time.monotonic() < deadline, f"rows did not reach the web host: {out()}"
-            time.sleep(0.05)
-        assert out() == [{"n": i} for i in range(1, 31)]
-        replayed = _drop_last_commit(ckpt)
-        q = run()
-        assert _batches(q)[0][0] == replayed, "Spark did not replay the batch: the test would prove nothing"
-        time.sleep(0.5)
-        assert len(out()) == 30, "a replayed batch was published twice"
-        assert not [f for f in os.listdir("/dev/shm") if f.startswith("shmbus.spark-sink-")], "sink bus left"
+        sink_30_rows_once(run, web, ckpt, deadline=20)
     finally:
         web.destroy()
         with psycopg.connect(database_url, autocommit=True) as conn:

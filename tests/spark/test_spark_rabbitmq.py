@@ -15,7 +15,7 @@ from shmbus import Bus
 from tests import harness
 from tests.harness.rabbitmq import DEFAULT_AMQP_URL, amqp_problem
 
-from .test_spark import _batches, _drop_last_commit, _run
+from .test_spark import _run, sink_30_rows_once
 
 pytestmark = pytest.mark.spark
 
@@ -76,23 +76,7 @@ def test_rabbitmq_source_and_sink_reach_bridged_hosts_once(spark: Any, bus_name:
                 .option("checkpointLocation", str(ckpt))
             )
 
-        q = run()
-        assert sum(n for _, n in _batches(q)) == 30
-
-        def out() -> list[Any]:
-            return [m.data for m in web.backlog("/out", 0)]
-
-        deadline = time.monotonic() + 20
-        while len(out()) < 30:
-            assert time.monotonic() < deadline, f"rows did not reach the web host: {out()}"
-            time.sleep(0.05)
-        assert out() == [{"n": i} for i in range(1, 31)]
-        replayed = _drop_last_commit(ckpt)
-        q = run()
-        assert _batches(q)[0][0] == replayed, "Spark did not replay the batch: the test would prove nothing"
-        time.sleep(0.5)
-        assert len(out()) == 30, "a replayed batch was published twice"
-        assert not [f for f in os.listdir("/dev/shm") if f.startswith("shmbus.spark-sink-")], "sink bus left"
+        sink_30_rows_once(run, web, ckpt, deadline=20)
     finally:
         web.destroy()
         _delete(url, stream)
