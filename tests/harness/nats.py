@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .procs import free_port, kill_tree, spawn
-from .services import signal_group
+from .procs import free_port, spawn
+from .services import crash_group, signal_group
 
 __all__ = ["DEFAULT_NATS_URL", "NatsServer", "find_nats_server", "nats_jetstream"]
 
@@ -101,9 +101,7 @@ class NatsServer:
     def kill(self) -> None:
         """Crash it: SIGKILL (its store stays on disk)."""
         if self.proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            kill_tree(self.proc, 1.0)
+            crash_group(self.proc, 1.0)
             self.proc = None
 
     def freeze(self) -> None:

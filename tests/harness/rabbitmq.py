@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .procs import free_port, kill_tree, spawn
+from .procs import free_port, spawn
+from .services import crash_group
 
 __all__ = ["DEFAULT_AMQP_URL", "RabbitServer", "amqp_problem", "find_rabbitmq_sbin"]
 
@@ -163,9 +164,7 @@ class RabbitServer:
     def kill(self) -> None:
         """Crash it: SIGKILL to the node's whole process group."""
         if self.proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            kill_tree(self.proc, 2.0)
+            crash_group(self.proc, 2.0)
             self.proc = None
 
     def freeze(self) -> None:

@@ -81,6 +81,13 @@ def signal_group(proc: subprocess.Popen[Any] | None, sig: signal.Signals) -> Non
             os.killpg(proc.pid, sig)
 
 
+def crash_group(proc: subprocess.Popen[Any], reap_timeout: float) -> None:
+    """Crash a server: SIGKILL to its whole process group (no shutdown work; its files stay), then reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    kill_tree(proc, reap_timeout)
+
+
 class RedisServer:
     """A private ``redis-server`` on 127.0.0.1:<port> in its own temp dir, nothing saved.
 
@@ -161,9 +168,7 @@ class RedisServer:
     def kill(self) -> None:
         """Crash it: SIGKILL, no shutdown work."""
         if self.proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            kill_tree(self.proc, 1.0)
+            crash_group(self.proc, 1.0)
             self.proc = None
 
     def freeze(self) -> None:
