@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections import defaultdict
 from pathlib import Path
+
+from _callgrind import parse
 
 HERE = Path(__file__).resolve().parent.parent
 
@@ -81,39 +81,6 @@ else:
 assert count[0] == count[3], count
 bus.destroy()
 """
-
-
-def parse(path: Path, names: dict[str, str]) -> tuple[int, dict[str, int]]:
-    """A callgrind dump's total and exclusive cost per function (``names``: the compressed names seen so far)."""
-    per: dict[str, int] = defaultdict(int)
-    fn = "?"
-    skip_next = False
-    total = 0
-    for line in path.read_text().splitlines():
-        if line.startswith("summary:"):
-            total = int(line.split()[1])
-        elif line.startswith("fn="):
-            m = re.match(r"fn=\((\d+)\)(?: (.*))?", line)
-            if m:
-                if m.group(2):
-                    names[m.group(1)] = m.group(2)
-                fn = names.get(m.group(1), m.group(1))
-            else:
-                fn = line[3:]
-        elif line.startswith("cfn="):
-            m = re.match(r"cfn=\((\d+)\) (.*)", line)
-            if m:
-                names[m.group(1)] = m.group(2)
-        elif line.startswith("calls="):
-            skip_next = True  # the next cost line is the call's inclusive cost
-        elif line[:1].isdigit() or line[:1] in "+-*":
-            if skip_next:
-                skip_next = False
-                continue
-            parts = line.split()
-            if len(parts) >= 2:
-                per[fn] += int(parts[1])
-    return total, per
 
 
 def measure(tree: Path, n: int, mode: str) -> tuple[float, dict[str, float]]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -29,6 +28,8 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 from typing import NamedTuple
+
+from _callgrind import parse
 
 HERE = Path(__file__).resolve().parent.parent
 
@@ -74,39 +75,6 @@ for _ in range(n):  # dumps n+3 .. 2n+2: the publishes' critical sections
 _native.mutex_lock, _native.mutex_unlock = real_lock, real_unlock
 bus.destroy()
 """
-
-
-def parse(path: Path, names: dict[str, str]) -> tuple[int, dict[str, int]]:
-    """A callgrind dump's total and exclusive cost per function (``names``: the compressed names seen so far)."""
-    per: dict[str, int] = defaultdict(int)
-    fn = "?"
-    skip_next = False
-    total = 0
-    for line in path.read_text().splitlines():
-        if line.startswith("summary:"):
-            total = int(line.split()[1])
-        elif line.startswith("fn="):
-            m = re.match(r"fn=\((\d+)\)(?: (.*))?", line)
-            if m:
-                if m.group(2):
-                    names[m.group(1)] = m.group(2)
-                fn = names.get(m.group(1), m.group(1))
-            else:
-                fn = line[3:]
-        elif line.startswith("cfn="):
-            m = re.match(r"cfn=\((\d+)\) (.*)", line)
-            if m:
-                names[m.group(1)] = m.group(2)
-        elif line.startswith("calls="):
-            skip_next = True  # the next cost line is the call's inclusive cost
-        elif line[:1].isdigit() or line[:1] in "+-*":
-            if skip_next:
-                skip_next = False
-                continue
-            parts = line.split()
-            if len(parts) >= 2:
-                per[fn] += int(parts[1])
-    return total, per
 
 
 class Counts(NamedTuple):
