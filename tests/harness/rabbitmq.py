@@ -17,8 +17,10 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from .procs import free_port, spawn
 from .services import crash_group
@@ -181,3 +183,30 @@ class RabbitServer:
         self.thaw()
         self.kill()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def shared_broker() -> Iterator[str]:
+    """The broker the tests that do not fault it share (each on streams of its own): ``AMQP_URL``, else the
+    machine's on 5672, else a private node started from the binaries (a missing one skips loudly). As a
+    generator, for a fixture to ``yield from``: a private node is closed after."""
+    from tests import harness
+
+    url = os.environ.get("AMQP_URL")
+    if url is None and amqp_problem("127.0.0.1", 5672) is None:
+        url = DEFAULT_AMQP_URL
+    if url is not None:
+        parts = urlsplit(url)
+        problem = amqp_problem(parts.hostname or "127.0.0.1", parts.port or 5672)
+        if problem:
+            harness.skip_or_fail(f"RabbitMQ: {problem} (AMQP_URL={url})")
+        yield url
+        return
+    sbin = find_rabbitmq_sbin()
+    if sbin is None:
+        harness.skip_or_fail("no RabbitMQ on 5672 and no rabbitmq-server binaries (apt-get install rabbitmq-server)")
+    server = RabbitServer(sbin)
+    try:
+        server.start()
+        yield server.url
+    finally:
+        server.close()

@@ -6,10 +6,8 @@ afterwards; tests that kill or freeze the broker use a private node (``rabbit_se
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 
@@ -18,18 +16,13 @@ from shmbus.adapters.rabbitmq import RabbitBridge
 from shmbus.adapters.rabbitmq.connection import AmqpConnection
 from shmbus.adapters.rabbitmq.errors import parse_url
 from tests import harness
-from tests.harness.rabbitmq import DEFAULT_AMQP_URL, RabbitServer, amqp_problem, find_rabbitmq_sbin
+from tests.harness.rabbitmq import RabbitServer, find_rabbitmq_sbin, shared_broker
 
 
 @pytest.fixture(scope="session")
-def amqp_url() -> str:
+def amqp_url() -> Iterator[str]:
     """The broker every test of this worker shares (a stream per test)."""
-    url = os.environ.get("AMQP_URL", DEFAULT_AMQP_URL)
-    parts = urlsplit(url)
-    problem = amqp_problem(parts.hostname or "127.0.0.1", parts.port or 5672)
-    if problem:
-        harness.skip_or_fail(f"RabbitMQ: {problem} (apt-get install rabbitmq-server, or set AMQP_URL)")
-    return url
+    yield from shared_broker()
 
 
 @pytest.fixture

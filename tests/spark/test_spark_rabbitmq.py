@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 
 from shmbus import Bus
-from tests import harness
-from tests.harness.rabbitmq import DEFAULT_AMQP_URL, amqp_problem
+from tests.harness.rabbitmq import shared_broker
 
 from .test_spark import _run, sink_30_rows_once
 
@@ -33,7 +31,14 @@ def _delete(url: str, stream: str) -> None:
         conn.close()
 
 
-def test_rabbitmq_source_and_sink_reach_bridged_hosts_once(spark: Any, bus_name: str, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def amqp_url() -> Iterator[str]:
+    yield from shared_broker()
+
+
+def test_rabbitmq_source_and_sink_reach_bridged_hosts_once(
+    spark: Any, bus_name: str, tmp_path: Path, amqp_url: str
+) -> None:
     """``rabbitmq_url`` on both sides: the source reads the stream (ids are offsets + 1, sparse within a channel:
     no false data loss), the sink publishes rows into it (the bridge with relay off), and a web host bridged to the
     stream gets every row once with the stream's ids; a replayed batch is skipped using the sink records kept in
@@ -42,11 +47,7 @@ def test_rabbitmq_source_and_sink_reach_bridged_hosts_once(spark: Any, bus_name:
 
     from shmbus.adapters.rabbitmq import RabbitBridge
 
-    url = os.environ.get("AMQP_URL", DEFAULT_AMQP_URL)
-    parts = urlsplit(url)
-    problem = amqp_problem(parts.hostname or "127.0.0.1", parts.port or 5672)
-    if problem:
-        harness.skip_or_fail(f"RabbitMQ: {problem}")
+    url = amqp_url
     stream = f"s_{bus_name}"
     web = Bus(
         f"{bus_name}w", ring_size=1 << 20, keepalive_interval=0, create=True, engine=RabbitBridge(url, stream=stream)
