@@ -168,3 +168,26 @@ def test_a_burst_costs_the_listener_one_sleep_not_one_per_message(
             bus.publish("/c", i + 1)
     assert done.wait(60), len(got)
     assert [w for w in waits if w < n] == [], waits  # no sleep until every message of the burst was delivered
+
+
+def test_an_isolated_message_costs_a_lingering_listener_no_timed_wait(make_bus: Callable[..., shmbus.Bus]) -> None:
+    """Issue 33 (CPU per delivery): the tap's linger is kept lazily. After a batch the listener goes back to its
+    wait on the ring at once, and only a message that comes within the window waits for the window's end (it was a
+    timed sleep of the whole window after every batch: a wake-up more per isolated message, a chat's)."""
+    bus = make_bus()
+    got: list[int] = []
+    bus.tap(lambda msgs: got.extend(m.global_id for m in msgs), linger=3600.0)  # a window no test outlives
+    seg = bus.segment
+    waits: list[int] = []
+    real = seg.wait
+
+    def counting(word: int, timeout: float) -> None:
+        waits.append(len(got))
+        real(word, timeout)
+
+    seg.wait = counting  # type: ignore[method-assign, assignment]
+    first = bus.publish("/c", 1)
+    wait_for(lambda: got == [first] and waits and waits[-1] == 1, what="the listener asleep on the ring again")
+    bus.publish("/c", 2)  # within the window: read at its end (the bus's close here), never at once
+    threading.Event().wait(0.2)
+    assert got == [first]
