@@ -229,6 +229,7 @@ class Registry:
             first, top = msgs[0].message_id, msgs[-1].message_id
             limit = self.max_stream_buffer
             delivered = 0
+            parked = Stage.PARKED
             for i in range(pos, end):
                 c = clients[i]
                 stage = c.stage
@@ -241,9 +242,12 @@ class Registry:
                     last = c.last
                     if first > last.get(channel, 0):
                         last[channel] = top
+                        delivered += count
+                        write_now = c.write_now
+                        if write_now is not None and stage is parked and not c.pending and write_now(frame):
+                            continue
                         c.pending.append(frame)
                         c.bytes_pending += size
-                        delivered += count
                         wake.append(c)
                         continue
                 before = len(c.pending)

@@ -127,6 +127,7 @@ class Waiter:
         "streaming",
         "user_id",
         "waker",
+        "write_now",
     )
 
     def __init__(
@@ -162,6 +163,10 @@ class Waiter:
         self.waker = waker
         #: the shell's wake-up object (an Event, a Future, ...), for the waker's use
         self.signal = signal
+        #: a stream the shell can write to at once (the lean server's, on the registry's own thread): a framed
+        #: chunk for it with nothing queued before it is handed here (True: written) rather than queued and woken,
+        #: which saves a broadcast the queue and the wake-up per stream; None: always queue and wake
+        self.write_now: Callable[[bytes], bool] | None = None
 
     def move(self, move: Move) -> Stage:
         """Take ``move`` (:data:`MOVES`); the new stage. Call it under the registry's lock (or on its thread)."""

@@ -187,6 +187,8 @@ class BusRoutes:
         if w.done or w.dropped:
             parked.woken(w)
             return
+        if w.streaming:
+            w.write_now = parked.write_now
         interval = srv.options.long_polling_interval
         if interval >= COARSE_EXPIRY:
             parked.expires = srv.loop.time() + interval
@@ -235,6 +237,14 @@ class ParkedPoll:
                 data = b"".join(chunks)
                 self.conn.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
 
+    def write_now(self, piece: bytes) -> bool:
+        """The registry's direct write of a framed chunk to this parked stream (``Waiter.write_now``): done unless
+        the poll has ended or the transport asked us to stop writing (then it is queued and woken as usual)."""
+        if self.waiter is None or self.conn.paused_w:
+            return False
+        self.conn.transport.write(self.routes.srv.http_chunk(piece))
+        return True
+
     def timer_fired(self) -> None:
         self.timer = None
         self.expire()
@@ -257,6 +267,8 @@ class ParkedPoll:
             self.routes.srv.proto.abandon(w)
 
     def _unpark(self) -> None:
+        if self.waiter is not None:
+            self.waiter.write_now = None
         self.waiter = None
         self.expires = 0.0
         if self.timer is not None:

@@ -321,3 +321,45 @@ async def test_a_chat_message_is_written_before_the_rest_of_a_broadcast_under_wa
         assert both.index(b"BCAST-1") < both.index(b"CHAT-1"), "the chat message overtook the broadcast on a stream"
     finally:
         mw.close()
+
+
+@in_loop
+async def test_a_broadcast_is_written_straight_to_idle_streams_and_queued_for_a_paused_one(shared_bus: Bus) -> None:
+    """The lean server's direct write (``Waiter.write_now``): a slice writes a broadcast's chunk to each stream with
+    nothing queued as it serves it, with no wake-up; a stream whose transport paused writing gets it queued and
+    written once when it resumes. Each stream gets the broadcast once."""
+    mw = MessageBusMiddleware(EchoApp(), bus=shared_bus, long_polling_interval=LONG_POLL, batch_window=0)
+    try:
+        loop = FakeLoop()
+        srv = Server(mw, cast(asyncio.AbstractEventLoop, loop), limits=LIMITS)
+        wire = Wire()
+        last = {"/bcast": shared_bus.last_id("/bcast")}
+        names = [f"b{i}" for i in range(STREAMS)]
+        conns = {}
+        for name in names:
+            t = wire.transport(loop, name)
+            conns[name] = conn = connection_factory(srv)()
+            t.connect(conn)
+            t.receive(poll(name, last, chunk=True))
+        wire.log.clear()
+        woken: list[str] = []
+        for w in mw._fanout().proto.registry.by_id.values():
+            real = w.waker
+
+            def counting(c: Waiter, real: Any = real) -> None:
+                woken.append(c.client_id)
+                real(c)
+
+            w.waker = counting
+        conns["b7"].pause_writing()
+        shared_bus.publish("/bcast", "BCAST-1")
+        for _ in range(2000):
+            if sum(b"BCAST-1" in wire.got(n) for n in names) == STREAMS - 1:
+                break
+            await asyncio.sleep(0.001)
+        assert all(wire.got(n).count(b"BCAST-1") == (n != "b7") for n in names)
+        assert woken == ["b7"], "streams with nothing queued were queued and woken instead of written to"
+        conns["b7"].resume_writing()
+        assert wire.got("b7").count(b"BCAST-1") == 1, "the paused stream's queued piece was not written on resume"
+    finally:
+        mw.close()
