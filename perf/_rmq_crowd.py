@@ -94,11 +94,12 @@ def bridge_crew(bus: Any, size: int) -> Crew:
 
     def setup(k: int) -> Any:
         bus.publish(CHANNEL, {"warm": k})
-        return bus
+        return k
 
-    def job(b: Any, n: int) -> None:
+    def job(k: int, n: int) -> None:  # distinct messages, as requests publish (identical ones may share an id)
+        publish, pid = bus.publish, os.getpid()
         for i in range(n):
-            b.publish(CHANNEL, {"i": i, "pad": PAD})
+            publish(CHANNEL, {"p": pid, "k": k, "i": i, "pad": PAD})
 
     return Crew(size, setup, job)
 
@@ -107,7 +108,7 @@ def pika_crew(url: str, base: str, size: int) -> Crew:
     """Threads publishing the bridge's bodies to ``base`` with pika, each on its own confirming connection."""
     import pika
 
-    body = json.dumps({"i": 0, "pad": PAD}, separators=(",", ":"))
+    body = json.dumps({"p": os.getpid(), "k": 0, "i": 0, "pad": PAD}, separators=(",", ":"))
     data = (CHANNEL + '|{"data":' + body + ',"user_ids":null,"group_ids":null,"client_ids":null}').encode()
     conns: list[Any] = []
 

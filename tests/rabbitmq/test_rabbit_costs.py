@@ -1,9 +1,11 @@
 """What the RabbitMQ bridge's cheaper paths must keep: the relay acknowledges its deliveries in bulk and still never
 runs out of the consumer's credit; a connection's reads go through one buffer of its own and still hand over every
-frame whole, a message larger than the buffer included."""
+frame whole, a message larger than the buffer included; publishers on many threads each get their own connection,
+and a thread that ended does not keep one open."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -50,3 +52,25 @@ def test_a_message_larger_than_a_read_arrives_whole(make_host: Callable[..., Bus
     wait_for(lambda: [m.message_id for m in b.backlog("/big")] == [mid], what="the big message on b")
     assert b.backlog("/big")[0].data == {"s": big}
     assert a.backlog("/big")[0].data == {"s": big}
+
+
+def test_threads_publish_on_connections_of_their_own_and_an_ended_one_releases_its_own(
+    make_host: Callable[..., Bus],
+) -> None:
+    """A thread per request (a threading dev server) must not leave a connection open per request it served."""
+    a = make_host("a")
+    wait_relaying(a)
+    backend = a.default.rabbit  # type: ignore[attr-defined]
+    got: list[int] = []
+    for round_ in range(5):
+        threads = [
+            threading.Thread(target=lambda r=round_, n=n: got.append(a.publish("/t", [r, n]))) for n in range(4)
+        ]  # distinct messages: identical ones published at the same moment may be given one id (see the docs)
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert sorted(got) == sorted(set(got)) and len(got) == 20
+    a.publish("/t", "main")
+    open_ones = [p for _, p in backend._publishers if not p.conn.closed]
+    assert len(open_ones) == 1  # the main thread's: each new connection closed those of the threads that ended
