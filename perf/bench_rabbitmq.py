@@ -13,7 +13,9 @@ a strict baseline for the bridge's confirmed batches). Concurrent publishers, as
 (``perf/_rmq_crowd.py``): ``--threads`` threads of this process, and ``--procs`` processes of ``--proc-threads``
 threads each, every thread calling ``bus.publish`` one message at a time, against as many pika threads each with
 its own confirming connection. The relays' CPU per message (the helper processes: host A's relay, and host B's
-consumer of the same stream) is reported beside the bridge's rows. Latency: publish on A to B's callback, against
+consumer of the same stream) is reported beside the bridge's rows; with ``--one-host`` only host A's relay runs
+while rates are measured (host B's would run on another machine), host B's helper starting for the latency part.
+Latency: publish on A to B's callback, against
 a pika consumer of the baseline stream in the helper (publish to delivery).
 """
 
@@ -131,6 +133,12 @@ def _options(p: Any) -> None:
     p.add_argument("--threads", type=int, default=8, help="publishing threads of this process (default 8)")
     p.add_argument("--procs", type=int, default=3, help="publishing processes (default 3)")
     p.add_argument("--proc-threads", type=int, default=4, help="publishing threads per process (default 4)")
+    p.add_argument(
+        "--one-host",
+        action="store_true",
+        help="only host A's relay runs on this machine while rates are measured (host B's, on another machine in a "
+        "real deployment, is started for the latency part only)",
+    )
 
 
 def main() -> None:
@@ -169,8 +177,8 @@ def main() -> None:
         rows.setdefault(key, []).append(value)
 
     try:
-        helpers = c.start_helpers(HELPER, [name_a, name_b, url, stream, base, CHANNEL], args.split_relays)
-        helper = helpers[-1]
+        helper_argv = [name_a, name_b, url, stream, base, CHANNEL]
+        helpers = c.start_helpers(HELPER, helper_argv, args.split_relays, ("a",) if args.one_host else None)
         a = Bus(name_a, keepalive_interval=0, create=True, engine=RabbitBridge(url, stream=stream, relay=False))
         buses.append(a)
         a.publish(CHANNEL + "/warm", 0)
@@ -202,11 +210,14 @@ def main() -> None:
                 add(key, n / (w1 - w0))
                 add(key + "_cpu", (c1 - c0) * 1e6 / n)
                 add(key + "_relay", (sum(crowd.process_cpu(h.pid) for h in helpers) - relays0) * 1e6 / n)
+        if args.one_host:
+            helpers += c.start_helpers(HELPER, helper_argv, True, ("b",))
         b = Bus(name_b, keepalive_interval=0, create=True, engine=RabbitBridge(url, stream=stream, relay=False))
         buses.append(b)
         deadline = time.monotonic() + 120
         while b.segment.global_id() < a.segment.global_id() and time.monotonic() < deadline:
             time.sleep(0.05)  # host B's relay has caught up with the batches before latency is measured
+        helper = helpers[-1]
         assert helper.stdin is not None and helper.stdout is not None
         helper.stdin.write("consume\n")
         helper.stdin.flush()
@@ -217,6 +228,7 @@ def main() -> None:
             helper, lambda i: confirmed.basic_publish("", base, (envelope % time.perf_counter_ns()).encode()), n_lat
         )
         k, p, t = args.threads, args.procs, args.proc_threads
+        relays_note = "host A's relay" + ("" if args.one_host else " and host B's, consumers of the same stream")
         pairs = (
             ("bridge publish, one at a time (confirmed, id returned)", "bs", "pika basic_publish, confirmed", "ps"),
             (f"bridge publish, {k} threads, one at a time each", "bt", f"pika confirmed, {k} threads", "pt"),
@@ -238,7 +250,7 @@ def main() -> None:
             )
             if key in ("bs", "bt", "bp"):
                 rep.add(f"{name}: relays' CPU per message", rows[key + "_relay"], "µs", higher_is_better=False,
-                        note="the helper: host A's relay and host B's consumer of the same stream")  # fmt: skip
+                        note=relays_note)  # fmt: skip
         for label, values in (("bridge cross-host", lat_b), ("pika publish->consumer", lat_p)):
             rep.add(f"{label} latency p50", [c.percentile(values, 50)], "µs", higher_is_better=False)
             rep.add(f"{label} latency p99", [c.percentile(values, 99)], "µs", higher_is_better=False)
