@@ -8,7 +8,8 @@ waits for the broker's confirms (one round trip per batch), then finds its messa
 stored them: the segment's records after the newest id it held before publishing (an offset the stream gives
 later is larger), matched in order by channel and data. With no relay on the host (a script with
 ``relay=False``) it reads them from the stream itself. Two identical messages (same channel, same data) published
-at the same moment by two hosts may get each other's id: they cannot be told apart.
+at the same moment by two publishers (hosts, or threads of one host) may get each other's id, or the same one: they
+cannot be told apart.
 
 **History**: the stream, as long as it is not deleted. Its identity is named per relay session (a deleted
 stream cancels the relay's consumer: the relay reconnects), so each session starts with the kit's history
