@@ -163,8 +163,8 @@ class AmqpConnection:
             if wait:
                 raise TimeoutError("the broker did not answer in time")
             return False
-        # into the connection's buffer: ``recv(_READ)`` allocates (and the kernel maps, then unmaps) a quarter of a
-        # megabyte per read, three system calls more than the read itself on every confirm and every delivery
+        # into the connection's buffer (128 KiB, kept): ``recv(n)`` allocates n bytes per read, which the kernel
+        # maps, then shrinks and unmaps: three system calls more than the read itself on every confirm and delivery
         n = self.sock.recv_into(self._inbox)
         if not n:
             self.closed = True
