@@ -77,13 +77,16 @@ def split_option(p: argparse.ArgumentParser) -> None:
     )
 
 
-def start_helpers(script: str, argv: list[str], split: bool) -> list[subprocess.Popen[str]]:
+def start_helpers(
+    script: str, argv: list[str], split: bool, only: tuple[str, ...] | None = None
+) -> list[subprocess.Popen[str]]:
     """A bridge benchmark's relay processes, ``script`` run with ``argv`` and the hosts it relays: one for both
     hosts ("ab"), or with ``split`` one per host ("a", "b"), as on real hosts (the relays then do not take turns on
-    one interpreter lock). The last one holds host B's subscriber and answers "dump" with its latencies."""
+    one interpreter lock). The last one holds host B's subscriber and answers "dump" with its latencies. ``only``:
+    these helpers (``("a",)``, say), whatever ``split`` says."""
     helpers = []
     try:
-        for hosts in ("a", "b") if split else ("ab",):
+        for hosts in only or (("a", "b") if split else ("ab",)):
             helpers.append(
                 subprocess.Popen(
                     [sys.executable, "-c", script, *argv, hosts],

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""RabbitMQ bridge: publish rate (single and batched) and cross-host latency, vs pika publishing the same bytes to a
-stream in the same run, with the publishing process's CPU time per message.
+"""RabbitMQ bridge: publish rate (single, concurrent and batched) and cross-host latency, vs pika publishing the same
+bytes to a stream in the same run, with the publishing processes' CPU time per message.
 
 Two "hosts" (two segments) bridged to one stream queue of the machine's RabbitMQ (``AMQP_URL``, else
 ``amqp://guest:guest@127.0.0.1:5672/%2F``). A helper process is the relay of both hosts (with ``--split-relays`` one
@@ -9,13 +9,20 @@ helper per host, as on two machines) and holds host B's subscriber; this process
 stream's offset as its id). Baselines, interleaved, on a stream of their own with the same message bodies: pika's
 ``basic_publish`` with ``confirm_delivery`` (each publish waits for its confirm, as a bridge publish does), and
 pika's ``basic_publish`` of a batch followed by one round trip (no confirms at all: the fastest pika publishes,
-a strict baseline for the bridge's confirmed batches). Latency: publish on A to B's callback, against a pika
-consumer of the baseline stream in the helper (publish to delivery).
+a strict baseline for the bridge's confirmed batches). Concurrent publishers, as a web app's requests publish
+(``perf/_rmq_crowd.py``): ``--threads`` threads of this process, and ``--procs`` processes of ``--proc-threads``
+threads each, every thread calling ``bus.publish`` one message at a time, against as many pika threads each with
+its own confirming connection. The relays' CPU per message (the helper processes: host A's relay, and host B's
+consumer of the same stream) is reported beside the bridge's rows; with ``--one-host`` only host A's relay runs
+while rates are measured (host B's would run on another machine), host B's helper starting for the latency part.
+Latency: publish on A to B's callback, against
+a pika consumer of the baseline stream in the helper (publish to delivery).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import subprocess
@@ -23,6 +30,7 @@ import time
 from typing import Any
 
 import _common as c
+import _rmq_crowd as crowd
 
 try:
     import pika
@@ -120,8 +128,21 @@ def latency(helper: subprocess.Popen[str], send: Any, n: int) -> list[float]:
     return sorted(json.loads(helper.stdout.readline()))
 
 
+def _options(p: Any) -> None:
+    c.split_option(p)
+    p.add_argument("--threads", type=int, default=8, help="publishing threads of this process (default 8)")
+    p.add_argument("--procs", type=int, default=3, help="publishing processes (default 3)")
+    p.add_argument("--proc-threads", type=int, default=4, help="publishing threads per process (default 4)")
+    p.add_argument(
+        "--one-host",
+        action="store_true",
+        help="only host A's relay runs on this machine while rates are measured (host B's, on another machine in a "
+        "real deployment, is started for the latency part only)",
+    )
+
+
 def main() -> None:
-    args = c.parse_args(__doc__, extra=c.split_option)
+    args = c.parse_args(__doc__, extra=_options)
     if pika is None:
         c.skip("pika is not installed (pip install 'shmbus[rabbitmq]')")
     from shmbus.adapters.rabbitmq import RabbitBridge
@@ -131,6 +152,8 @@ def main() -> None:
     rep = c.Report("bench_rabbitmq", "RabbitMQ bridge vs pika, same run", args)
     repeats = args.repeats or (1 if args.quick else 3)
     n_single, n_batch, n_lat = (500, 10000, 200) if args.quick else (2000, 50000, 1000)
+    unit = math.lcm(args.threads, args.procs * args.proc_threads)  # every thread publishes as many
+    n_crowd = max(unit, (600 if args.quick else 4800) // unit * unit)
     url = os.environ.get("AMQP_URL") or DEFAULT_URL
     try:
         params = pika.URLParameters(url)
@@ -147,39 +170,54 @@ def main() -> None:
         confirmed.queue_declare(q, durable=True, arguments={"x-queue-type": "stream"})
     helpers: list[subprocess.Popen[str]] = []
     buses: list[Bus] = []
+    crews: list[Any] = []
     rows: dict[str, list[float]] = {}
 
     def add(key: str, value: float) -> None:
         rows.setdefault(key, []).append(value)
 
     try:
-        helpers = c.start_helpers(HELPER, [name_a, name_b, url, stream, base, CHANNEL], args.split_relays)
-        helper = helpers[-1]
+        helper_argv = [name_a, name_b, url, stream, base, CHANNEL]
+        helpers = c.start_helpers(HELPER, helper_argv, args.split_relays, ("a",) if args.one_host else None)
         a = Bus(name_a, keepalive_interval=0, create=True, engine=RabbitBridge(url, stream=stream, relay=False))
         buses.append(a)
         a.publish(CHANNEL + "/warm", 0)
         pika_confirmed(confirmed, base, 10)
+        crews += [crowd.bridge_crew(a, args.threads), crowd.pika_crew(url, base, args.threads)]
+        crews += [crowd.Workers(kind, args.procs, args.proc_threads, url, target, name_a)
+                  for kind, target in (("bridge", stream), ("pika", base))]  # fmt: skip
         for r in range(repeats):
             rep.log(f"repeat {r + 1}/{repeats}")
             for key, fn, fargs in (
                 ("bs", bridge_single, (a, n_single)),
                 ("ps", pika_confirmed, (confirmed, base, n_single)),
+                ("bt", crews[0].run, (n_crowd,)),
+                ("pt", crews[1].run, (n_crowd,)),
+                ("bp", crews[2].run, (n_crowd,)),
+                ("pp", crews[3].run, (n_crowd,)),
                 ("b100", bridge_batch, (a, n_batch, 100)),
                 ("p100", pika_batch, (plain, base, n_batch, 100)),
                 ("b1000", bridge_batch, (a, n_batch, 1000)),
                 ("p1000", pika_batch, (plain, base, n_batch, 1000)),
             ):
-                n = fargs[1] if fn in (bridge_single, bridge_batch) else fargs[2]
+                n = next(x for x in fargs if isinstance(x, int))
+                relays0 = sum(crowd.process_cpu(h.pid) for h in helpers)
                 w0, c0 = time.perf_counter(), time.process_time()
-                fn(*fargs)  # type: ignore[operator]
+                spent = fn(*fargs)  # type: ignore[operator]
                 w1, c1 = time.perf_counter(), time.process_time()
+                if spent is not None:  # worker processes: their CPU, not this one's
+                    c0, c1 = 0.0, spent[1]
                 add(key, n / (w1 - w0))
                 add(key + "_cpu", (c1 - c0) * 1e6 / n)
+                add(key + "_relay", (sum(crowd.process_cpu(h.pid) for h in helpers) - relays0) * 1e6 / n)
+        if args.one_host:
+            helpers += c.start_helpers(HELPER, helper_argv, True, ("b",))
         b = Bus(name_b, keepalive_interval=0, create=True, engine=RabbitBridge(url, stream=stream, relay=False))
         buses.append(b)
         deadline = time.monotonic() + 120
         while b.segment.global_id() < a.segment.global_id() and time.monotonic() < deadline:
             time.sleep(0.05)  # host B's relay has caught up with the batches before latency is measured
+        helper = helpers[-1]
         assert helper.stdin is not None and helper.stdout is not None
         helper.stdin.write("consume\n")
         helper.stdin.flush()
@@ -189,8 +227,12 @@ def main() -> None:
         lat_p = latency(
             helper, lambda i: confirmed.basic_publish("", base, (envelope % time.perf_counter_ns()).encode()), n_lat
         )
+        k, p, t = args.threads, args.procs, args.proc_threads
+        relays_note = "host A's relay" + ("" if args.one_host else " and host B's, consumers of the same stream")
         pairs = (
             ("bridge publish, one at a time (confirmed, id returned)", "bs", "pika basic_publish, confirmed", "ps"),
+            (f"bridge publish, {k} threads, one at a time each", "bt", f"pika confirmed, {k} threads", "pt"),
+            (f"bridge publish, {p} procs x {t} threads", "bp", f"pika confirmed, {p} procs x {t} threads", "pp"),
             ("bridge publish_many x100 (confirmed, ids returned)", "b100", "pika x100, no confirms", "p100"),
             ("bridge publish_many x1000 (confirmed, ids returned)", "b1000", "pika x1000, no confirms", "p1000"),
         )
@@ -204,8 +246,11 @@ def main() -> None:
                 "µs",
                 higher_is_better=False,
                 baselines=[f"{base_name}: CPU per message"],
-                note="the publishing process only (the relay runs in the helper)",
+                note="the publishing process(es) only (the relay runs in the helper)",
             )
+            if key in ("bs", "bt", "bp"):
+                rep.add(f"{name}: relays' CPU per message", rows[key + "_relay"], "µs", higher_is_better=False,
+                        note=relays_note)  # fmt: skip
         for label, values in (("bridge cross-host", lat_b), ("pika publish->consumer", lat_p)):
             rep.add(f"{label} latency p50", [c.percentile(values, 50)], "µs", higher_is_better=False)
             rep.add(f"{label} latency p99", [c.percentile(values, 99)], "µs", higher_is_better=False)
@@ -218,6 +263,8 @@ def main() -> None:
         )
         rep.note("RabbitMQ, the relay (helper process) and the publisher share the machine's CPUs")
     finally:
+        for crew in crews:
+            crew.close()
         c.stop_helpers(helpers)
         for bus in buses:
             bus.destroy()

@@ -138,7 +138,7 @@ class FrameReader:
         self._buf = bytearray()
         self._pos = 0
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | memoryview) -> None:
         if self._pos:
             del self._buf[: self._pos]
             self._pos = 0

@@ -8,7 +8,8 @@ waits for the broker's confirms (one round trip per batch), then finds its messa
 stored them: the segment's records after the newest id it held before publishing (an offset the stream gives
 later is larger), matched in order by channel and data. With no relay on the host (a script with
 ``relay=False``) it reads them from the stream itself. Two identical messages (same channel, same data) published
-at the same moment by two hosts may get each other's id: they cannot be told apart.
+at the same moment by two publishers (hosts, or threads of one host) may get each other's id, or the same one: they
+cannot be told apart.
 
 **History**: the stream, as long as it is not deleted. Its identity is named per relay session (a deleted
 stream cancels the relay's consumer: the relay reconnects), so each session starts with the kit's history
@@ -85,7 +86,7 @@ class RabbitBackend:
         """What must not cross a fork: connections (the parent's are abandoned, never closed: its sockets)."""
         self._birth = Birth()
         self._tls = threading.local()
-        self._publishers: list[StreamPublisher] = []
+        self._publishers: list[tuple[threading.Thread, StreamPublisher]] = []  #: each thread's, with the thread
         self._lock = threading.Lock()
         self._bell: RabbitDoorbell | None = None
         self._session = 0
@@ -147,8 +148,13 @@ class RabbitBackend:
                 conn.close()
                 raise
             self._tls.pub = pub
-            with self._lock:
-                self._publishers.append(pub)
+            me = threading.current_thread()
+            with self._lock:  # a thread that ended leaves its connection here: close it (a thread per request)
+                gone = [p for t, p in self._publishers if not t.is_alive() or p.conn.closed]
+                self._publishers = [(t, p) for t, p in self._publishers if t.is_alive() and not p.conn.closed]
+                self._publishers.append((me, pub))
+            for p in gone:
+                p.conn.close(0.1)
         return pub
 
     def _drop_publisher(self) -> None:
@@ -160,7 +166,7 @@ class RabbitBackend:
         if self._birth.here:
             with self._lock:
                 pubs, self._publishers = self._publishers, []
-            for pub in pubs:
+            for _, pub in pubs:
                 pub.conn.close(0.2)
         self._tls = threading.local()
 

@@ -18,7 +18,7 @@ from . import amqp
 
 __all__ = ["AmqpConnection", "Closed", "Delivery"]
 
-_READ = 1 << 18
+_READ = 1 << 17  # bytes one read takes at most, into a buffer made once per connection (see ``pump``)
 
 
 def _keepalive(sock: socket.socket) -> None:
@@ -54,6 +54,7 @@ class AmqpConnection:
 
     def __init__(self, host: str, port: int, user: str, password: str, vhost: str, timeout: float) -> None:
         self.reader = amqp.FrameReader()
+        self._inbox = memoryview(bytearray(_READ))
         self.frame_max = 131072
         self.closed = False
         self.blocked = False  #: the broker blocked publishers (a resource alarm)
@@ -162,11 +163,13 @@ class AmqpConnection:
             if wait:
                 raise TimeoutError("the broker did not answer in time")
             return False
-        data = self.sock.recv(_READ)
-        if not data:
+        # into the connection's buffer (128 KiB, kept): ``recv(n)`` allocates n bytes per read, which the kernel
+        # maps, then shrinks and unmaps: three system calls more than the read itself on every confirm and delivery
+        n = self.sock.recv_into(self._inbox)
+        if not n:
             self.closed = True
             raise ConnectionResetError("the broker closed the connection")
-        self.reader.feed(data)
+        self.reader.feed(self._inbox[:n])
         for kind, channel, payload in self.reader.frames():
             self._dispatch(kind, channel, payload)
         return True
