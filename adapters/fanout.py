@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Callable
 
 from shmbus.bus import Bus
+from shmbus.bus.idle import when_idle
 from shmbus.message import Message
 
 from .http import MessageBusProtocol, Options, Waiter
@@ -110,6 +111,9 @@ class LoopFanout:
                 return
             self.scheduled = True
             self.queued_at = time.perf_counter()
+        when_idle(self._wake_loop)  # once the listener has nothing more to read (see shmbus.bus.idle)
+
+    def _wake_loop(self) -> None:
         try:
             self.loop.call_soon_threadsafe(self.drain if self.window <= 0 else self._drain_soon)
         except RuntimeError:  # loop closed

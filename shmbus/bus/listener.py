@@ -15,6 +15,7 @@ from ..figures import ListenerFigures
 from ..perprocess import Birth
 from ..threads import start_without_signals
 from .attachment import Attachment
+from .idle import IdleCalls
 from .names import Names
 from .subscriptions import SubscriptionTable
 
@@ -125,6 +126,7 @@ class Listener:
         messages = self._names.messages
         dispatch = table.dispatch
         yielded = False
+        idle = IdleCalls.install()  # the taps' wake-ups, run below before each wait (see shmbus.bus.idle)
         gather_until = 0.0  # a batch was handed over: what comes before this is read as one batch (linger)
         while not stop.is_set():
             try:
@@ -133,6 +135,7 @@ class Listener:
                 # message (a chat) a timed wake-up: a third of a worker's context switches per message.
                 if gather_until and seg.global_id() != self.position:
                     left = gather_until - time.monotonic()
+                    idle.run()
                     if left > 0 and stop.wait(left):
                         break
                     gather_until = 0.0
@@ -159,6 +162,8 @@ class Listener:
                     with table.dispatch_lock:
                         dispatch(msgs)
                     metrics.maybe_flush()  # after the delivery, never in front of it
+                    if len(rows) == BATCH:
+                        idle.run()  # a burst: its consumers start on this batch while the next one is read
                     linger = table.linger() if len(rows) < BATCH else 0.0  # a full batch: more is there already
                     if linger > 0:  # every consumer gathers anyway: let what is published meanwhile come as one
                         gather_until = time.monotonic() + linger
@@ -171,6 +176,7 @@ class Listener:
                     os.sched_yield()
                     continue
                 yielded = False
+                idle.run()
                 seg.wait(word, 1.0)
             except BusLockTimeout as exc:  # a stopped lock holder: say so, keep trying (reads go on meanwhile)
                 if stop.is_set() or attachment.current is None:
@@ -190,12 +196,15 @@ class Listener:
                     skipped,
                 )
                 self._cursor, self.position = head, seg.global_id()
+                idle.run()
                 time.sleep(0.05)
             except Exception:  # never let the listener die: log and carry on
                 if stop.is_set() or attachment.current is None:
                     break
                 log.exception("shmbus: listener error on bus %r", self.name)
+                idle.run()
                 time.sleep(0.05)
+        idle.run()  # stopping: what a last batch deferred is not left behind
 
     def _count_lost(self, n: int) -> None:
         if n > 0:

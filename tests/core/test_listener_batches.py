@@ -14,6 +14,7 @@ import pytest
 import shmbus
 from shmbus.bus import listener
 from shmbus.bus.engine_table import EngineTable
+from shmbus.bus.idle import when_idle
 from shmbus.bus.listener import BATCH
 from shmbus.bus.results import Subscription
 from shmbus.bus.subscriptions import SubscriptionTable
@@ -191,3 +192,33 @@ def test_an_isolated_message_costs_a_lingering_listener_no_timed_wait(make_bus: 
     bus.publish("/c", 2)  # within the window: read at its end (the bus's close here), never at once
     threading.Event().wait(0.2)
     assert got == [first]
+
+
+def test_a_tap_s_wake_up_runs_when_the_listener_has_nothing_left_to_read(make_bus: Callable[..., shmbus.Bus]) -> None:
+    """``shmbus.bus.idle.when_idle``: on the listener thread a tap's wake-up is deferred until the listener is about
+    to wait, so the woken thread does not contend for the interpreter lock with the rest of the listener's pass; on
+    a burst it runs after each full batch (never held back for the whole burst); elsewhere it runs at once."""
+    bus = make_bus(ring_size=4 << 20)
+    events: list[str] = []
+    done = threading.Event()
+    n = 2 * BATCH + 1
+
+    def tap(msgs: list[Message]) -> None:
+        when_idle(lambda: events.append("woken"))
+        events.append(f"tap {len(msgs)}")
+        if sum(int(e.split()[1]) for e in events if e.startswith("tap")) >= n:
+            done.set()
+
+    bus.tap(tap)
+    with bus.subscriptions.dispatch_lock:  # the burst is all there when the listener goes on
+        for i in range(n):
+            bus.publish("/c", i)
+    assert done.wait(60), events
+    wait_for(lambda: events[-1] == "woken", what="the last wake-up")
+    taps = [i for i, e in enumerate(events) if e.startswith("tap")]
+    assert events[0].startswith("tap"), "the wake-up ran inside the tap, before the listener's pass ended"
+    assert events.count("woken") == len(taps), events
+    assert all(events[i + 1] == "woken" for i in taps if events[i] == f"tap {BATCH}"), "a full batch held it back"
+    here: list[str] = []
+    when_idle(lambda: here.append("now"))  # not a listener thread
+    assert here == ["now"]

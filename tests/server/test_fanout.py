@@ -288,13 +288,13 @@ async def test_a_chat_message_is_written_before_the_rest_of_a_broadcast_under_wa
         eng = cast(LoopFanout, mw._fanout())
         eng.clock = wire.clock
         queued = threading.Event()
-        add = eng.add
+        wake_loop = eng._wake_loop
 
-        def add_and_tell(msgs: list[Message]) -> None:
-            add(msgs)
-            queued.set()  # the listener thread queued the batch and scheduled its drain
+        def wake_and_tell() -> None:
+            wake_loop()
+            queued.set()  # the listener thread queued the batch and (going idle) scheduled its drain
 
-        eng.add = add_and_tell  # type: ignore[method-assign]
+        eng._wake_loop = wake_and_tell  # type: ignore[method-assign]
 
         shared_bus.publish("/bcast", "BCAST-1")
         assert queued.wait(10), "the broadcast never reached the loop's fan-out"
