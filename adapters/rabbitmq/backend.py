@@ -36,7 +36,7 @@ from ..bridge.wire import encode_envelope, line_tail
 from . import amqp
 from .connection import AmqpConnection, Closed
 from .doorbell import RabbitDoorbell
-from .errors import RabbitBridgeError, RabbitUnavailable, parse_url, redact_url
+from .errors import RabbitBridgeError, RabbitUnavailable, parse_url, redact_url, stream_down
 from .publisher import StreamPublisher
 from .reader import PROBE
 
@@ -125,6 +125,9 @@ class RabbitBackend:
         except Closed as exc:
             if exc.channel != channel or exc.code != 404:
                 raise
+            down = stream_down(self.stream, exc.text)
+            if down is not None:  # it exists, not running: declaring it again cannot help
+                raise Closed(channel, 404, down) from exc
             conn.open_channel(channel, self.command_timeout)
             conn.declare(channel, self.stream, self.arguments, False, self.command_timeout)
         # RabbitMQ 3.10 crashes a channel publishing to a stream whose leader is not known yet (just created, by

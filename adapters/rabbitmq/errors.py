@@ -7,7 +7,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 from shmbus.errors import EngineError
 
-__all__ = ["AmqpUrl", "RabbitBridgeError", "RabbitUnavailable", "parse_url", "redact_url"]
+__all__ = ["AmqpUrl", "RabbitBridgeError", "RabbitUnavailable", "parse_url", "redact_url", "stream_down"]
 
 
 class RabbitBridgeError(EngineError):
@@ -39,6 +39,20 @@ def parse_url(url: str) -> AmqpUrl:
         unquote(parts.username or "guest"),
         unquote(parts.password or "guest"),
         unquote(path) if path else "/",
+    )
+
+
+def stream_down(stream: str, reply: str) -> str | None:
+    """What a 404 ``reply`` to declaring ``stream`` means when RabbitMQ has the stream but does not run it (its
+    text: "home node ... of durable queue ... is down or inaccessible"), else None. A broker that restarted starts
+    its streams a moment after it accepts connections; RabbitMQ 3.10 loses them for good when it crashed within
+    half a second of the node's first stream (even ``queue.delete`` then answers this)."""
+    if "is down or inaccessible" not in reply:
+        return None
+    return (
+        f"{reply} (the stream {stream!r} exists but RabbitMQ does not run it: a restarted broker starts it within "
+        "seconds (the relay retries; publish again then); one that stays down, `rabbitmqctl list_queues name "
+        "state` showing it down, was lost by RabbitMQ: the bus needs another stream)"
     )
 
 
