@@ -11,8 +11,8 @@ A node's first start leaves it as a broker that has run a while (:meth:`RabbitSe
 only after half a second without access; a node killed before then restarts without its coordinator
 (``ra:restart_server`` answers ``name_not_registered``, taken for a first boot), and every stream it had stays
 down for good ("home node ... of durable queue ... is down or inaccessible", even to ``queue.delete``). A crash
-test on a fresh node would test that RabbitMQ bug, not the bridge; ``settle=False`` keeps it, for the test of
-what the bridge does with a stream RabbitMQ lost.
+test on a fresh node would test that RabbitMQ bug, not the bridge (what the bridge does with a stream the broker
+does not run is tested by removing that file while the node is down).
 """
 
 from __future__ import annotations
@@ -65,9 +65,8 @@ class RabbitServer:
     whole node), ``start()`` brings it back on the same port with its data, ``freeze()``/``thaw()`` SIGSTOP and
     SIGCONT it, ``ctl(...)`` runs ``rabbitmqctl`` against it, ``close()`` stops it and removes its directory."""
 
-    def __init__(self, sbin: Path, *, settle: bool = True) -> None:
+    def __init__(self, sbin: Path) -> None:
         self.sbin = sbin
-        self.settle = settle
         self.port = listen_port()
         self.dist_port = listen_port()
         self.dir = Path(tempfile.mkdtemp(prefix="shmbus-rabbit-"))
@@ -116,7 +115,7 @@ class RabbitServer:
         """Start the node (no-op if running) and wait until it completes an AMQP handshake. A port taken between
         choosing it and the node binding it (other tests pick free ports too) is chosen again: the distribution
         port always, the AMQP port (and the node's name) only before the node first ran. The first start settles
-        the node's streams (:meth:`settle_streams`) unless ``settle=False``."""
+        the node's streams (:meth:`settle_streams`)."""
         if self.running():
             return self
         problem = ""
@@ -129,7 +128,7 @@ class RabbitServer:
             problem = self._start_once(timeout)
             if not problem:
                 first, self.started_once = not self.started_once, True
-                if first and self.settle:
+                if first:
                     self.settle_streams()
                 return self
             if "already_used" not in problem and "eaddrinuse" not in problem.lower():
