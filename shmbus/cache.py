@@ -233,6 +233,7 @@ class DistributedCache(MutableMapping[str, Any]):
             if op.get("op") == "snapshot":
                 self._take_snapshot(op)
             else:
+                self._check_predecessor(msg)
                 self._apply(op)
                 if not self._complete:
                     self._recent.append(msg)
@@ -249,6 +250,23 @@ class DistributedCache(MutableMapping[str, Any]):
                 self._mine_clear = {k: v for k, v in self._mine_clear.items() if v > msg.message_id}
             if snapshot_due and self._complete:
                 self._publish_snapshot(msg.message_id)
+
+    def _check_predecessor(self, msg: Message) -> None:
+        """An operation whose writer had applied one this process never received (``prev``, an earlier id of this
+        history, beyond the newest it applied): what it read was not the whole history after all. A process that
+        started while its host's relay had not yet stored the backend's history found an empty backlog, and the
+        relay then stored only what the backend still held (issue 36: the late starter never got a key set before
+        3,000 others). A snapshot as of that operation at least completes it."""
+        prev = _prev(msg)
+        if self._complete and self._applied_id < prev < msg.message_id:
+            self._complete = False
+            self._need_as_of = max(self._need_as_of, prev)
+            log.warning(
+                "shmbus: DistributedCache %r missed operations before id %d (the bus no longer holds them); values "
+                "written before then are missing until a snapshot arrives",
+                self.name,
+                msg.message_id,
+            )
 
     def _take_snapshot(self, op: dict[str, Any]) -> None:
         """Only a process missing the start of the history needs a snapshot, and only one that covers everything it

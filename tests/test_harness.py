@@ -20,6 +20,7 @@ from tests.harness.procs import (
     free_port,
     group_alive,
     gunicorn_server,
+    listen_port,
     spawn_python,
     uvicorn_server,
     wait_http,
@@ -64,6 +65,17 @@ def test_free_port_is_bindable() -> None:
     assert 1024 <= port <= 65535
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
+
+
+def test_listen_port_is_bindable_and_below_the_ephemeral_range() -> None:
+    """Outgoing connections take their local ports from the ephemeral range: a private server's port chosen there
+    was taken before the server bound it, on a machine making thousands of connections (issue 36)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(20):
+        port = listen_port()
+        assert 1024 <= port < low
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
 
 
 def test_spawn_python_passes_args_env_and_exit_code() -> None:

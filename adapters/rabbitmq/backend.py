@@ -37,7 +37,7 @@ from ..bridge.wire import encode_envelope, line_tail
 from . import amqp
 from .connection import AmqpConnection, Closed
 from .doorbell import RabbitDoorbell
-from .errors import RabbitBridgeError, RabbitUnavailable, parse_url, redact_url
+from .errors import RabbitBridgeError, RabbitUnavailable, parse_url, redact_url, stream_down
 from .publisher import StreamPublisher
 from .reader import PROBE
 
@@ -101,7 +101,8 @@ class RabbitBackend:
 
     def connect_ready(self) -> AmqpConnection:
         """A connection on which the stream exists and is ready (:meth:`ensure_stream`): a broker that crashed the
-        connection on a stream created a moment ago (541) is asked again on a new one, a few times."""
+        connection on a stream created a moment ago (541), or has it without running it yet (created by another
+        process a moment ago: no replica here yet; restarting it), is asked again on a new one, a few times."""
         for attempt in range(6):
             conn = self.connect()
             try:
@@ -109,7 +110,7 @@ class RabbitBackend:
                 return conn
             except Closed as exc:
                 conn.close(0.1)
-                if exc.code != 541 or attempt == 5:
+                if (exc.code != 541 and stream_down(self.stream, exc.text) is None) or attempt == 5:
                     raise
             except BaseException:
                 conn.close(0.1)
@@ -119,13 +120,23 @@ class RabbitBackend:
 
     def ensure_stream(self, conn: AmqpConnection, channel: int) -> None:
         """Declare the stream where missing, on ``channel`` (opened and closed here). A passive declare first: an
-        existing stream keeps the retention it was created with, whatever this process's arguments say."""
+        existing stream keeps the retention it was created with, whatever this process's arguments say. A stream
+        the broker has and does not run (yet) is refused saying so (:func:`.errors.stream_down`)."""
+        try:
+            self._declare_ready(conn, channel)
+        except Closed as exc:
+            down = stream_down(self.stream, exc.text)
+            if down is None:
+                raise
+            raise Closed(exc.channel, exc.code, down) from exc
+
+    def _declare_ready(self, conn: AmqpConnection, channel: int) -> None:
         conn.open_channel(channel, self.command_timeout)
         try:
             conn.declare(channel, self.stream, {}, True, self.command_timeout)
         except Closed as exc:
-            if exc.channel != channel or exc.code != 404:
-                raise
+            if exc.channel != channel or exc.code != 404 or stream_down(self.stream, exc.text) is not None:
+                raise  # declaring a stream that exists and does not run again cannot help
             conn.open_channel(channel, self.command_timeout)
             conn.declare(channel, self.stream, self.arguments, False, self.command_timeout)
         # RabbitMQ 3.10 crashes a channel publishing to a stream whose leader is not known yet (just created, by

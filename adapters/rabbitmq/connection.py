@@ -99,8 +99,12 @@ class AmqpConnection:
             self.call(channel, amqp.CONFIRM_SELECT, b"\x00", amqp.CONFIRM_SELECT_OK, timeout)
 
     def close_channel(self, channel: int, timeout: float) -> None:
+        """Close ``channel``, dropping what its consumers delivered (the broker sends deliveries until it reads the
+        close: they arrive before its close-ok). Left buffered, they were taken for the next consumer's on the
+        channel opened again, their tags acknowledged there (an unknown tag: the broker closes that channel)."""
         args = b"\x00\xc8" + amqp.shortstr("bye") + b"\x00\x00\x00\x00"
         self.call(channel, amqp.CHANNEL_CLOSE, args, amqp.CHANNEL_CLOSE_OK, timeout)
+        self.deliveries = [d for d in self.deliveries if d.channel != channel]
 
     # ------------------------------------------------------------------ synchronous methods
     def call(self, channel: int, kind: tuple[int, int], args: bytes, reply: tuple[int, int], timeout: float) -> Any:

@@ -7,7 +7,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 from shmbus.errors import EngineError
 
-__all__ = ["AmqpUrl", "RabbitBridgeError", "RabbitUnavailable", "parse_url", "redact_url"]
+__all__ = ["AmqpUrl", "RabbitBridgeError", "RabbitUnavailable", "parse_url", "redact_url", "stream_down"]
 
 
 class RabbitBridgeError(EngineError):
@@ -39,6 +39,25 @@ def parse_url(url: str) -> AmqpUrl:
         unquote(parts.username or "guest"),
         unquote(parts.password or "guest"),
         unquote(path) if path else "/",
+    )
+
+
+#: RabbitMQ's words for a stream it has and does not run: declared (404), consumed while its replica is starting
+_NOT_RUNNING = ("is down or inaccessible", "does not have a replica on the local node")
+
+
+def stream_down(stream: str, reply: str) -> str | None:
+    """What a ``reply`` to declaring or consuming ``stream`` means when RabbitMQ has the stream but does not run it
+    (404 "home node ... of durable queue ... is down or inaccessible"; 406 "... does not have a replica on the local
+    node"), else None. A broker that restarted starts its streams a moment after it accepts connections; RabbitMQ
+    3.10 loses them for good when it crashed within half a second of the node's first stream (even
+    ``queue.delete`` then answers this)."""
+    if not any(words in reply for words in _NOT_RUNNING):
+        return None
+    return (
+        f"{reply} (the stream {stream!r} exists but RabbitMQ does not run it: a restarted broker starts it within "
+        "seconds (the relay retries; publish again then); one that stays down, `rabbitmqctl list_queues name "
+        "state` showing it down, was lost by RabbitMQ: the bus needs another stream)"
     )
 
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import shmbus
+from shmbus.message import Message
 from tests.harness.wait import wait_for
 
 CHANNEL = "/__shmbus_cache/c"
@@ -46,4 +47,27 @@ def test_an_operation_whose_predecessor_is_gone_makes_the_history_incomplete_and
     bus.publish(CHANNEL, snapshot)
     wait_for(lambda: late._complete, what="completed by a snapshot covering what it missed")
     assert late.get("first") == 1 and late.get("k99") == 99
+    late.close()
+
+
+def test_a_cache_that_started_before_its_hosts_history_arrived_completes_from_a_snapshot(
+    make_bus: Callable[..., shmbus.Bus],
+) -> None:
+    """Issue 36 (the fault suite's late starter on RabbitMQ): a process on a new host starts its cache while the
+    host's relay has stored nothing yet (an empty channel: nothing missing), then the relay stores what the
+    backend still holds: an operation whose writer had applied one this process never received. It was taken as
+    complete for good, snapshots ignored, the older keys missing without a word; the operation now says what was
+    missed, and a snapshot covering it completes the cache."""
+    bus = make_bus()
+    late = shmbus.DistributedCache("c", bus=bus, snapshot_every=10, history=20)
+    assert late._complete  # an empty channel
+
+    def stored(mid: int, op: dict[str, Any]) -> None:  # as the relay stores the backend's entry of id ``mid``
+        late._on_message(Message(mid, mid, CHANNEL, bus.codec.encode(op), bus.codec))
+
+    stored(3000, _op("k2999", 2999, prev=2990))  # its writer had applied 2990, trimmed before the relay read it
+    assert late.get("k2999") == 2999 and not late._complete
+    data = {"default": {"first": "kept", "k2999": 2999}}
+    stored(3001, {"op": "snapshot", "as_of": 3000, "prev": 3000, "origin": "elsewhere", "data": data})
+    assert late._complete and late.get("first") == "kept" and late.get("k2999") == 2999
     late.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -31,6 +32,7 @@ __all__ = [
     "ProcessTracker",
     "Server",
     "free_port",
+    "listen_port",
     "group_alive",
     "gunicorn_server",
     "kill_tree",
@@ -58,6 +60,28 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def listen_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free now, BELOW the kernel's ephemeral range, for a server that must bind it seconds later, or
+    again after a restart. A port of :func:`free_port` is in that range, where every outgoing connection takes its
+    local port: on a machine making thousands of connections (other tests' clients, a bridge reconnecting to the
+    very server that is down) one takes it before the server binds it (RabbitMQ's ``dist_port_already_used``,
+    ``eaddrinuse``). Below it only a server binding that number on purpose competes."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12000), low) if low > 2048 else 0
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
+    return free_port(host)
 
 
 def _exited_message(proc: subprocess.Popen[Any] | None, what: str) -> str | None:

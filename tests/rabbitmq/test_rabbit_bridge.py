@@ -13,6 +13,7 @@ from shmbus import Bus, DistributedCache
 from shmbus.adapters.rabbitmq import RabbitBridge, RabbitUnavailable, amqp
 from shmbus.adapters.rabbitmq.connection import AmqpConnection
 from shmbus.adapters.rabbitmq.errors import parse_url
+from shmbus.adapters.rabbitmq.publisher import StreamPublisher
 from shmbus.engine_urls import engine_from_url
 from shmbus.errors import PayloadTooLarge
 from tests.harness.procs import free_port
@@ -252,3 +253,25 @@ def test_a_publish_confirmed_but_unmatched_here_is_an_unknown_outcome_not_a_fail
         a.publish("/c", "sent")
     monkeypatch.undo()
     wait_for(lambda: data(a, "/c") == ["sent"], what="the message, stored after all")
+
+
+def test_a_channel_closed_while_its_consumer_delivers_leaves_nothing_to_the_next(amqp_url: str, stream: str) -> None:
+    """Issue 36 (a Spark sink's publish ended as an unknown outcome): what a stream consumer delivered before the
+    broker read its channel's close arrives before the close-ok. Left buffered, the publisher's next search on
+    that channel took it for its own and acknowledged its tags on the channel opened again: unknown there, so the
+    broker closed the channel and the search failed."""
+    a = parse_url(amqp_url)
+    conn = AmqpConnection(a.host, a.port, a.user, a.password, a.vhost, 10)
+    try:
+        conn.open_channel(3, 10)
+        conn.declare(3, stream, {"x-queue-type": "stream"}, False, 10)
+        pub = StreamPublisher(conn, stream, 10)
+        pub.send([b"/c|%d" % i for i in range(100)])
+        conn.open_channel(2, 10)  # the publisher's search channel, as its tail() and find() use it
+        conn.consume(2, stream, "early", "first", 1000, 10)
+        conn.close_channel(2, 10)  # at once: the broker has sent deliveries it had not read the close for
+        assert not [d for d in conn.deliveries if d.channel == 2]
+        pub.send([b"mine"])
+        assert pub.find([b"mine"], 0, 10) == [101]
+    finally:
+        conn.close()
