@@ -34,6 +34,8 @@ from shmbus.message import Message
 from .http import MessageBusProtocol, Options, Waiter
 from .http.group import DEFER_OVER, Deferred
 from .http.protocol import null_lock
+from .http.waiter import Stage
+from .loop_lock import held_outside_select
 from .probe import PROBE
 
 __all__ = ["SLICE_BUDGET", "SLICE_STEP", "SMALL_FANOUT", "WINDOW_STRETCH", "LoopFanout"]
@@ -97,6 +99,8 @@ class LoopFanout:
         #: the slices' clock (seconds); tests put a fake one here
         self.clock: Callable[[], float] = time.perf_counter
         self.queued_at = 0.0  # when the first batch of the next drain was queued (the probe's ``gather``)
+        #: the lock the loop's thread holds outside ``select`` (the lean server's loop), else None
+        self.inline = held_outside_select(loop)
         if PROBE is not None:
             PROBE.watch(loop)
 
@@ -114,6 +118,21 @@ class LoopFanout:
         when_idle(self._wake_loop)  # once the listener has nothing more to read (see shmbus.bus.idle)
 
     def _wake_loop(self) -> None:
+        """Listener thread: a small fan-out is made here while the loop idles in ``select`` (its lock free: see
+        :mod:`.loop_lock`); anything else is the loop's, woken for it."""
+        lock = self.inline
+        if (
+            lock is not None
+            and (self.window <= 0 or self.proto.bus.subscriptions.linger() >= self.window)
+            and self.few_queued()
+            and lock.acquire(blocking=False)
+        ):
+            try:
+                if self.few_queued():  # (still: the loop may have changed the index before it waited)
+                    self._drain_here()
+                    return
+            finally:
+                lock.release()
         try:
             self.loop.call_soon_threadsafe(self.drain if self.window <= 0 else self._drain_soon)
         except RuntimeError:  # loop closed
@@ -156,6 +175,33 @@ class LoopFanout:
                         if n > SMALL_FANOUT:
                             return False
         return True
+
+    def _drain_here(self) -> None:
+        """:meth:`drain` of a small fan-out on the listener thread, holding the loop's lock: the deliveries, and the
+        writes to streams that stay parked; what else a wake-up may do (answer a long poll, end a stream, start the
+        connection's next request) is left to the loop, woken for it, as is anything a write scheduled there."""
+        with self.lock:
+            batches, self.batches = self.batches, []
+            self.scheduled = False
+        if not batches:
+            return
+        started = self.clock()
+        clients = self.proto.deliver_batches(batches)  # small (few_queued): nothing would be deferred
+        wake = self.proto.wake
+        later = []
+        for c in clients:
+            if c.streaming and c.stage is Stage.PARKED:
+                wake(c)  # a write: the connection's only step
+            else:
+                later.append(c)
+        if later or getattr(self.loop, "_ready", None):  # (a failed write's close is scheduled with call_soon)
+            self.loop.call_soon_threadsafe(self._wake_all, later)
+        self._finished(started, batches[0][0].timestamp if batches[0] else 0.0, "small")
+
+    def _wake_all(self, clients: list[Waiter]) -> None:
+        wake = self.proto.wake
+        for c in clients:
+            wake(c)
 
     def drain(self) -> None:
         """Dispatch every queued batch, consecutive batches of one epoch as one. A channel with many clients here

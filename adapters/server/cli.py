@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import fields
 from typing import Any
 
+from ..loop_lock import new_loop
 from .limits import Limits
 from .parser import PARSER
 from .serve import serve
@@ -48,7 +49,7 @@ def _child(spec: str, sock: socket.socket, args: argparse.Namespace) -> int:
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
         signal.signal(s, signal.SIG_DFL)
     app = _import_app(spec)
-    loop = asyncio.new_event_loop()
+    loop = new_loop()
     asyncio.set_event_loop(loop)
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)

@@ -10,6 +10,7 @@ import signal
 import sys
 from typing import Any
 
+from ..loop_lock import new_loop
 from .limits import Limits, gunicorn_config_value
 from .serve import serve
 
@@ -48,7 +49,7 @@ class GunicornWorker(_gunicorn_base()):  # type: ignore[misc]
         return Limits.from_mapping(gunicorn_config_value(self, "shmbus_server"))
 
     def run(self) -> None:
-        loop = asyncio.new_event_loop()
+        loop = new_loop()
         asyncio.set_event_loop(loop)
         stop = asyncio.Event()
         self._stop = stop
