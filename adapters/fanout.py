@@ -195,7 +195,10 @@ class LoopFanout:
             else:
                 later.append(c)
         if later or getattr(self.loop, "_ready", None):  # (a failed write's close is scheduled with call_soon)
-            self.loop.call_soon_threadsafe(self._wake_all, later)
+            try:
+                self.loop.call_soon_threadsafe(self._wake_all, later)
+            except RuntimeError:  # loop closed: nothing is answered any more
+                pass
         self._finished(started, batches[0][0].timestamp if batches[0] else 0.0, "small")
 
     def _wake_all(self, clients: list[Waiter]) -> None:
