@@ -58,17 +58,10 @@ def faults_pg_server() -> Iterator[PostgresServer]:
 @pytest.fixture(scope="session")
 def faults_rabbit_server() -> Iterator[Any]:
     """A private RabbitMQ node for this worker's fault scenarios (they kill, freeze and restart it)."""
-    from tests.harness.rabbitmq import RabbitServer, find_rabbitmq_sbin
+    from tests.harness.rabbitmq import private_node
 
-    sbin = find_rabbitmq_sbin()
-    if sbin is None:
-        harness.skip_or_fail("no rabbitmq-server binaries for a private node (apt-get install rabbitmq-server)")
-    server = RabbitServer(sbin)
-    try:
-        server.start()
+    with private_node() as server:
         yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture(params=["redis", "postgres", "nats", "rabbitmq"])

@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 from .procs import listen_port, spawn
 from .services import crash_group
 
-__all__ = ["DEFAULT_AMQP_URL", "RabbitServer", "amqp_problem", "find_rabbitmq_sbin"]
+__all__ = ["DEFAULT_AMQP_URL", "RabbitServer", "amqp_problem", "find_rabbitmq_sbin", "private_node", "shared_broker"]
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 
@@ -238,12 +238,22 @@ def shared_broker() -> Iterator[str]:
             harness.skip_or_fail(f"RabbitMQ: {problem} (AMQP_URL={url})")
         yield url
         return
+    with private_node("no RabbitMQ on 5672 and no rabbitmq-server binaries") as server:
+        yield server.url
+
+
+@contextlib.contextmanager
+def private_node(missing: str = "no rabbitmq-server binaries for a private node") -> Iterator[RabbitServer]:
+    """A private node from the installed binaries, started, and closed on leaving; without the binaries the test
+    skips loudly (fails under ``SHMBUS_REQUIRE_ALL``), saying ``missing``."""
+    from tests import harness
+
     sbin = find_rabbitmq_sbin()
     if sbin is None:
-        harness.skip_or_fail("no RabbitMQ on 5672 and no rabbitmq-server binaries (apt-get install rabbitmq-server)")
+        harness.skip_or_fail(f"{missing} (apt-get install rabbitmq-server)")
     server = RabbitServer(sbin)
     try:
         server.start()
-        yield server.url
+        yield server
     finally:
         server.close()

@@ -15,8 +15,7 @@ from shmbus import Bus
 from shmbus.adapters.rabbitmq import RabbitBridge
 from shmbus.adapters.rabbitmq.connection import AmqpConnection
 from shmbus.adapters.rabbitmq.errors import parse_url
-from tests import harness
-from tests.harness.rabbitmq import RabbitServer, find_rabbitmq_sbin, shared_broker
+from tests.harness.rabbitmq import RabbitServer, private_node, shared_broker
 
 
 @pytest.fixture(scope="session")
@@ -69,12 +68,5 @@ def make_host(bus_name: str, amqp_url: str, stream: str) -> Iterator[Callable[..
 @pytest.fixture
 def rabbit_server() -> Iterator[RabbitServer]:
     """A PRIVATE RabbitMQ node for tests that kill, freeze or restart the broker."""
-    sbin = find_rabbitmq_sbin()
-    if sbin is None:
-        harness.skip_or_fail("no rabbitmq-server binaries for a private node (apt-get install rabbitmq-server)")
-    server = RabbitServer(sbin)
-    try:
-        server.start()
+    with private_node() as server:
         yield server
-    finally:
-        server.close()
