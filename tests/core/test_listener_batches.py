@@ -133,6 +133,20 @@ def test_a_tap_lingers_only_after_a_batch_that_drained_the_ring(make_bus: Callab
     assert len(lingers) <= 2, (lingers, batches)
 
 
+def count_sleeps(bus: shmbus.Bus, got: list[int]) -> list[int]:
+    """Each time the listener goes to sleep on the ring from now on, how many messages ``got`` held then."""
+    seg = bus.segment
+    waits: list[int] = []
+    real = seg.wait
+
+    def counting(word: int, timeout: float) -> None:
+        waits.append(len(got))
+        real(word, timeout)
+
+    seg.wait = counting  # type: ignore[method-assign, assignment]
+    return waits
+
+
 @pytest.mark.parametrize("yield_first", [False, True])
 def test_a_burst_costs_the_listener_one_sleep_not_one_per_message(
     yield_first: bool, make_bus: Callable[..., shmbus.Bus], monkeypatch: pytest.MonkeyPatch
@@ -152,15 +166,7 @@ def test_a_burst_costs_the_listener_one_sleep_not_one_per_message(
             done.set()
 
     bus.subscribe("/c", on)
-    seg = bus.segment
-    waits: list[int] = []
-    real = seg.wait
-
-    def counting(word: int, timeout: float) -> None:
-        waits.append(len(got))
-        real(word, timeout)
-
-    seg.wait = counting  # type: ignore[method-assign, assignment]
+    waits = count_sleeps(bus, got)
     bus.publish("/c", 0)  # the listener wakes, and comes back to its wait: counted from there
     wait_for(lambda: len(got) == 1 and waits, what="the listener back at its wait")
     waits.clear()
@@ -178,15 +184,7 @@ def test_an_isolated_message_costs_a_lingering_listener_no_timed_wait(make_bus: 
     bus = make_bus()
     got: list[int] = []
     bus.tap(lambda msgs: got.extend(m.global_id for m in msgs), linger=3600.0)  # a window no test outlives
-    seg = bus.segment
-    waits: list[int] = []
-    real = seg.wait
-
-    def counting(word: int, timeout: float) -> None:
-        waits.append(len(got))
-        real(word, timeout)
-
-    seg.wait = counting  # type: ignore[method-assign, assignment]
+    waits = count_sleeps(bus, got)
     first = bus.publish("/c", 1)
     wait_for(lambda: got == [first] and waits and waits[-1] == 1, what="the listener asleep on the ring again")
     bus.publish("/c", 2)  # within the window: read at its end (the bus's close here), never at once
