@@ -6,8 +6,9 @@ loop's."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 from shmbus import Bus
@@ -18,7 +19,7 @@ from shmbus.adapters.server import Server
 from shmbus.adapters.server.serve import connection_factory
 
 from .mock_transport import FakeTransport
-from .rig import LIMITS, LONG_POLL, EchoApp
+from .rig import LIMITS, LONG_POLL, EchoApp, delivered
 from .wire import poll
 
 
@@ -43,12 +44,24 @@ def run_on_new_loop(body: Callable[[asyncio.AbstractEventLoop], Any]) -> None:
         loop.close()
 
 
-async def until(check: Callable[[], bool]) -> None:
-    for _ in range(2000):
-        if check():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError("not within the bound")
+@contextlib.contextmanager
+def serving(
+    loop: asyncio.AbstractEventLoop, bus: Bus, polls: dict[str, tuple[dict[str, object], bool]]
+) -> Iterator[tuple[LoopFanout, list[tuple[str, str, bytes]]]]:
+    """The lean server on ``loop`` with a poll parked per name (its channels, chunked or not), on transports that
+    log (name, thread, bytes) of every write after they parked; the loop's fan-out and that log."""
+    mw = MessageBusMiddleware(EchoApp(), bus=bus, long_polling_interval=LONG_POLL, batch_window=0)
+    try:
+        srv = Server(mw, loop, limits=LIMITS)
+        log: list[tuple[str, str, bytes]] = []
+        for name, (channels, chunk) in polls.items():
+            t = Threaded(loop, log, name)
+            t.connect(connection_factory(srv)())
+            t.receive(poll(name, channels, chunk=chunk))
+        log.clear()
+        yield cast(LoopFanout, mw._fanout()), log
+    finally:
+        mw.close()
 
 
 def test_a_loop_made_here_is_locked_outside_select_only() -> None:
@@ -71,48 +84,29 @@ def test_a_loop_made_here_is_locked_outside_select_only() -> None:
 
 def test_a_chat_message_is_written_by_the_listener_while_the_loop_idles(shared_bus: Bus) -> None:
     async def body(loop: asyncio.AbstractEventLoop) -> None:
-        mw = MessageBusMiddleware(EchoApp(), bus=shared_bus, long_polling_interval=LONG_POLL, batch_window=0)
-        try:
-            srv = Server(mw, loop, limits=LIMITS)
-            log: list[tuple[str, str, bytes]] = []
-            last = {"/room": shared_bus.last_id("/room")}
-            for name, chunk in (("stream", True), ("long", False)):
-                t = Threaded(loop, log, name)
-                t.connect(connection_factory(srv)())
-                t.receive(poll(name, last, chunk=chunk))
-            log.clear()
-            eng = cast(LoopFanout, mw._fanout())
+        last = {"/room": shared_bus.last_id("/room")}
+        with serving(loop, shared_bus, {"stream": (last, True), "long": (last, False)}) as (eng, log):
             assert eng.inline is not None
             shared_bus.publish("/room", "CHAT-1")
-            await until(lambda: sum(b"CHAT-1" in d for _, _, d in log) == 2)
+            await delivered(lambda: sum(b"CHAT-1" in d for _, _, d in log) == 2)
             who = {name: thread for name, thread, data in log if b"CHAT-1" in data}
             assert who["stream"].startswith("shmbus-listener"), f"the stream's write was made on {who['stream']}"
             assert who["long"] == threading.current_thread().name, "a long poll's answer left the loop's thread"
-        finally:
-            mw.close()
 
     run_on_new_loop(body)
 
 
 def test_a_busy_loop_and_a_large_fan_out_stay_the_loop_s(shared_bus: Bus) -> None:
     async def body(loop: asyncio.AbstractEventLoop) -> None:
-        mw = MessageBusMiddleware(EchoApp(), bus=shared_bus, long_polling_interval=LONG_POLL, batch_window=0)
-        try:
-            srv = Server(mw, loop, limits=LIMITS)
-            log: list[tuple[str, str, bytes]] = []
-            last = {"/bcast": shared_bus.last_id("/bcast"), "/room": shared_bus.last_id("/room")}
-            names = [f"b{i}" for i in range(SMALL_FANOUT + 1)]
-            for name in [*names, "room"]:
-                t = Threaded(loop, log, name)
-                t.connect(connection_factory(srv)())
-                t.receive(
-                    poll(name, {"/room": last["/room"]} if name == "room" else {"/bcast": last["/bcast"]}, chunk=True)
-                )
-            log.clear()
+        names = [f"b{i}" for i in range(SMALL_FANOUT + 1)]
+        polls: dict[str, tuple[dict[str, object], bool]] = dict.fromkeys(
+            names, ({"/bcast": shared_bus.last_id("/bcast")}, True)
+        )
+        polls["room"] = ({"/room": shared_bus.last_id("/room")}, True)
+        with serving(loop, shared_bus, polls) as (eng, log):
             shared_bus.publish("/bcast", "BCAST-1")  # more clients than a small fan-out
-            await until(lambda: sum(b"BCAST-1" in d for _, _, d in log) == len(names))
+            await delivered(lambda: sum(b"BCAST-1" in d for _, _, d in log) == len(names))
             busy = threading.Event()
-            eng = cast(LoopFanout, mw._fanout())
             wake_loop = eng._wake_loop
 
             def tell() -> None:
@@ -122,10 +116,8 @@ def test_a_busy_loop_and_a_large_fan_out_stay_the_loop_s(shared_bus: Bus) -> Non
             eng._wake_loop = tell  # type: ignore[method-assign]
             shared_bus.publish("/room", "CHAT-1")
             assert busy.wait(10)  # the loop's thread never left this coroutine (it holds its lock): busy
-            await until(lambda: any(b"CHAT-1" in d for _, _, d in log))
+            await delivered(lambda: any(b"CHAT-1" in d for _, _, d in log))
             me = threading.current_thread().name
             assert {thread for _, thread, d in log if b"BCAST-1" in d or b"CHAT-1" in d} == {me}
-        finally:
-            mw.close()
 
     run_on_new_loop(body)
