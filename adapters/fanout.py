@@ -124,11 +124,10 @@ class LoopFanout:
         if (
             lock is not None
             and (self.window <= 0 or self.proto.bus.subscriptions.linger() >= self.window)
-            and self.few_queued()
             and lock.acquire(blocking=False)
         ):
             try:
-                if self.few_queued():  # (still: the loop may have changed the index before it waited)
+                if self.few_queued():  # asked under the lock: the index is the loop's
                     self._drain_here()
                     return
             finally:
@@ -229,9 +228,7 @@ class LoopFanout:
             PROBE.note("dispatch", self.clock() - started)
             stamp = batches[0][0].timestamp if batches[0] else 0.0
         if small:
-            wake = self.proto.wake
-            for c in clients:
-                wake(c)
+            self._wake_all(clients)
             if not deferred:
                 self._finished(started, stamp, "small")
                 return
