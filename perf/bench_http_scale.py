@@ -242,34 +242,45 @@ def read_response(sock: socket.socket) -> bytes:
     return head
 
 
-def publisher_main(server: Any, duration: float, seed: int, go: int, out: int) -> None:
-    """One broadcast per second and 50 chat messages per second to random rooms, paced, over one keep-alive
-    connection; reports how many went to each channel."""
+def publisher_main(server: Any, duration: float, seed: int, part: str, go: int, out: int) -> None:
+    """Publish ``part`` of the schedule, paced, over one keep-alive connection; report how many went to each
+    channel and how long each publish took to be answered.
+
+    ``part`` is ``"broadcast"`` (one per second) or ``"chat"`` (50 per second to random rooms), each run by its own
+    process as different users' requests are, and each message stamped with the time it was due: a publisher held
+    up by a slow answer does not hide that wait (coordinated omission). ``"both"`` is the first design: one process
+    sends the whole schedule in turn and stamps each message when it sends it, so that the chat messages due while
+    a server answers a broadcast's publish late are sent, and stamped, only after that answer."""
     try:
         rng = random.Random(seed)
         sock = socket.create_connection(("127.0.0.1", server.port))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        events = [(k + 0.5, -1) for k in range(int(duration))]
-        events += [(j / CHAT_RATE, rng.randrange(ROOMS)) for j in range(int(duration * CHAT_RATE))]
+        events = [(k + 0.5, -1) for k in range(int(duration))] if part != "chat" else []
+        if part != "broadcast":
+            events += [(j / CHAT_RATE, rng.randrange(ROOMS)) for j in range(int(duration * CHAT_RATE))]
         events.sort()
         rooms = [0] * ROOMS
         bcast = errors = 0
         late = 0.0
+        answered: tuple[list[float], list[float]] = ([], [])  # chat, broadcast: publish to answer (s)
         os.read(go, 1)
         t0 = time.monotonic()
+        wall0 = time.time_ns() + round((t0 - time.monotonic()) * 1e9)
         for n, (at, room) in enumerate(events):
             delay = t0 + at - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
             else:
                 late = max(late, -delay)
-            stamp = time.time_ns()
+            stamp = time.time_ns() if part == "both" else wall0 + round(at * 1e9)
             if room < 0:
                 req = server.publish_request("/bcast", f"@B{n}:{stamp};")
             else:
                 req = server.publish_request(f"/chat/{room}", f"@C{n}:{stamp};")
+            sent = time.monotonic()
             sock.sendall(req)
             head = read_response(sock)
+            answered[room < 0].append(time.monotonic() - sent)
             if not head.startswith((b"HTTP/1.1 200", b"HTTP/1.1 201", b"HTTP/1.1 202")):
                 errors += 1
                 continue
@@ -277,11 +288,52 @@ def publisher_main(server: Any, duration: float, seed: int, go: int, out: int) -
                 bcast += 1
             else:
                 rooms[room] += 1
-        res = {"bcast": bcast, "rooms": rooms, "errors": errors, "late": late, "took": time.monotonic() - t0}
+        res = {
+            "bcast": bcast,
+            "rooms": rooms,
+            "errors": errors,
+            "late": late,
+            "answer_c": answered[0],
+            "answer_b": answered[1],
+        }
     except BaseException as exc:
         res = {"error": repr(exc)}
     os.write(out, json.dumps(res).encode())
     os._exit(0)
+
+
+def publish(server: Any, duration: float, parts: Sequence[str]) -> dict[str, Any]:
+    """Run one publisher process per part at once; their reports merged."""
+    go_r, go_w = os.pipe()
+    pids: list[int] = []
+    outs: list[int] = []
+    try:
+        for part in parts:
+            pub_r, pub_w = os.pipe()
+            pids.append(c.fork(publisher_main, server, duration, 27, part, go_r, pub_w))
+            os.close(pub_w)
+            outs.append(pub_r)
+        os.write(go_w, b"g" * len(parts))
+        reports = [json.loads(read_all(fd)) for fd in outs]
+    finally:
+        for fd in (go_r, go_w, *outs):
+            os.close(fd)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+    for r in reports:
+        if "error" in r:
+            raise RuntimeError(f"publisher failed: {r['error']}")
+    return {
+        "bcast": sum(r["bcast"] for r in reports),
+        "rooms": [sum(counts) for counts in zip(*(r["rooms"] for r in reports), strict=True)],
+        "errors": sum(r["errors"] for r in reports),
+        "late": max(r["late"] for r in reports),
+        "answer_c": [a for r in reports for a in r["answer_c"]],
+        "answer_b": [a for r in reports for a in r["answer_b"]],
+    }
 
 
 # ---------------------------------------------------------------------------------------------- one run
@@ -317,7 +369,14 @@ def start(kind: str, streams: int, interval: float) -> tuple[Any, Bus | None]:
     return servers.Nchan(streams, interval), None
 
 
-def run(kind: str, streams: int, duration: float, sample_every: int, settle: float = 30.0) -> dict[str, Any]:
+def run(
+    kind: str,
+    streams: int,
+    duration: float,
+    sample_every: int,
+    settle: float = 30.0,
+    publishers: Sequence[str] = ("broadcast", "chat"),
+) -> dict[str, Any]:
     """Hold ``streams`` streams on server ``kind``, publish for ``duration`` s, check every delivery.
 
     After the last publish the streams get up to ``settle`` seconds to receive what is still on its way: until
@@ -368,18 +427,11 @@ def run(kind: str, streams: int, duration: float, sample_every: int, settle: flo
         time.sleep(1.0)
         held_rss = rss_kb(pids)
         probe_before = probe_load(probe) if probe else None  # the connections' part is not the publishing's
-        go_r, go_w = os.pipe()
-        pub_r, pub_w = os.pipe()
         loader_pids = list(kids)
         cpu0 = cpu_seconds(pids)
         lcpu0 = cpu_seconds(loader_pids)
         t0 = time.monotonic()
-        kids.append(c.fork(publisher_main, server, duration, 27, go_r, pub_w))
-        os.close(pub_w)
-        os.write(go_w, b"g")
-        pub = json.loads(read_all(pub_r))
-        if "error" in pub:
-            raise RuntimeError(f"publisher failed: {pub['error']}")
+        pub = publish(server, duration, publishers)
         published_at = time.monotonic()
         last = -1
         while time.monotonic() < published_at + settle:
@@ -416,6 +468,9 @@ def run(kind: str, streams: int, duration: float, sample_every: int, settle: flo
         def pct(v: list[int], p: float) -> float:
             return c.percentile(v, p) / 1e6 if v else float("nan")
 
+        def pct_s(v: list[float], p: float) -> float:
+            return c.percentile(sorted(v), p) * 1e3 if v else float("nan")
+
         if probe:
             time.sleep(1.5)  # the workers write their histograms once a second
 
@@ -432,6 +487,9 @@ def run(kind: str, streams: int, duration: float, sample_every: int, settle: flo
             "published": pub["bcast"] + sum(pub["rooms"]),
             "publish_errors": pub["errors"],
             "publisher_late_s": pub["late"],
+            "answer_b_p50": pct_s(pub["answer_b"], 50),
+            "answer_b_max": max(pub["answer_b"], default=0.0) * 1e3,
+            "answer_c_p99": pct_s(pub["answer_c"], 99),
             "drain_s": drain_s,
             "deliveries": deliveries,
             "expected": expected,
@@ -480,7 +538,8 @@ def describe(r: dict[str, Any]) -> str:
         f"{r['deliveries']:,}/{r['expected']:,} deliveries, lost {r['lost']}, duplicated {r['duplicated']}, "
         f"failed streams {r['failed']}, closed {r['lost_streams']}, ended {r['ended_streams']}, "
         f"publish errors {r['publish_errors']} (publisher late by up to {r['publisher_late_s'] * 1e3:.0f} ms, "
-        f"all in within {r['drain_s']:.0f} s of the last publish, 1 s resolution); "
+        f"all in within {r['drain_s']:.0f} s of the last publish, 1 s resolution; a broadcast's publish answered "
+        f"in {r['answer_b_p50']:.1f} ms p50, {r['answer_b_max']:.1f} max, a chat's {r['answer_c_p99']:.1f} p99); "
         f"broadcast p50 {r['b_p50']:.1f} p99 {r['b_p99']:.1f} max {r['b_max']:.1f} ms, chat p50 {r['c_p50']:.1f} "
         f"p99 {r['c_p99']:.1f} max {r['c_max']:.1f} ms; server CPU {r['cpu_per_s']:.2f} s/s (load generator "
         f"{r['loader_cpu_per_s']:.2f} s/s), "
@@ -503,6 +562,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--knee", action="store_true", help="search the largest N with broadcast p99 <= 1 s")
         p.add_argument("--knee-max", type=int, default=38000, help="stop the knee search there (file limits)")
         p.add_argument(
+            "--one-publisher",
+            action="store_true",
+            help="the first design: one process publishes broadcasts and chat messages in turn, each stamped when sent",
+        )
+        p.add_argument(
             "--probe", action="store_true", help="shmbus: where messages waited, per stage (a 10 ms timer per worker)"
         )
 
@@ -522,11 +586,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             report.note(f"{kind} was not measured: {why}")
             kinds.remove(kind)
     sample_every = max(1, streams // 500)
+    publishers = ["both"] if args.one_publisher else ["broadcast", "chat"]
     got: dict[str, list[dict[str, Any]]] = {}
     for _ in range(args.repeats or 1):
         for kind in kinds:
             try:
-                r = run(kind, streams, duration, sample_every)
+                r = run(kind, streams, duration, sample_every, publishers=publishers)
             except Exception as exc:  # a server that cannot hold the load is a figure, not a crash of the bench
                 report.log(f"{kind}: FAILED: {exc!r}")
                 report.note(f"{kind} failed at {streams:,} streams: {exc!r}"[:300])
