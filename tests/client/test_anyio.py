@@ -92,7 +92,9 @@ async def test_stop_ends_a_listen_loop(server: Target, channel: str) -> None:
 
 async def test_a_subscribe_aborts_the_poll_in_flight() -> None:
     """The stub holds the first poll until the end of the test (the read timeout is longer still): a second poll,
-    with the new channel, can only come from the first one being aborted."""
+    with the new channel, can only come from the first one being aborted. The later polls are answered at once and,
+    with ``min_poll_interval=0``, follow at once (as on a loaded machine, where the second outlasts the interval):
+    the count may pass 2 between two looks, so the wait is for at least 2."""
     release = threading.Event()
 
     def script(seen: Seen, n: int) -> Reply:
@@ -102,11 +104,11 @@ async def test_a_subscribe_aborts_the_poll_in_flight() -> None:
 
     with Stub(script) as stub:
         try:
-            async with client(stub.url, chunked=False, timeout=BOUND * 3) as bus:
+            async with client(stub.url, chunked=False, timeout=BOUND * 3, min_poll_interval=0) as bus:
                 bus.subscribe("/a", lambda m: None, 0)
                 await until(lambda: len(stub.seen) == 1, "the first poll")
                 bus.subscribe("/b", lambda m: None, 0)
-                await until(lambda: len(stub.seen) == 2, "the poll after the subscribe")
+                await until(lambda: len(stub.seen) >= 2, "the poll after the subscribe")
         finally:
             release.set()
     assert set(stub.seen[1].form) - {"__seq"} == {"/a", "/b"}
