@@ -86,6 +86,37 @@ def cpu_seconds(pids: Sequence[int]) -> float:
     return total / TICKS
 
 
+def switches(pids: Sequence[int]) -> tuple[int, int]:
+    """Context switches of every thread of ``pids``: (voluntary: it slept, involuntary: it was preempted)."""
+    vol = invol = 0
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/status", "rb") as f:
+                    for line in f:
+                        if line.startswith(b"voluntary_ctxt_switches:"):
+                            vol += int(line.split()[1])
+                        elif line.startswith(b"nonvoluntary_ctxt_switches:"):
+                            invol += int(line.split()[1])
+            except OSError:
+                continue
+    return vol, invol
+
+
+def pin_to_first_cpu(pids: Sequence[int]) -> None:
+    """``--pin``: every thread of ``pids`` (the server) on the first CPU; the bench's own processes (load generator,
+    publishers) run on the others: a woken load generator then never preempts the server on its CPU."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(int(tid), {0})
+
+
 def rss_kb(pids: Sequence[int]) -> int:
     total = 0
     for pid in pids:
@@ -383,6 +414,7 @@ def run(
     sample_every: int,
     settle: float = 30.0,
     publishers: Sequence[str] = ("broadcast", "chat"),
+    pin: bool = False,
 ) -> dict[str, Any]:
     """Hold ``streams`` streams on server ``kind``, publish for ``duration`` s, check every delivery.
 
@@ -401,6 +433,8 @@ def run(
     ctls: list[int] = []
     try:
         pids = server.pids()
+        if pin:
+            pin_to_first_cpu(pids)
         idle_rss = rss_kb(pids)
         outs = []
         loaders = max(2, min(LOADERS, -(-streams // 5000)))
@@ -437,6 +471,7 @@ def run(
         loader_pids = list(kids)
         cpu0 = cpu_seconds(pids)
         lcpu0 = cpu_seconds(loader_pids)
+        sw0, lsw0 = switches(pids), switches(loader_pids)
         t0 = time.monotonic()
         pub = publish(server, duration, publishers)
         published_at = time.monotonic()
@@ -453,6 +488,7 @@ def run(
         drain_s = time.monotonic() - published_at - 1.0  # the last second saw nothing new
         cpu1 = cpu_seconds(pids)
         lcpu1 = cpu_seconds(loader_pids)
+        sw1, lsw1 = switches(pids), switches(loader_pids)
         wall = time.monotonic() - t0
         for ctl in ctls:
             os.write(ctl, b"r")
@@ -507,6 +543,11 @@ def run(
             "cpu_per_s": cpu / wall,
             "loader_cpu_per_s": (lcpu1 - lcpu0) / wall,
             "us_per_delivery": cpu * 1e6 / max(deliveries, 1),
+            # per 1,000 deliveries: the server's threads preempted, and the load generator's sleeps (each ended by
+            # a wake-up that some process's send paid for, often the server's)
+            "server_preempted_per_k": (sw1[1] - sw0[1]) * 1e3 / max(deliveries, 1),
+            "server_slept_per_k": (sw1[0] - sw0[0]) * 1e3 / max(deliveries, 1),
+            "loader_slept_per_k": (lsw1[0] - lsw0[0]) * 1e3 / max(deliveries, 1),
             "rss_kb_per_stream": (held_rss - idle_rss) / max(parked, 1),
             "rss_mb": held_rss / 1024,
             "b_p50": pct(lat_b, 50),
@@ -550,7 +591,10 @@ def describe(r: dict[str, Any]) -> str:
         f"broadcast p50 {r['b_p50']:.1f} p99 {r['b_p99']:.1f} max {r['b_max']:.1f} ms, chat p50 {r['c_p50']:.1f} "
         f"p99 {r['c_p99']:.1f} max {r['c_max']:.1f} ms; server CPU {r['cpu_per_s']:.2f} s/s (load generator "
         f"{r['loader_cpu_per_s']:.2f} s/s), "
-        f"{r['us_per_delivery']:.1f} us/delivery; RSS {r['rss_mb']:.0f} MB, {r['rss_kb_per_stream']:.2f} KB/stream"
+        f"{r['us_per_delivery']:.1f} us/delivery; per 1,000 deliveries the server's threads were preempted "
+        f"{r['server_preempted_per_k']:.0f} times and slept {r['server_slept_per_k']:.0f} times, the load "
+        f"generator slept {r['loader_slept_per_k']:.0f} times; "
+        f"RSS {r['rss_mb']:.0f} MB, {r['rss_kb_per_stream']:.2f} KB/stream"
         + (f"; why: {r['why']}" if r["why"] else "")
         + (f"\nper stage (SHMBUS_PROBE, every worker):\n{r['probe']}" if r.get("probe") else "")
     )
@@ -569,6 +613,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--knee", action="store_true", help="search the largest N with broadcast p99 <= 1 s")
         p.add_argument("--knee-max", type=int, default=38000, help="stop the knee search there (file limits)")
         p.add_argument(
+            "--pin",
+            action="store_true",
+            help="the server on the first CPU, the load generator and publishers on the others (a diagnostic)",
+        )
+        p.add_argument(
             "--one-publisher",
             action="store_true",
             help="the first design: one process publishes broadcasts and chat messages in turn, each stamped when sent",
@@ -580,6 +629,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = c.parse_args(__doc__.split("\n")[0], argv, extra)
     load.exit_on_sigterm()
     load.raise_nofile(20000)
+    if args.pin:
+        if (os.cpu_count() or 1) < 2:
+            raise SystemExit("--pin needs 2 CPUs or more")
+        os.sched_setaffinity(0, set(range(1, os.cpu_count() or 2)))  # the loaders and publishers inherit it
     if args.probe:
         PROBE["dir"] = tempfile.mkdtemp(prefix="shmbus-probe-")
     streams = args.streams or (500 if args.quick else 20000 if args.full else 2000)
@@ -598,7 +651,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for _ in range(args.repeats or 1):
         for kind in kinds:
             try:
-                r = run(kind, streams, duration, sample_every, publishers=publishers)
+                r = run(kind, streams, duration, sample_every, publishers=publishers, pin=args.pin)
             except Exception as exc:  # a server that cannot hold the load is a figure, not a crash of the bench
                 report.log(f"{kind}: FAILED: {exc!r}")
                 report.note(f"{kind} failed at {streams:,} streams: {exc!r}"[:300])
@@ -614,6 +667,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("c_max", "chat max latency", "ms"),
         ("cpu_per_s", "server CPU per second", "s"),
         ("us_per_delivery", "server CPU per delivery", "us"),
+        ("server_preempted_per_k", "server threads preempted per 1k deliveries", "n"),
+        ("loader_slept_per_k", "load generator sleeps per 1k deliveries", "n"),
         ("rss_kb_per_stream", "server RSS per stream", "KB"),
     ]
     for key, what, unit in rows:
