@@ -9,7 +9,7 @@ import asyncio
 import inspect
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any, Protocol
@@ -149,12 +149,15 @@ class Server:
             conns = due.pop(_NEXT, None)
             if conns:
                 self._visit(conns, now, cutoff)
-            if last >= first:
-                if last - first < 64:
-                    seconds: Iterable[float] = (first + i for i in range(int(last - first) + 1))
-                else:  # the loop stalled for a while: the seconds that have connections
-                    seconds = sorted(s for s in due if first <= s <= last)
-                for second in seconds:
+            if last - first < 64:
+                second = first
+                while second <= last:
+                    conns = due.pop(second, None)
+                    if conns:
+                        self._visit(conns, now, cutoff)
+                    second += 1.0
+            else:  # the loop stalled for a while: the seconds that have connections
+                for second in sorted(s for s in due if first <= s <= last):
                     conns = due.pop(second, None)
                     if conns:
                         self._visit(conns, now, cutoff)

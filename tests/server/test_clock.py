@@ -154,8 +154,8 @@ async def test_the_due_list_changes_nothing_a_visit_of_every_connection_would_do
 
 
 async def _history(bus: Bus, rnd: random.Random) -> list[Any]:
-    """Random actions on 12 connections for 60 s in 0.1 s steps (a closed one is replaced by a new one, at a
-    random step); each step's state of every transport."""
+    """Random actions on 12 connections for 60 s in 0.1 s steps, and a stall of the loop (a closed connection is
+    replaced by a new one, at a random step); each step's state of every transport."""
     mw = MessageBusMiddleware(EchoApp(), bus=bus, long_polling_interval=LONG_POLL)
     try:
         r = make_rig(mw)
@@ -189,6 +189,8 @@ async def _history(bus: Bus, rnd: random.Random) -> list[Any]:
                         t.receive(action(rnd.randrange(8), f"c{step}-{i}"))
                     elif roll < rates[i] + 0.002:
                         t.peer_eof()
+            if step == 300:
+                r.loop.now += 70.0  # the loop stalled: the next tick comes 70 s late
             r.loop.advance(0.1)
             await r.settle()  # the wrapped app's answers (a slow head, once complete, is the app's)
             history.append([(len(t.out), tuple(t.events), t.closed) for t in every])
