@@ -52,8 +52,8 @@ class BusConnection(Protocol):
     def abort(self) -> None:
         """Close at once (a dropped client: nothing more is sent)."""
 
-    def wake_at(self, when: float) -> None:
-        """The server's clock must visit the connection by ``when`` (a parked poll's end)."""
+    def reschedule(self) -> None:
+        """On the server's clock for exactly its earliest deadline (a parked poll's end, usually)."""
 
 
 def _wake(w: Waiter) -> None:
@@ -196,7 +196,7 @@ class BusRoutes:
         interval = srv.options.long_polling_interval
         if interval >= COARSE_EXPIRY:
             parked.expires = srv.loop.time() + interval
-            conn.wake_at(parked.expires)
+            conn.reschedule()
         else:
             parked.timer = srv.loop.call_later(interval, parked.timer_fired)
 

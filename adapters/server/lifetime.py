@@ -135,25 +135,31 @@ class ConnectionLifetime:
         if when < self.due:
             self.srv.visit_at(self, when)
 
+    def reschedule(self) -> None:
+        """On the clock for exactly its earliest deadline, later than the one it waits for too (a parked poll:
+        its connection would otherwise be visited for the deadlines of the request that is now parked)."""
+        self.srv.visit_exactly(self, self._next_due())
+
     def tick(self, now: float, idle_cutoff: float) -> None:
         """The server's clock, when a deadline may have come (see :meth:`Server._tick`): parked polls' ends, idle
-        keep-alive, head and body deadlines, lingering closes. Then it asks for its next deadline."""
+        keep-alive, head and body deadlines, lingering closes. Then it asks for the earliest deadline left."""
         self._due_now(now, idle_cutoff)
         if self.state is not ConnState.CLOSED:
-            self._ask_next()
+            when = self._next_due()
+            if when and when < self.due:
+                self.srv.visit_at(self, when)
 
-    def _ask_next(self) -> None:
-        """Ask the clock for the earliest deadline :meth:`_due_now` checks (none: off the clock)."""
-        if self.closing:
-            when = self.linger_until
-        else:
-            parked = self.parked
-            when = parked.expires if parked is not None else 0.0
-            mine = self.idle + self.srv.keepalive if self.idle else self.deadline
-            if mine and (not when or mine < when):
-                when = mine
-        if when:
-            self.wake_at(when)
+    def _next_due(self) -> float:
+        """The earliest deadline :meth:`_due_now` checks (0: none)."""
+        state = self.state  # (inline, as below: a visit's cost is most of the clock's)
+        if state is ConnState.CLOSED:
+            return 0.0
+        if state is not ConnState.OPEN and state is not ConnState.HALF_CLOSED:  # closing
+            return self.linger_until
+        parked = self.parked
+        when = parked.expires if parked is not None else 0.0
+        mine = self.idle + self.srv.keepalive if self.idle else self.deadline
+        return mine if mine and (not when or mine < when) else when
 
     def _due_now(self, now: float, idle_cutoff: float) -> None:
         if self.closing:

@@ -118,7 +118,7 @@ class Server:
         self._chunks: dict[int, tuple[bytes, bytes]] = {}
         #: the clock's due list: whole second -> the connections whose earliest deadline falls in it
         self._due: dict[float, set[ServerConnection]] = {}
-        self._swept = float(int(self.now))  # the first second the next tick looks at (earlier ones are done)
+        self._swept = self.now // 1.0  # the first second the next tick looks at (earlier ones are done)
         self._tick()
 
     @property
@@ -141,7 +141,7 @@ class Server:
         self.date = b"date: %s\r\n" % formatdate(usegmt=True).encode()
         self.now = now = self.loop.time()
         cutoff = now - self.keepalive
-        first, last = self._swept, float(int(now))
+        first, last = self._swept, now // 1.0
         if last >= first:
             self._swept = last + 1.0  # a connection asking during this tick waits for the next one
         due = self._due
@@ -172,7 +172,7 @@ class Server:
 
     def visit_at(self, conn: ServerConnection, when: float) -> None:
         """Have the tick visit ``conn`` by ``when`` (loop time), unless it will visit it by then anyway."""
-        second = float(int(when))
+        second = when // 1.0
         if second < self._swept:
             second = _NEXT  # its second's tick has passed: the next tick
         old = conn.due
@@ -186,6 +186,20 @@ class Server:
             self._due[second] = {conn}
         else:
             conns.add(conn)
+
+    def visit_exactly(self, conn: ServerConnection, when: float) -> None:
+        """Like :meth:`visit_at`, also when ``when`` is later than the visit asked for before (0: no visit)."""
+        second = when // 1.0 if when else NEVER
+        if second < self._swept:
+            second = _NEXT
+        old = conn.due
+        if second == old:
+            return
+        if old != NEVER:
+            self._drop(conn, old)
+        conn.due = NEVER
+        if second != NEVER:
+            self.visit_at(conn, when)
 
     def forget(self, conn: ServerConnection) -> None:
         """``conn`` closed: off the clock (nothing of a closed connection stays in the due list)."""
