@@ -151,7 +151,7 @@ class ConnectionLifetime:
 
     def _next_due(self) -> float:
         """The earliest deadline :meth:`_due_now` checks (0: none)."""
-        state = self.state  # (inline, as below: a visit's cost is most of the clock's)
+        state = self.state  # (not the closing property: a visit's cost is most of the clock's)
         if state is ConnState.CLOSED:
             return 0.0
         if state is not ConnState.OPEN and state is not ConnState.HALF_CLOSED:  # closing

@@ -30,13 +30,13 @@ _NEXT = 0.0
 class ServerConnection(Protocol):
     """What the server needs from a connection: its share of the 1 s clock and the steps of a shutdown."""
 
-    #: The whole second (loop time) whose bucket of the server's clock holds it; :data:`NEVER`: none. Only
-    #: :meth:`Server.visit_at` and :meth:`Server.forget` change it.
+    #: The whole second (loop time) whose bucket of the server's clock holds it; :data:`NEVER`: none. Only the
+    #: server changes it (:meth:`Server.visit_at`, :meth:`Server.visit_exactly`, :meth:`Server.forget`, a tick).
     due: float
 
     def tick(self, now: float, idle_cutoff: float) -> None:
-        """Parked polls' ends, idle keep-alive, head and body deadlines, lingering closes (called only when the
-        connection asked for this tick with :meth:`Server.visit_at`); it asks again for its next deadline."""
+        """Parked polls' ends, idle keep-alive, head and body deadlines, lingering closes (called only on the
+        tick the connection asked for with :meth:`Server.visit_at`); then it asks for its next deadline."""
 
     def stop(self) -> None:
         """Shutdown begins: end a parked poll now, close an idle connection."""
