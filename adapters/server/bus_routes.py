@@ -28,8 +28,9 @@ _STREAM_BLOCK = _enc_headers(STREAM_HEADERS) + b"transfer-encoding: chunked\r\n"
 _INTERNAL_ERROR = b"Internal Server Error"
 _EMPTY_HEADERS: list[tuple[bytes, bytes]] = []
 #: A ``long_polling_interval`` at least this long (seconds; the gem's default is 25) is ended by the server's
-#: 1 s clock (the connection's ``tick``), within a second after it: no timer object and no heap entry per parked
-#: poll, which is memory and CPU at tens of thousands of streams. Shorter intervals keep a precise timer.
+#: 1 s clock (the connection's ``tick``, on the tick of its due list for that second), within a second after it:
+#: no timer object and no heap entry per parked poll, which is memory and CPU at tens of thousands of streams.
+#: Shorter intervals keep a precise timer.
 COARSE_EXPIRY = 5.0
 
 
@@ -50,6 +51,9 @@ class BusConnection(Protocol):
 
     def abort(self) -> None:
         """Close at once (a dropped client: nothing more is sent)."""
+
+    def reschedule(self) -> None:
+        """On the server's clock for exactly its earliest deadline (a parked poll's end, usually)."""
 
 
 def _wake(w: Waiter) -> None:
@@ -192,6 +196,7 @@ class BusRoutes:
         interval = srv.options.long_polling_interval
         if interval >= COARSE_EXPIRY:
             parked.expires = srv.loop.time() + interval
+            conn.reschedule()
         else:
             parked.timer = srv.loop.call_later(interval, parked.timer_fired)
 

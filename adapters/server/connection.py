@@ -22,7 +22,7 @@ from .lifetime import Awaiting, ConnectionLifetime, ConnState
 from .limits import FEED_STEP, MAX_BUFFERED
 from .reader import RequestReader
 from .request import Request, asgi_scope
-from .server import Server
+from .server import NEVER, Server
 
 log = logging.getLogger("shmbus.adapters.server")
 
@@ -55,6 +55,7 @@ class HttpConnection(ConnectionLifetime, asyncio.Protocol):
         self.deadline = 0.0  # when the request being read must be complete (0: none); the tick enforces it
         self.awaiting = Awaiting.HEAD  # what the deadline waits for
         self.linger_until = 0.0  # a lingering close ends then at the latest
+        self.due = NEVER  # the second of the server's clock that visits it next (Server.visit_at)
 
     # ------------------------------------------------------------------ asyncio.Protocol
     def connection_made(self, transport: Any) -> None:
@@ -102,6 +103,7 @@ class HttpConnection(ConnectionLifetime, asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._move(ConnState.CLOSED)
         self.srv.connections.discard(self)
+        self.srv.forget(self)
         if self.parked is not None:
             self.parked.abandon()
         if self.cycle is not None:

@@ -65,6 +65,7 @@ class ConnectionLifetime:
         "cur",
         "cycle",
         "deadline",
+        "due",
         "idle",
         "inbox",
         "linger_until",
@@ -91,6 +92,7 @@ class ConnectionLifetime:
     deadline: float
     awaiting: Awaiting
     linger_until: float
+    due: float
 
     # ------------------------------------------------------------------ the state
     def _move(self, to: ConnState) -> None:
@@ -121,13 +123,45 @@ class ConnectionLifetime:
         return limits.body_timeout if self.awaiting is Awaiting.BODY else limits.header_timeout
 
     def _arm_deadline(self, awaiting: Awaiting) -> None:
-        limits = self.srv.limits  # (no call to _deadline_limit: twice per request)
+        srv = self.srv
+        limits = srv.limits  # (no call to _deadline_limit: twice per request)
         self.awaiting = awaiting
-        self.deadline = self.srv.now + (limits.body_timeout if awaiting is Awaiting.BODY else limits.header_timeout)
+        when = self.deadline = srv.now + (limits.body_timeout if awaiting is Awaiting.BODY else limits.header_timeout)
+        if when < self.due:  # (inline: an earlier visit, usually idle's, finds a later deadline anyway)
+            srv.visit_at(self, when)
+
+    def wake_at(self, when: float) -> None:
+        """The server's clock must visit this connection by ``when`` (a deadline just set)."""
+        if when < self.due:
+            self.srv.visit_at(self, when)
+
+    def reschedule(self) -> None:
+        """On the clock for exactly its earliest deadline, later than the one it waits for too (a parked poll:
+        its connection would otherwise be visited for the deadlines of the request that is now parked)."""
+        self.srv.visit_exactly(self, self._next_due())
 
     def tick(self, now: float, idle_cutoff: float) -> None:
-        """The server's clock, once a second: parked polls' ends, idle keep-alive, head and body deadlines,
-        lingering closes."""
+        """The server's clock, when a deadline may have come (see :meth:`Server._tick`): parked polls' ends, idle
+        keep-alive, head and body deadlines, lingering closes. Then it asks for the earliest deadline left."""
+        self._due_now(now, idle_cutoff)
+        if self.state is not ConnState.CLOSED:
+            when = self._next_due()
+            if when and when < self.due:
+                self.srv.visit_at(self, when)
+
+    def _next_due(self) -> float:
+        """The earliest deadline :meth:`_due_now` checks (0: none)."""
+        state = self.state  # (not the closing property: a visit's cost is most of the clock's)
+        if state is ConnState.CLOSED:
+            return 0.0
+        if state is not ConnState.OPEN and state is not ConnState.HALF_CLOSED:  # closing
+            return self.linger_until
+        parked = self.parked
+        when = parked.expires if parked is not None else 0.0
+        mine = self.idle + self.srv.keepalive if self.idle else self.deadline
+        return mine if mine and (not when or mine < when) else when
+
+    def _due_now(self, now: float, idle_cutoff: float) -> None:
         if self.closing:
             if self.linger_until and now >= self.linger_until:
                 self.linger_until = 0.0
@@ -147,7 +181,11 @@ class ConnectionLifetime:
 
     def _arm_idle(self) -> None:
         if not self.idle:
-            self.idle = self.srv.now  # no timer per request: the server's 1 s tick closes expired idle ones
+            srv = self.srv
+            idle = self.idle = srv.now  # no timer per request: the server's 1 s tick closes expired idle ones
+            when = idle + srv.keepalive
+            if when < self.due:
+                srv.visit_at(self, when)
 
     def _idle_expired(self, cutoff: float) -> None:
         if self.idle <= cutoff and self.cur is None and self.reader.req is None and not self.queue and not self.closing:
@@ -201,6 +239,7 @@ class ConnectionLifetime:
             return
         self._move(ConnState.LINGERING)
         self.linger_until = self.srv.now + self.srv.limits.linger
+        self.wake_at(self.linger_until)
 
     def stop(self) -> None:
         """Shutdown begins: a parked poll is answered now (its client re-polls elsewhere); idle: close."""

@@ -21,12 +21,22 @@ from .limits import Limits
 
 log = logging.getLogger("shmbus.adapters.server")
 
+#: A connection's ``due`` when it is on no tick of the server's clock.
+NEVER = float("inf")
+#: The due list's bucket of the connections whose second's tick has passed: the next tick visits them.
+_NEXT = 0.0
+
 
 class ServerConnection(Protocol):
     """What the server needs from a connection: its share of the 1 s clock and the steps of a shutdown."""
 
+    #: The whole second (loop time) whose bucket of the server's clock holds it; :data:`NEVER`: none. Only the
+    #: server changes it (:meth:`Server.visit_at`, :meth:`Server.visit_exactly`, :meth:`Server.forget`, a tick).
+    due: float
+
     def tick(self, now: float, idle_cutoff: float) -> None:
-        """Parked polls' ends, idle keep-alive, head and body deadlines, lingering closes."""
+        """Parked polls' ends, idle keep-alive, head and body deadlines, lingering closes (called only on the
+        tick the connection asked for with :meth:`Server.visit_at`); then it asks for its next deadline."""
 
     def stop(self) -> None:
         """Shutdown begins: end a parked poll now, close an idle connection."""
@@ -106,6 +116,9 @@ class Server:
         self.now = loop.time()
         self._lifespan: Lifespan | None = None
         self._chunks: dict[int, tuple[bytes, bytes]] = {}
+        #: the clock's due list: whole second -> the connections whose earliest deadline falls in it
+        self._due: dict[float, set[ServerConnection]] = {}
+        self._swept = self.now // 1.0  # the first second the next tick looks at (earlier ones are done)
         self._tick()
 
     @property
@@ -117,14 +130,90 @@ class Server:
         return p
 
     def _tick(self) -> None:
-        """Every second: the Date header, the coarse clock, and closing keep-alive connections idle too long."""
+        """Every second: the Date header, the coarse clock, and the connections with a deadline by now (parked
+        polls' ends, idle keep-alive, head and body deadlines, lingering closes).
+
+        Why a due list: tens of thousands of parked streams wait 25 s or more with nothing due, and visiting
+        each every second cost about 0.3 us a stream. A connection is in the bucket of the whole second its
+        earliest deadline falls in (or in :data:`_NEXT`'s, when that second's tick has passed), so no tick that
+        finds it due misses it; visited, it asks for its next deadline (one that moved later is found not due
+        and asked for again)."""
         self.date = b"date: %s\r\n" % formatdate(usegmt=True).encode()
         self.now = now = self.loop.time()
         cutoff = now - self.keepalive
-        for conn in list(self.connections):
-            conn.tick(now, cutoff)
+        first, last = self._swept, now // 1.0
+        if last >= first:
+            self._swept = last + 1.0  # a connection asking during this tick waits for the next one
+        due = self._due
+        if due:
+            conns = due.pop(_NEXT, None)
+            if conns:
+                self._visit(conns, now, cutoff)
+            if last - first < 64:
+                second = first
+                while second <= last:
+                    conns = due.pop(second, None)
+                    if conns:
+                        self._visit(conns, now, cutoff)
+                    second += 1.0
+            else:  # the loop stalled for a while: the seconds that have connections
+                for second in sorted(s for s in due if first <= s <= last):
+                    conns = due.pop(second, None)
+                    if conns:
+                        self._visit(conns, now, cutoff)
         if not self.loop.is_closed():
             self.loop.call_at(now + 1.0, self._tick)
+
+    @staticmethod
+    def _visit(conns: set[ServerConnection], now: float, cutoff: float) -> None:
+        for conn in conns:
+            conn.due = NEVER
+            conn.tick(now, cutoff)
+
+    def visit_at(self, conn: ServerConnection, when: float) -> None:
+        """Have the tick visit ``conn`` by ``when`` (loop time), unless it will visit it by then anyway."""
+        second = when // 1.0
+        if second < self._swept:
+            second = _NEXT  # its second's tick has passed: the next tick
+        old = conn.due
+        if second >= old:
+            return
+        if old != NEVER:
+            self._drop(conn, old)
+        conn.due = second
+        conns = self._due.get(second)
+        if conns is None:
+            self._due[second] = {conn}
+        else:
+            conns.add(conn)
+
+    def visit_exactly(self, conn: ServerConnection, when: float) -> None:
+        """Like :meth:`visit_at`, also when ``when`` is later than the visit asked for before (0: no visit)."""
+        second = when // 1.0 if when else NEVER
+        if second < self._swept:
+            second = _NEXT
+        old = conn.due
+        if second == old:
+            return
+        if old != NEVER:
+            self._drop(conn, old)
+        conn.due = NEVER
+        if second != NEVER:
+            self.visit_at(conn, when)
+
+    def forget(self, conn: ServerConnection) -> None:
+        """``conn`` closed: off the clock (nothing of a closed connection stays in the due list)."""
+        old = conn.due
+        if old != NEVER:
+            conn.due = NEVER
+            self._drop(conn, old)
+
+    def _drop(self, conn: ServerConnection, second: float) -> None:
+        conns = self._due.get(second)
+        if conns is not None:
+            conns.discard(conn)
+            if not conns:
+                del self._due[second]
 
     def status_line(self, code: int) -> bytes:
         b = self._status.get(code)
