@@ -1,5 +1,6 @@
 """A TCP proxy in the test process, for servers that cannot close their clients' connections on request (NATS has
-no ``CLIENT KILL``): clients connect to the proxy, and a test closes every connection through it, or the idle ones.
+no ``CLIENT KILL``): clients connect to the proxy, and a test closes every connection through it, or the idle ones,
+and gets control back once every client's socket has received the close.
 
 Each accepted connection is one pair of sockets and two pump threads; closing a pair shuts both sockets down, so
 the client sees the connection reset as it would a server's close.
@@ -20,6 +21,11 @@ class _Pair:
         self.client, self.upstream = client, upstream
         self.last = time.monotonic()
         self.closed = False
+        # the client's end of the connection, as /proc/net/tcp names it (local address of the client's socket)
+        try:
+            self.client_end = _proc_address(*client.getpeername()[:2])
+        except OSError:  # gone already: nothing to wait for
+            self.client_end = ""
 
     def close(self) -> None:
         self.closed = True
@@ -28,6 +34,37 @@ class _Pair:
                 s.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(OSError):
                 s.close()
+
+
+def _proc_address(host: str, port: int) -> str:
+    """``host:port`` as /proc/net/tcp writes an IPv4 address: the address's bytes in host order, hex."""
+    return f"{int.from_bytes(socket.inet_aton(host), 'little'):08X}:{port:04X}"
+
+
+#: TCP states of a socket that has received its peer's FIN or reset (CLOSE_WAIT, LAST_ACK, CLOSE, CLOSING,
+#: TIME_WAIT): its owner's next read or write finds the connection closed
+_SEEN_CLOSE = {"08", "09", "07", "0B", "06"}
+
+
+def _wait_seen(pairs: list[_Pair], proxy_port: int, timeout: float = 30.0) -> None:
+    """Return once the kernel has shown every client of ``pairs`` its connection's close (or ``timeout``). The
+    FIN of a close reaches the client's socket asynchronously (on a busy machine the loopback's packets wait for
+    ksoftirqd): a client that sent a command before it arrived would see its command's outcome unknown, and a
+    test of idle connections closed by the server would not be testing what it says."""
+    ends = {p.client_end for p in pairs}
+    far = _proc_address("127.0.0.1", proxy_port)
+    deadline = time.monotonic() + timeout
+    while ends and time.monotonic() < deadline:
+        waiting = set()
+        with open("/proc/net/tcp") as f:
+            next(f)
+            for line in f:
+                fields = line.split()
+                if fields[1] in ends and fields[2] == far and fields[3] not in _SEEN_CLOSE:
+                    waiting.add(fields[1])
+        ends = waiting
+        if ends:
+            time.sleep(0.005)
 
 
 class TcpProxy:
@@ -86,6 +123,7 @@ class TcpProxy:
             pairs, self.pairs = self.pairs, []
         for p in pairs:
             p.close()
+        _wait_seen(pairs, self.port)
         return len(pairs)
 
     def kill_idle(self, idle: float = 0.05) -> int:
@@ -96,6 +134,7 @@ class TcpProxy:
             self.pairs = [p for p in self.pairs if p not in idle_pairs]
         for p in idle_pairs:
             p.close()
+        _wait_seen(idle_pairs, self.port)
         return len(idle_pairs)
 
     def close(self) -> None:
