@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
-import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from _ab import callgrind_instructions, paired, print_medians, python_of
 
 HERE = Path(__file__).resolve().parent.parent
 
@@ -121,11 +121,6 @@ asyncio.run(main())
 """
 
 
-def python_of(tree: Path) -> str:
-    venv = tree / ".venv" / "bin" / "python"
-    return str(venv) if venv.exists() else sys.executable
-
-
 def run(tree: Path, streams: int, seconds: int) -> dict[str, float]:
     argv = [python_of(tree), "-c", CHILD, str(tree), str(streams), str(seconds), "time"]
     done = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=tree)
@@ -133,11 +128,7 @@ def run(tree: Path, streams: int, seconds: int) -> dict[str, float]:
 
 
 def instructions(tree: Path, seconds: int, mode: str) -> int:
-    argv = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", python_of(tree), "-c", CHILD]
-    done = subprocess.run([*argv, str(tree), "2000", str(seconds), mode], capture_output=True, text=True, cwd=tree)
-    found = re.search(r"Collected : (\d+)", done.stderr)
-    assert found and done.returncode == 0, done.stderr[-2000:]
-    return int(found.group(1))
+    return callgrind_instructions([python_of(tree), "-c", CHILD, str(tree), "2000", str(seconds), mode], tree)
 
 
 def main() -> int:
@@ -148,16 +139,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3, help="fresh processes per tree")
     p.add_argument("--callgrind", action="store_true", help="also count the ticks' instructions under valgrind")
     args = p.parse_args()
-    this: list[dict[str, float]] = []
-    other: list[dict[str, float]] = []
-    for i in range(args.rounds):
-        pair = [(HERE, this), (args.other.resolve(), other)]
-        for tree, into in pair if i % 2 else pair[::-1]:
-            into.append(run(tree, args.streams, args.seconds))
-    print(f"{'measurement':56s} {'other':>10s} {'this':>10s}  this/other  (medians of {args.rounds} rounds)")
-    for name in this[0]:
-        a, b = statistics.median(r[name] for r in other), statistics.median(r[name] for r in this)
-        print(f"{name:56s} {a:10.3f} {b:10.3f}  {b / a if a else float('nan'):8.3f}")
+    this, other = paired(args.rounds, HERE, args.other.resolve(), lambda t: run(t, args.streams, args.seconds))
+    print_medians(this, other, 56, "10.3f", "8.3f")
     if args.callgrind:
         for label, tree in (("other", args.other.resolve()), ("this", HERE)):
             n = instructions(tree, 20, "ticks") - instructions(tree, 20, "clock")

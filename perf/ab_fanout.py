@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
-import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from _ab import callgrind_instructions, paired, print_medians, python_of
 
 HERE = Path(__file__).resolve().parent.parent
 
@@ -160,11 +160,6 @@ finally:
 """
 
 
-def python_of(tree: Path) -> str:
-    venv = tree / ".venv" / "bin" / "python"
-    return str(venv) if venv.exists() else sys.executable
-
-
 def run(tree: Path, streams: int, rounds: int, broadcasts: int) -> dict[str, float]:
     argv = [python_of(tree), "-c", CHILD, str(tree), str(streams), str(rounds), str(broadcasts)]
     done = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=tree)
@@ -172,13 +167,7 @@ def run(tree: Path, streams: int, rounds: int, broadcasts: int) -> dict[str, flo
 
 
 def instructions(tree: Path, broadcasts: int) -> int:
-    argv = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", python_of(tree), "-c", CHILD]
-    done = subprocess.run(
-        [*argv, str(tree), "1000", "1", str(broadcasts)], capture_output=True, text=True, check=True, cwd=tree
-    )
-    found = re.search(r"Collected : (\d+)", done.stderr)
-    assert found, done.stderr[-2000:]
-    return int(found.group(1))
+    return callgrind_instructions([python_of(tree), "-c", CHILD, str(tree), "1000", "1", str(broadcasts)], tree)
 
 
 def main() -> int:
@@ -189,16 +178,8 @@ def main() -> int:
     p.add_argument("--broadcasts", type=int, default=10, help="broadcasts per measured round")
     p.add_argument("--callgrind", action="store_true", help="also count instructions per delivery under valgrind")
     args = p.parse_args()
-    this: list[dict[str, float]] = []
-    other: list[dict[str, float]] = []
-    for i in range(args.rounds):
-        pair = [(HERE, this), (args.other.resolve(), other)]
-        for tree, into in pair if i % 2 else pair[::-1]:
-            into.append(run(tree, args.streams, 3, args.broadcasts))
-    print(f"{'measurement':56s} {'other':>8s} {'this':>8s}  this/other  (medians of {args.rounds} rounds)")
-    for name in this[0]:
-        a, b = statistics.median(r[name] for r in other), statistics.median(r[name] for r in this)
-        print(f"{name:56s} {a:8.2f} {b:8.2f}  {b / a:10.2f}")
+    this, other = paired(args.rounds, HERE, args.other.resolve(), lambda t: run(t, args.streams, 3, args.broadcasts))
+    print_medians(this, other, 56, "8.2f", "10.2f")
     if args.callgrind:
         a, b = ((instructions(t, 12) - instructions(t, 2)) / 10 / 1000 for t in (args.other.resolve(), HERE))
         print(f"{'broadcast: instructions per delivery (callgrind, user)':56s} {a:8.0f} {b:8.0f}  {b / a:10.3f}")

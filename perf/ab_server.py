@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
-import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from _ab import callgrind_instructions, paired, print_medians, python_of
 
 HERE = Path(__file__).resolve().parent.parent
 
@@ -115,11 +115,6 @@ asyncio.run(main())
 """
 
 
-def python_of(tree: Path) -> str:
-    venv = tree / ".venv" / "bin" / "python"
-    return str(venv) if venv.exists() else sys.executable
-
-
 def run(tree: Path) -> dict[str, float]:
     done = subprocess.run(
         [python_of(tree), "-c", CHILD, str(tree)], capture_output=True, text=True, check=True, cwd=tree
@@ -128,11 +123,7 @@ def run(tree: Path) -> dict[str, float]:
 
 
 def instructions(tree: Path, case: str, n: int) -> int:
-    argv = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", python_of(tree), "-c", CHILD]
-    done = subprocess.run([*argv, str(tree), case, str(n)], capture_output=True, text=True, check=True, cwd=tree)
-    found = re.search(r"Collected : (\d+)", done.stderr)
-    assert found, done.stderr[-2000:]
-    return int(found.group(1))
+    return callgrind_instructions([python_of(tree), "-c", CHILD, str(tree), case, str(n)], tree)
 
 
 def main() -> int:
@@ -141,16 +132,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--callgrind", action="store_true", help="also count instructions per request under valgrind")
     args = p.parse_args()
-    this: list[dict[str, float]] = []
-    other: list[dict[str, float]] = []
-    for i in range(args.rounds):
-        pair = [(HERE, this), (args.other.resolve(), other)]
-        for tree, into in pair if i % 2 else pair[::-1]:
-            into.append(run(tree))
-    print(f"{'measurement':52s} {'other':>8s} {'this':>8s}  this/other  (medians of {args.rounds} rounds)")
-    for name in this[0]:
-        a, b = statistics.median(r[name] for r in other), statistics.median(r[name] for r in this)
-        print(f"{name:52s} {a:8.1f} {b:8.1f}  {b / a:10.2f}")
+    this, other = paired(args.rounds, HERE, args.other.resolve(), run)
+    print_medians(this, other, 52, "8.1f", "10.2f")
     if args.callgrind:
         print(f"\n{'instructions per request (callgrind)':52s} {'other':>8s} {'this':>8s}  this/other")
         for case, label in (

@@ -354,6 +354,15 @@ def publisher_main(server: Any, duration: float, seed: int, part: str, go: int, 
     os._exit(0)
 
 
+def kill_children(pids: Sequence[int]) -> None:
+    """SIGKILL the bench's forked children (loaders, publishers) and reap them."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+
 def publish(server: Any, duration: float, parts: Sequence[str]) -> dict[str, Any]:
     """Run one publisher process per part at once; their reports merged."""
     go_r, go_w = os.pipe()
@@ -370,11 +379,7 @@ def publish(server: Any, duration: float, parts: Sequence[str]) -> dict[str, Any
     finally:
         for fd in (go_r, go_w, *outs):
             os.close(fd)
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
+        kill_children(pids)
     for r in reports:
         if "error" in r:
             raise RuntimeError(f"publisher failed: {r['error']}")
@@ -572,11 +577,7 @@ def run(
             "c_max": lat_c[-1] / 1e6 if lat_c else float("nan"),
         }
     finally:
-        for pid in kids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
+        kill_children(kids)
         for ctl in ctls:
             with contextlib.suppress(OSError):
                 os.close(ctl)
