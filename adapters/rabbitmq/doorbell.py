@@ -37,7 +37,10 @@ class RabbitDoorbell:
         return self.reader.ring(timeout)
 
     def keepalive(self) -> None:
-        """A round trip (a channel opened and closed): a dead connection raises."""
+        """A round trip, a dead connection raises: the consumer attached again if it delivered nothing since the
+        last keepalive (:meth:`.StreamReader.revive`), else a channel opened and closed."""
+        if self.reader.revive():
+            return
         timeout = self.backend.command_timeout
         self.conn.open_channel(3, timeout)
         self.conn.close_channel(3, timeout)

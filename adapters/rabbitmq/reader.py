@@ -10,6 +10,13 @@ own entries, a segment's tracking chunk, take offsets and are never delivered), 
 (or a first delivery past the offset asked for) asks the stream for its oldest message: only what lies below it
 was deleted by retention (:attr:`StreamReader.gone`; the kit counts what this host never stored as lost).
 
+The consumer is started once per session and kept: a read again from a position it already passed (the kit reads
+a page again after a hole, and offsets have holes wherever the broker wrote its own entries) is served from the
+messages it keeps after the kit's position, not by a new consumer. A consumer is attached at an offset retention
+has not deleted, and one that delivered nothing since the kit's last keepalive is attached again where it stands
+(:meth:`StreamReader.revive`): RabbitMQ 3.10 was seen leaving a consumer attached just below the stream's first
+offset, while retention deleted that segment, delivering nothing ever after (the host fell silently behind).
+
 :meth:`StreamReader.message_at` answers the kit's history check: the stream's entry at an offset, or whether
 the stream is shorter (a deleted and recreated stream restarts its offsets at 0).
 """
@@ -54,35 +61,54 @@ class StreamReader:
         self.stream = stream
         self.timeout = timeout
         self.started = False
-        self.start_gid = 0  #: the id the consumer was asked to start at (it delivers every entry from there)
-        self.expect = 0  #: the id of the next entry it should deliver
+        self.base = 0  #: the reader holds every message after this id (:attr:`rows`, then what the consumer delivers)
+        self.expect = 0  #: the id of the next entry the consumer should deliver
         self.gone = 0  #: ids at or below this one that it skipped are deleted (retention), never to appear
         self.newest = 0  #: the newest id delivered
-        self.rows: list[Row] = []  #: messages delivered and not yet read
+        self.rows: list[Row] = []  #: messages delivered after :attr:`base`, in id order
         self.skipped = 0  #: entries that were no message
         self.handed = 0  #: the newest id handed out (or passed over) by :meth:`read_after`
-        self._tag = 0
+        self.starts = 0  #: consumers started (the first, a read from before :attr:`base`, a revival)
+        self.revived = 0  #: consumers attached again because they delivered nothing (:meth:`revive`)
         self._consumer = ""
         self._taken = 0  #: the delivery tag of the newest delivery taken
         self._acked = 0  #: every delivery up to this tag is acknowledged
+        self._delivered = False  #: the consumer delivered something since the last :meth:`revive`
         conn.open_channel(_MAIN, timeout)
 
     # ------------------------------------------------------------------ the consumer
     def start(self, after: int) -> None:
-        """(Re)start the consumer at the entry after id ``after`` (offset ``after``)."""
+        """(Re)start the consumer at the entry after id ``after``: the reader then holds every message after it."""
+        self._attach(after)
+        self.rows, self.base, self.handed = [], after, after
+
+    def _attach(self, after: int) -> None:
+        """A new consumer delivering from the entry after id ``after`` (offset ``after``), attached no lower than
+        the stream's first offset as last seen (:attr:`gone`): what lies between was deleted, and a consumer
+        attached inside a segment that retention is deleting may never deliver (see the module doc)."""
+        conn = self.conn
         if self.started:
             self._ack()  # what the old consumer delivered, before it goes
-            self.conn.cancel(_MAIN, self._consumer, self.timeout)
-        self._tag += 1
-        self._consumer = f"shmbus-relay-{self._tag}"
-        self.conn.deliveries = [d for d in self.conn.deliveries if d.channel != _MAIN]
-        self.rows = []
-        self.handed = after
-        self.conn.consume(_MAIN, self.stream, self._consumer, after, _PREFETCH, self.timeout)
-        self.started, self.start_gid, self.expect = True, after + 1, after + 1
+            conn.cancel(_MAIN, self._consumer, self.timeout)
+        self.starts += 1
+        self._consumer = f"shmbus-relay-{self.starts}"
+        conn.deliveries = [d for d in conn.deliveries if d.channel != _MAIN]
+        conn.consume(_MAIN, self.stream, self._consumer, max(after, self.gone), _PREFETCH, self.timeout)
+        self.started, self.expect, self._delivered = True, after + 1, False
+
+    def revive(self) -> bool:
+        """Attach the consumer again where it stands if it delivered nothing since the last call (the kit calls
+        this after seconds without deliveries): True if it did. An idle stream costs a cancel and a consume."""
+        if not self.started or self._delivered:
+            self._delivered = False
+            return False
+        self._attach(self.expect - 1)  # the messages held after :attr:`base` stay held
+        self.revived += 1
+        return True
 
     def _take(self) -> None:
-        """Move what the consumer delivered into :attr:`rows`, acknowledging it (the broker's credit)."""
+        """Move what the consumer delivered into :attr:`rows`, acknowledging it (the broker's credit). A jump
+        between offsets asks the stream for its oldest message once for all the jumps of this batch."""
         conn = self.conn
         if _MAIN in conn.cancelled:
             raise RabbitUnavailable(f"the broker cancelled the relay's consumer of {self.stream!r} (stream deleted?)")
@@ -92,7 +118,9 @@ class StreamReader:
         conn.deliveries = [d for d in conn.deliveries if d.channel != _MAIN]
         if not mine:
             return
+        self._delivered = True
         expect, rows = self.expect, self.rows
+        jumps: list[int] = []  # ids of deliveries that came after a hole above :attr:`gone`
         for d in mine:
             if d.offset is None:
                 continue
@@ -100,7 +128,7 @@ class StreamReader:
             if gid < expect:
                 continue  # the chunk the consumer started in holds entries before the one asked for
             if gid > expect and gid - 1 > self.gone:
-                self.gone = max(self.gone, min(self.deleted_upto(), gid - 1))
+                jumps.append(gid)
             expect = gid + 1
             row = parse_body(gid, d.body)
             if row is None:
@@ -112,6 +140,9 @@ class StreamReader:
         self._taken = mine[-1].tag
         if self._taken - self._acked >= ACK_EVERY:
             self._ack()
+        if jumps:
+            first = self.deleted_upto()
+            self.gone = max(self.gone, *(min(first, gid - 1) for gid in jumps))
 
     def _ack(self) -> None:
         if self._taken > self._acked:
@@ -134,19 +165,21 @@ class StreamReader:
             conn.close_channel(_SIDE, self.timeout)
 
     def ring(self, timeout: float) -> DoorbellRing:
-        """Wait up to ``timeout`` s for deliveries; the newest id buffered (the kit then reads them)."""
+        """Wait up to ``timeout`` s for deliveries; the newest id buffered and not handed out (the kit reads it)."""
         self._take()  # what an earlier read's pump left buffered
-        if not self.rows:
+        if not self.rows or self.rows[-1].global_id <= self.handed:
             self.conn.pump(timeout)
             while self.conn.pump(0):
                 pass
             self._take()
-        return DoorbellRing(self.rows[-1].global_id, [], {}) if self.rows else NO_RING
+        rows = self.rows
+        return DoorbellRing(rows[-1].global_id, [], {}) if rows and rows[-1].global_id > self.handed else NO_RING
 
     def read_after(self, after: int, limit: int) -> list[Row]:
-        """The buffered messages after ``after`` (at most ``limit``); the consumer is restarted at ``after`` when
-        the entries after it were not all kept (it started further on, or they were handed out: a reset)."""
-        if not self.started or after + 1 < self.start_gid or after < self.handed:
+        """The messages after ``after`` (at most ``limit``). Those the reader holds are kept until a read from a
+        later position (a page is read again after a hole); the consumer is restarted at ``after`` only when the
+        reader no longer holds what follows it (a read from before :attr:`base`: a reset, a new session)."""
+        if not self.started or after < self.base:
             self.start(after)
             self.conn.pump(0.05)
         while self.conn.pump(0):
@@ -156,8 +189,10 @@ class StreamReader:
         i = 0
         while i < len(rows) and rows[i].global_id <= after:
             i += 1
-        out = rows[i : i + limit]
-        self.rows = rows[i + limit :]
+        if i:
+            del rows[:i]
+        self.base = after
+        out = rows[:limit]
         self.handed = max(self.handed, out[-1].global_id if out else after)
         return out
 
