@@ -182,6 +182,8 @@ class Cycle:
             if t == "http.response.body" and not message.get("more_body", False) and not message.get("body"):
                 return
             raise RuntimeError(f"ASGI message {t!r} after the response completed")
+        if self.gone:
+            return  # the client left, or the server answered for the app (a 408): it learns so from receive()
         if self.phase is ResponsePhase.NOT_STARTED:
             if t != "http.response.start":
                 raise RuntimeError(f"expected 'http.response.start', got {t!r}")
@@ -189,8 +191,6 @@ class Cycle:
             return
         if t != "http.response.body":
             raise RuntimeError(f"expected 'http.response.body', got {t!r}")
-        if self.gone:
-            return  # the client left; the app learns it from receive()
         body = message.get("body", b"")
         more = bool(message.get("more_body", False))
         if self.head_only:

@@ -149,6 +149,26 @@ async def test_a_body_not_complete_by_body_timeout_gets_408(parser_kind: str) ->
     assert r.t.eof_written and r.app.seen == ["/echo"]
 
 
+@in_loop
+async def test_an_app_answering_after_a_408_on_its_connection_is_ignored_quietly(
+    parser_kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The next head, pipelined behind a request the app has not answered yet, times out: the 408 closes the
+    connection. The app's own answer, sent later, goes nowhere; it is not an app error (it logged one)."""
+    r = make_rig()
+    r.send(request("GET", "/gate") + b"GET /next HTTP/1.1\r\nHost: x\r\n")
+    await r.settle()
+    r.loop.advance(LIMITS.header_timeout + 1)
+    await r.settle()
+    [got] = r.answers()
+    assert got.status == 408
+    with caplog.at_level("ERROR", logger="shmbus"):
+        r.app.open()
+        await r.settle()
+    assert r.t.take() == b"", "the app's answer went out after the 408"
+    assert not [rec.getMessage() for rec in caplog.records if rec.levelname == "ERROR"]
+
+
 def test_an_idle_keep_alive_connection_is_closed_after_keepalive(parser_kind: str) -> None:
     r = make_rig(with_app=False)
     r.send(request("GET", "/any"))  # no app: 404 at once
