@@ -35,7 +35,7 @@ from .http import MessageBusProtocol, Options, Waiter
 from .http.group import DEFER_OVER, Deferred
 from .http.protocol import null_lock
 from .http.waiter import Stage
-from .loop_lock import held_outside_select, post
+from .loop_lock import held_outside_select
 from .probe import PROBE
 
 __all__ = ["SLICE_BUDGET", "SLICE_STEP", "SMALL_FANOUT", "WINDOW_STRETCH", "LoopFanout"]
@@ -132,11 +132,8 @@ class LoopFanout:
                     return
             finally:
                 lock.release()
-        drain = self.drain if self.window <= 0 else self._drain_soon
-        if lock is not None and post(self.loop, drain):  # busy: it drains before its next wait, unwoken
-            return
         try:
-            self.loop.call_soon_threadsafe(drain)
+            self.loop.call_soon_threadsafe(self.drain if self.window <= 0 else self._drain_soon)
         except RuntimeError:  # loop closed
             with self.lock:
                 self.batches = []

@@ -14,7 +14,7 @@ from typing import Any, cast
 from shmbus import Bus
 from shmbus.adapters.asgi import MessageBusMiddleware
 from shmbus.adapters.fanout import SMALL_FANOUT, LoopFanout
-from shmbus.adapters.loop_lock import held_outside_select, new_loop, post
+from shmbus.adapters.loop_lock import held_outside_select, new_loop
 from shmbus.adapters.server import Server
 from shmbus.adapters.server.serve import connection_factory
 
@@ -119,66 +119,5 @@ def test_a_busy_loop_and_a_large_fan_out_stay_the_loop_s(shared_bus: Bus) -> Non
             await delivered(lambda: any(b"CHAT-1" in d for _, _, d in log))
             me = threading.current_thread().name
             assert {thread for _, thread, d in log if b"BCAST-1" in d or b"CHAT-1" in d} == {me}
-
-    run_on_new_loop(body)
-
-
-def test_a_busy_loop_is_given_a_chat_message_without_its_self_pipe(shared_bus: Bus) -> None:
-    """The route that publishes runs on the loop: the listener finds that loop busy and posts the fan-out to it,
-    which drains it before its next wait; waking it through the self-pipe cost a system call on the listener and
-    a second pass through ``epoll_wait`` on the loop, for every chat message published from the worker's routes."""
-
-    async def body(loop: asyncio.AbstractEventLoop) -> None:
-        last = {"/room": shared_bus.last_id("/room")}
-        with serving(loop, shared_bus, {"stream": (last, True)}) as (eng, log):
-            woken: list[int] = []
-            write_to_self = loop._write_to_self  # type: ignore[attr-defined]
-
-            def counted() -> None:
-                woken.append(1)
-                write_to_self()
-
-            loop._write_to_self = counted  # type: ignore[attr-defined]
-            told = threading.Event()
-            wake_loop = eng._wake_loop
-
-            def tell() -> None:
-                wake_loop()
-                told.set()
-
-            eng._wake_loop = tell  # type: ignore[method-assign]
-            for n in range(3):
-                told.clear()
-                shared_bus.publish("/room", f"CHAT-{n}")  # as a route does, on the loop's thread
-                assert told.wait(10)  # the listener handed it over while this thread still ran: busy
-                assert not any(f"CHAT-{n}".encode() in d for _, _, d in log)
-                await delivered(lambda n=n: any(f"CHAT-{n}".encode() in d for _, _, d in log))
-            assert woken == [], "the busy loop was woken through its self-pipe"
-
-    run_on_new_loop(body)
-
-
-def test_a_post_to_a_loop_that_may_be_waiting_is_refused() -> None:
-    """Posting is for a loop outside ``select``: one waiting there (or about to) must be woken instead, else the
-    work would wait for the next event."""
-
-    async def body(loop: asyncio.AbstractEventLoop) -> None:
-        ran: list[str] = []
-        assert post(loop, lambda: ran.append("busy"))  # from its own thread, running: before its next wait
-        await asyncio.sleep(0)  # the loop's next iteration takes it ...
-        await asyncio.sleep(0)  # ... and runs it after this task's own step
-        assert ran == ["busy"]
-        answers: list[bool] = []
-        lock = held_outside_select(loop)
-        assert lock is not None
-
-        def from_another_thread() -> None:
-            assert lock.acquire(timeout=10)  # the loop is in select now (it let go of its lock) ...
-            lock.release()  # ... and stays there: nothing wakes it until this function returns
-            answers.append(post(loop, lambda: ran.append("waiting")))
-
-        await loop.run_in_executor(None, from_another_thread)
-        assert answers == [False] and ran == ["busy"]  # this loop waited in select for the executor's answer
-        assert not post(asyncio.new_event_loop(), lambda: None)  # any other loop
 
     run_on_new_loop(body)
